@@ -1,0 +1,248 @@
+"""Command line: ``python -m beam_pipeline convert ...`` (console script ``beam-pipeline``).
+
+Flags override ``--config FILE.yaml``, which overrides the defaults.  Flags
+this tool does not define go to Beam's PipelineOptions; a flag neither knows
+is an error.  Exit codes: 0 done, 1 the pipeline failed, 2 a usage, config or
+input mistake (one line; ``-v`` adds the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .config import COMPRESSIONS, LABEL_SOURCES, SINKS, ConvertConfig, dataset_name_from_output, parse_split_ratios, validate
+from .errors import PipelineError, UsageError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# Config keys (the long flag names with _ for -) and how a YAML value becomes a setting.
+CONFIG_KEYS = {
+    "input": str,
+    "manifest": str,
+    "output": str,
+    "name": str,
+    "labels_from": str,
+    "label_regex": str,
+    "labels_file": str,
+    "split_ratios": str,
+    "seed": int,
+    "target_shard_mb": float,
+    "compression": str,
+    "sink": str,
+    "overwrite": bool,
+    "decode_threads": int,
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _convert_parser() -> _Parser:
+    p = _Parser(prog="beam_pipeline convert", add_help=True, allow_abbrev=False, argument_default=argparse.SUPPRESS)
+    src = p.add_argument_group("input")
+    src.add_argument("--input", help="folder or glob of images (listed recursively for a folder)")
+    src.add_argument("--manifest", help="CSV (header row) or JSONL file with a path column")
+    p.add_argument("--output", help="output folder")
+    p.add_argument("--name", help="dataset name used in shard file names (default: from --output)")
+    p.add_argument("--labels-from", dest="labels_from", choices=LABEL_SOURCES, help="where labels come from")
+    p.add_argument("--label-regex", dest="label_regex", help="first group of this regex, searched in the file name")
+    p.add_argument("--labels-file", dest="labels_file", help="fixed label order, one per line (line k = id k)")
+    p.add_argument("--split-ratios", dest="split_ratios", help="e.g. train=0.8,validation=0.1,test=0.1")
+    p.add_argument("--seed", type=int, help="shuffle seed (order only, never splits)")
+    p.add_argument("--target-shard-mb", dest="target_shard_mb", type=float, help="target shard size, MB = 10^6 bytes")
+    p.add_argument("--compression", choices=COMPRESSIONS)
+    p.add_argument("--sink", choices=SINKS, help="planned (bounded memory, default) or write_to_tfrecord")
+    p.add_argument("--overwrite", action="store_true", help="replace a complete dataset in --output")
+    p.add_argument("--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)")
+    p.add_argument("--config", help="YAML file: long flag names with _ for -, plus pipeline_options:")
+    p.add_argument("-v", "--verbose", action="store_true", help="show logs and tracebacks")
+    return p
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"--config {path}: no such file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UsageError(f"--config {path}: not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of settings")
+    return data
+
+
+def _yaml_settings(path: str) -> tuple[dict[str, Any], list[str]]:
+    """Settings and Beam flags from a config file."""
+    data = _load_yaml(path)
+    settings: dict[str, Any] = {}
+    beam_flags: list[str] = []
+    for key, value in data.items():
+        if key == "pipeline_options":
+            if not isinstance(value, dict):
+                raise UsageError(f"--config {path}: pipeline_options must be a mapping")
+            beam_flags.extend(_beam_flags_from_mapping(value))
+            continue
+        if key not in CONFIG_KEYS:
+            raise UsageError(f"--config {path}: unknown setting {key!r}")
+        if value is None:
+            continue
+        kind = CONFIG_KEYS[key]
+        if key == "split_ratios" and isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        if kind is bool and not isinstance(value, bool):
+            raise UsageError(f"--config {path}: {key} must be true or false")
+        try:
+            settings[key] = kind(value)
+        except (TypeError, ValueError):
+            raise UsageError(f"--config {path}: {key} must be a {kind.__name__}, got {value!r}") from None
+    return settings, beam_flags
+
+
+def _beam_flags_from_mapping(options: dict[str, Any]) -> list[str]:
+    flags: list[str] = []
+    for key, value in options.items():
+        if value is True:
+            flags.append(f"--{key}")
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            flags.extend(f"--{key}={item}" for item in value)
+        else:
+            flags.append(f"--{key}={value}")
+    return flags
+
+
+def check_beam_flags(flags: Sequence[str]) -> None:
+    """Raises UsageError for a flag (or value) that no Beam PipelineOptions class accepts."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    class Strict(_BeamArgumentParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise UsageError(f"pipeline option: {message}")
+
+    parser = Strict(allow_abbrev=False, add_help=False)
+    seen: set[str] = set()
+    for cls in PipelineOptions.__subclasses__():
+        if str(cls) in seen:
+            continue
+        seen.add(str(cls))
+        cls._add_argparse_args(parser)  # noqa: SLF001 - Beam builds its own parser this way
+    _, unknown = parser.parse_known_args(list(flags))
+    if unknown:
+        first = next((u for u in unknown if u.startswith("-")), unknown[0])
+        raise UsageError(f"unknown flag {first.split('=', 1)[0]} (not a beam_pipeline or Beam option)")
+
+
+def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
+    """argv after ``convert`` → (config, Beam flags, verbose)."""
+    parser = _convert_parser()
+    args, rest = parser.parse_known_args(list(argv))
+    given = vars(args)
+    verbose = bool(given.pop("verbose", False))
+    settings: dict[str, Any] = {}
+    beam_flags: list[str] = []
+    if "config" in given:
+        settings, beam_flags = _yaml_settings(given.pop("config"))
+    settings.update(given)
+    beam_flags.extend(rest)
+    check_beam_flags(beam_flags)
+
+    output = settings.get("output")
+    if not output:
+        raise UsageError("--output is required")
+    ratios = settings.pop("split_ratios", None)
+    name = settings.pop("name", None) or dataset_name_from_output(output)
+    cfg = ConvertConfig(name=name, split_ratios=parse_split_ratios(ratios) if ratios else None, **settings)
+    validate(cfg)
+    return cfg, beam_flags, verbose
+
+
+def _quiet_logs(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        for noisy in ("apache_beam", "absl", "tensorflow"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _summary(info: dict[str, Any], output: str, seconds: float) -> str:
+    lines = [f"done in {seconds:.1f} s: {info['examples']} examples, {info['bytes'] / 1e6:.1f} MB in {output}"]
+    for split, s in info["splits"].items():
+        sizes = [f["bytes"] for f in s["shards"]]
+        lines.append(
+            f"  {split:<12} {s['examples']:>8} examples  {s['num_shards']:>4} shards  "
+            f"{min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each"
+        )
+    rejects = info["rejects"]
+    if rejects["total"]:
+        reasons = ", ".join(f"{k} {v}" for k, v in list(rejects["by_reason"].items())[:5])
+        lines.append(f"  rejected     {rejects['total']:>8} ({reasons}) -> rejects.jsonl")
+    skipped = info["skipped"]
+    if skipped["total"]:
+        reasons = ", ".join(f"{k} {v}" for k, v in skipped["by_reason"].items())
+        lines.append(f"  skipped      {skipped['total']:>8} ({reasons})")
+    if info.get("labels") is not None:
+        lines.append(f"  labels       {len(info['labels']):>8} -> labels.txt")
+    return "\n".join(lines)
+
+
+USAGE = f"""beam_pipeline {__version__}: image collections to sharded TFRecord datasets
+
+usage: python -m beam_pipeline convert --input FOLDER|GLOB --output DIR [options] [beam options]
+       python -m beam_pipeline convert --manifest FILE.csv|FILE.jsonl --output DIR [options]
+       python -m beam_pipeline convert --help
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in argv or "--verbose" in argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return EXIT_OK if argv else EXIT_USAGE
+    if argv[0] == "--version":
+        print(__version__)
+        return EXIT_OK
+    command, rest = argv[0], argv[1:]
+    try:
+        if command != "convert":
+            raise UsageError(f"unknown command {command!r} (try: convert)")
+        _quiet_logs(verbose)
+        cfg, beam_flags, verbose = parse_convert(rest)
+        from .launcher import run_convert
+
+        started = time.monotonic()
+        info = run_convert(cfg, beam_flags)
+        print(_summary(info, cfg.output, time.monotonic() - started))
+        return EXIT_OK
+    except UsageError as e:
+        if verbose:
+            logging.exception("usage error")
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except PipelineError as e:
+        if verbose:
+            logging.exception("pipeline failed")
+        print(f"error: pipeline failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_FAILED

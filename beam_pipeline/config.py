@@ -1,0 +1,154 @@
+"""The job's settings in one typed place.
+
+``ConvertConfig`` holds what the user asked for (flags over ``--config`` YAML
+over defaults).  ``Layout`` holds what the pre-flight checks found out about
+the input before the pipeline starts (root, split and label sources, manifest
+columns).  Both are frozen and travel to the workers inside the DoFns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UsageError
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+SPLIT_RE = NAME_RE
+
+# Split folder names accepted directly under the input root ("val" means validation).
+SPLIT_FOLDERS = {"train": "train", "validation": "validation", "val": "validation", "test": "test"}
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
+# Files operating systems leave in image folders; skipped, never rejected.
+OS_FILES = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", ".ds_store"})
+
+COMPRESSIONS = ("none", "gzip")
+SINKS = ("planned", "write_to_tfrecord")
+LABEL_SOURCES = ("folder", "none", "manifest", "regex")
+
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """What ``convert`` was asked to do (after flags, YAML and defaults are merged)."""
+
+    output: str
+    name: str
+    input: str | None = None
+    manifest: str | None = None
+    labels_from: str | None = None  # None = the natural source for the input kind
+    label_regex: str | None = None
+    labels_file: str | None = None
+    split_ratios: tuple[tuple[str, float], ...] | None = None
+    seed: int = 0
+    target_shard_mb: float = 150.0
+    compression: str = "none"
+    sink: str = "planned"
+    overwrite: bool = False
+    decode_threads: int = 0  # 0: one per core
+
+    @property
+    def target_shard_bytes(self) -> int:
+        return int(self.target_shard_mb * MB)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        if self.split_ratios is not None:
+            out["split_ratios"] = dict(self.split_ratios)
+        return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the pre-flight look at the input decided."""
+
+    root: str  # the input root: image/filename is relative to it
+    pattern: str | None  # glob to list (folder/glob input); None for a manifest
+    manifest: str | None
+    manifest_format: str | None  # "csv" | "jsonl"
+    manifest_columns: tuple[str, ...] = ()
+    split_source: str = "default"  # manifest | folders | ratios | default
+    label_source: str = "folder"  # folder | manifest | regex | none
+    labels: tuple[str, ...] | None = None  # fixed order from --labels-file
+    tmp_dir: str = ""  # this run's scratch folder inside the output
+    run_id: str = ""
+    extra_columns: tuple[str, ...] = field(default=())
+
+
+def dataset_name_from_output(output: str) -> str:
+    """``photos-tfrecords`` → ``photos_tfrecords``; a valid TFDS name for any folder."""
+    base = output.rstrip("/").rsplit("/", 1)[-1]
+    name = re.sub(r"[^A-Za-z0-9_]", "_", base).strip("_")
+    name = re.sub(r"_+", "_", name)
+    if not name or not name[0].isalpha():
+        name = "dataset_" + name if name else "dataset"
+    return name
+
+
+def parse_split_ratios(text: str) -> tuple[tuple[str, float], ...]:
+    """``train=0.8,validation=0.1,test=0.1`` → ordered pairs; must sum to 1."""
+    pairs: list[tuple[str, float]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        name = SPLIT_FOLDERS.get(name, name)
+        if not sep or not SPLIT_RE.match(name):
+            raise UsageError(f"--split-ratios: expected NAME=RATIO pairs, got {part!r}")
+        try:
+            ratio = float(value)
+        except ValueError:
+            raise UsageError(f"--split-ratios: {value.strip()!r} is not a number") from None
+        if not 0 <= ratio <= 1:
+            raise UsageError(f"--split-ratios: ratio for {name} must be between 0 and 1")
+        if any(n == name for n, _ in pairs):
+            raise UsageError(f"--split-ratios: split {name} is given twice")
+        pairs.append((name, ratio))
+    if not pairs:
+        raise UsageError("--split-ratios: no splits given")
+    total = sum(r for _, r in pairs)
+    if abs(total - 1.0) > 1e-6:
+        raise UsageError(f"--split-ratios: ratios sum to {total:g}, not 1")
+    return tuple(pairs)
+
+
+def validate(cfg: ConvertConfig) -> None:
+    """Checks that need no file system access; raises UsageError."""
+    if bool(cfg.input) == bool(cfg.manifest):
+        raise UsageError("give exactly one of --input or --manifest")
+    if not cfg.output:
+        raise UsageError("--output is required")
+    if not NAME_RE.match(cfg.name):
+        raise UsageError(
+            f"--name {cfg.name!r} is not a valid dataset name (letters, digits, _; starts with a letter)"
+        )
+    if cfg.target_shard_mb <= 0:
+        raise UsageError("--target-shard-mb must be positive")
+    if cfg.compression not in COMPRESSIONS:
+        raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)}")
+    if cfg.sink not in SINKS:
+        raise UsageError(f"--sink must be one of {', '.join(SINKS)}")
+    if cfg.labels_from is not None and cfg.labels_from not in LABEL_SOURCES:
+        raise UsageError(f"--labels-from must be one of {', '.join(LABEL_SOURCES)}")
+    if cfg.label_regex is not None:
+        if cfg.labels_from not in (None, "regex"):
+            raise UsageError(f"--label-regex cannot be combined with --labels-from {cfg.labels_from}")
+        try:
+            compiled = re.compile(cfg.label_regex)
+        except re.error as e:
+            raise UsageError(f"--label-regex {cfg.label_regex!r}: {e}") from None
+        if compiled.groups < 1:
+            raise UsageError("--label-regex needs a capture group, e.g. '_([a-z]+)\\.png$'")
+    elif cfg.labels_from == "regex":
+        raise UsageError("--labels-from regex needs --label-regex")
+    if cfg.labels_from == "manifest" and not cfg.manifest:
+        raise UsageError("--labels-from manifest needs --manifest")
+    if cfg.labels_file and cfg.labels_from == "none":
+        raise UsageError("--labels-file cannot be combined with --labels-from none")
+    if cfg.decode_threads < 0:
+        raise UsageError("--decode-threads must be 0 (one per core) or more")

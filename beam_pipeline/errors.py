@@ -1,0 +1,13 @@
+"""Errors the command line turns into exit codes.
+
+``UsageError`` is a mistake in flags, config, input or output paths: exit 2, one
+line, no traceback.  ``PipelineError`` is a run that started and failed: exit 1.
+"""
+
+
+class UsageError(Exception):
+    """A config/CLI/input mistake found before (or instead of) running the job."""
+
+
+class PipelineError(Exception):
+    """The job ran and did not complete."""

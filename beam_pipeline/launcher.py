@@ -1,0 +1,291 @@
+"""Pre-flight checks, runner choice, running the job and reading back its outcome.
+
+Everything a user can get wrong (paths, manifest header, conflicting split
+sources, an occupied output folder) is checked here, before the pipeline
+starts, and raised as ``UsageError`` naming the flag or file.
+
+    layout = prepare(cfg)                 # may raise UsageError
+    info = run_convert(cfg, beam_args)    # dataset.json as a dict
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineState
+
+from . import metadata
+from .config import SPLIT_FOLDERS, ConvertConfig, Layout
+from .errors import PipelineError, UsageError
+from .listing import LABEL_COLUMN, PATH_COLUMN, SPLIT_COLUMN, open_text, read_manifest_rows
+
+_LOG = logging.getLogger(__name__)
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+# Runner names that mean "run it here": always the Python engine, never Prism
+# (which downloads a binary at run time).
+LOCAL_RUNNERS = {None, "", "direct", "directrunner", "fnapirunner"}
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def absolute(path: str) -> str:
+    return path.rstrip("/") if is_remote(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def _exists_any(pattern: str) -> bool:
+    try:
+        return bool(FileSystems.match([pattern], limits=[1])[0].metadata_list)
+    except Exception:  # noqa: BLE001 - no match is "nothing there"
+        return False
+
+
+def _input_root_and_pattern(text: str) -> tuple[str, str]:
+    """(root, glob): a folder lists recursively; a glob's root is the folder before its first wildcard."""
+    if _GLOB_CHARS.search(text):
+        pattern = text if is_remote(text) else os.path.join(os.getcwd(), os.path.expanduser(text))
+        prefix = pattern[: _GLOB_CHARS.search(pattern).start()]
+        root = prefix.rsplit("/", 1)[0] or "/"
+        if not _exists_any(pattern):
+            raise UsageError(f"--input {text}: no files match")
+        return root, pattern
+    root = absolute(text)
+    if not is_remote(root):
+        if not os.path.exists(root):
+            raise UsageError(f"--input {text}: no such folder")
+        if not os.path.isdir(root):
+            raise UsageError(f"--input {text}: is a file, not a folder (use --manifest for a list of files)")
+    pattern = FileSystems.join(root, "**")
+    if not _exists_any(pattern):
+        raise UsageError(f"--input {text}: the folder is empty")
+    return root, pattern
+
+
+def _has_split_folders(root: str) -> bool:
+    return any(_exists_any(FileSystems.join(root, name, "**")) for name in SPLIT_FOLDERS)
+
+
+def _manifest_format(path: str) -> str:
+    lower = path.lower()
+    if lower.endswith((".jsonl", ".ndjson", ".json")):
+        return "jsonl"
+    return "csv"
+
+
+def _manifest_columns(path: str, fmt: str) -> tuple[str, ...]:
+    """The manifest's columns (CSV header, or the keys of the first JSONL rows)."""
+    try:
+        with open_text(path) as stream:
+            if fmt == "csv":
+                import csv
+
+                for row in csv.reader(stream):
+                    if any(cell.strip() for cell in row):
+                        return tuple(cell.strip() for cell in row)
+                return ()
+            columns: dict[str, None] = {}
+            for i, row in enumerate(read_manifest_rows(stream, fmt)):
+                columns.update(dict.fromkeys(row))
+                if i >= 100:
+                    break
+            return tuple(columns)
+    except UnicodeDecodeError:
+        raise UsageError(f"--manifest {path}: not UTF-8 text") from None
+    except ValueError as e:
+        raise UsageError(f"--manifest {path}: {e}") from None
+
+
+def _read_labels_file(path: str) -> tuple[str, ...]:
+    if not FileSystems.exists(path):
+        raise UsageError(f"--labels-file {path}: no such file")
+    with open_text(path) as stream:
+        labels = [line.strip() for line in stream if line.strip()]
+    if not labels:
+        raise UsageError(f"--labels-file {path}: no labels in it")
+    seen: set[str] = set()
+    for label in labels:
+        if label in seen:
+            raise UsageError(f"--labels-file {path}: label {label!r} appears twice")
+        seen.add(label)
+    return tuple(labels)
+
+
+def _is_own_file(basename: str) -> bool:
+    return (
+        metadata.is_shard_file(basename)
+        or basename in (metadata.DATASET_JSON, metadata.LABELS_TXT, metadata.REJECTS_JSONL, metadata.SUCCESS)
+        or basename.startswith(metadata.TMP_PREFIX)
+    )
+
+
+def _check_output(cfg: ConvertConfig, input_root: str) -> str:
+    out = absolute(cfg.output)
+    if not is_remote(out):
+        if os.path.isfile(out):
+            raise UsageError(f"--output {cfg.output}: is a file, not a folder")
+    inside = lambda a, b: a == b or a.startswith(b.rstrip("/") + "/")  # noqa: E731
+    if inside(out, input_root) or inside(input_root, out):
+        raise UsageError(f"--output {cfg.output}: must not be inside the input folder (or contain it)")
+    entries: list[str] = []
+    if is_remote(out):
+        try:
+            entries = [m.path[len(out) + 1 :] for m in FileSystems.match([out + "/**"])[0].metadata_list]
+        except Exception:  # noqa: BLE001
+            entries = []
+    elif os.path.isdir(out):
+        entries = os.listdir(out)
+    top = {e.split("/", 1)[0] for e in entries}
+    foreign = sorted(e for e in top if not _is_own_file(e))
+    if foreign and not cfg.overwrite:
+        raise UsageError(
+            f"--output {cfg.output}: folder holds files this tool did not write ({foreign[0]}, ...); "
+            "choose an empty folder or pass --overwrite"
+        )
+    if metadata.SUCCESS in top and not cfg.overwrite:
+        raise UsageError(f"--output {cfg.output}: holds a complete dataset; pass --overwrite to replace it")
+    return out
+
+
+def prepare(cfg: ConvertConfig) -> tuple[ConvertConfig, Layout]:
+    """Resolves paths and input layout; raises UsageError for anything wrong."""
+    manifest_format = None
+    columns: tuple[str, ...] = ()
+    if cfg.manifest:
+        manifest = absolute(cfg.manifest)
+        if not FileSystems.exists(manifest) or (not is_remote(manifest) and os.path.isdir(manifest)):
+            raise UsageError(f"--manifest {cfg.manifest}: no such file")
+        manifest_format = _manifest_format(manifest)
+        columns = _manifest_columns(manifest, manifest_format)
+        if PATH_COLUMN not in columns:
+            raise UsageError(f"--manifest {cfg.manifest}: no 'path' column (found: {', '.join(columns) or 'none'})")
+        root = posixpath.dirname(manifest) if is_remote(manifest) else os.path.dirname(manifest)
+        pattern = None
+    else:
+        manifest = None
+        root, pattern = _input_root_and_pattern(cfg.input or "")
+
+    if manifest and SPLIT_COLUMN in columns:
+        split_source = "manifest"
+    elif not manifest and _has_split_folders(root):
+        split_source = "folders"
+    else:
+        split_source = "ratios" if cfg.split_ratios else "default"
+    if cfg.split_ratios and split_source in ("manifest", "folders"):
+        where = "the manifest has a split column" if split_source == "manifest" else "the input has split folders"
+        raise UsageError(f"--split-ratios conflicts with the input: {where}")
+
+    if cfg.label_regex:
+        label_source = "regex"
+    elif cfg.labels_from:
+        label_source = cfg.labels_from
+        if label_source == "manifest" and LABEL_COLUMN not in columns:
+            raise UsageError(f"--labels-from manifest: {cfg.manifest} has no 'label' column")
+    elif manifest:
+        label_source = "manifest" if LABEL_COLUMN in columns else "none"
+    else:
+        label_source = "folder"
+
+    labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None
+    output = _check_output(cfg, root)
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+    cfg = _replace(cfg, output=output, manifest=manifest, input=None if manifest else cfg.input)
+    layout = Layout(
+        root=root,
+        pattern=pattern,
+        manifest=manifest,
+        manifest_format=manifest_format,
+        manifest_columns=columns,
+        split_source=split_source,
+        label_source=label_source,
+        labels=labels,
+        tmp_dir=FileSystems.join(output, metadata.TMP_PREFIX + run_id),
+        run_id=run_id,
+    )
+    return cfg, layout
+
+
+def _replace(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **changes)
+
+
+def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
+    """PipelineOptions plus the runner object to use (the Python engine for local runs)."""
+    options = PipelineOptions(list(beam_args))
+    runner_name = options.view_as(StandardOptions).runner
+    if (runner_name or "").lower() in LOCAL_RUNNERS:
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        direct = options.view_as(DirectOptions)
+        given = " ".join(beam_args)
+        if "direct_running_mode" not in given:
+            direct.direct_running_mode = "multi_threading"
+        if "direct_num_workers" not in given:
+            direct.direct_num_workers = os.cpu_count() or 1
+        return options, FnApiRunner()
+    return options, None
+
+
+def _wait(result: Any) -> None:
+    state = result.wait_until_finish()
+    if state not in (PipelineState.DONE, None):
+        raise PipelineError(f"the pipeline ended in state {state}")
+
+
+def read_json(path: str) -> dict[str, Any]:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        return json.loads(fh.read().decode("utf-8"))
+
+
+def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
+    """Runs the whole conversion; returns dataset.json's content."""
+    from .pipeline import build_pipeline, build_plan_pipeline
+
+    cfg, layout = prepare(cfg)
+    options, runner = make_options(beam_args)
+    _LOG.info("input root %s, split source %s, label source %s", layout.root, layout.split_source, layout.label_source)
+    wtt_shards = None
+    try:
+        if cfg.sink == "write_to_tfrecord":
+            plan_path = FileSystems.join(layout.tmp_dir, "plan.json")
+            _wait(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
+            wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path).items()}
+            options, runner = make_options(beam_args)
+        _wait(build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards).run())
+    except PipelineError:
+        raise
+    except Exception as e:  # the runner wraps worker errors in assorted types
+        raise PipelineError(_last_line(e)) from e
+    success = FileSystems.join(cfg.output, metadata.SUCCESS)
+    info_path = FileSystems.join(cfg.output, metadata.DATASET_JSON)
+    if not FileSystems.exists(success):
+        detail = ""
+        tmp_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
+        for path in (info_path, tmp_info):
+            if FileSystems.exists(path):
+                info = read_json(path)
+                reasons = ", ".join(f"{k} {v}" for k, v in info["rejects"]["by_reason"].items())
+                detail = f" ({info['rejects']['total']} rejected: {reasons}; see {posixpath.dirname(path)}/rejects.jsonl)"
+                break
+        raise PipelineError(f"no image was converted{detail}")
+    return read_json(info_path)
+
+
+def _last_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__

@@ -1,0 +1,337 @@
+"""Listing: turn a folder, glob or manifest into references, inside the pipeline.
+
+Only the glob or the manifest path enters the job graph; the listing itself
+happens on a worker (``fileio.MatchAll`` / a manifest-reading DoFn), so a
+million-file input never becomes a giant ``beam.Create``.
+
+Each listed file becomes a ``Ref`` (path, relative path, size, split, label,
+shuffle key, extra manifest columns), a reject (``no_label``,
+``unknown_label``, ``no_split``, ``missing``) or a skip (not an image
+extension, hidden or OS file).
+
+    refs = pipeline | ListInputs(cfg, layout)
+    refs.refs, refs.rejects, refs.skipped
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from . import hashing
+from .config import IMAGE_EXTENSIONS, OS_FILES, SPLIT_FOLDERS, ConvertConfig, Layout
+from .images import MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL
+
+REJECTS = "rejects"
+SKIPPED = "skipped"
+
+# Manifest columns with a meaning of their own; every other column is an extra feature.
+PATH_COLUMN, LABEL_COLUMN, SPLIT_COLUMN = "path", "label", "split"
+RESERVED_COLUMNS = frozenset({PATH_COLUMN, LABEL_COLUMN, SPLIT_COLUMN})
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One input image, before its bytes are read."""
+
+    path: str  # as listed: absolute path or URL
+    relpath: str  # relative to the input root; image/filename
+    size: int
+    split: str
+    label: str | None
+    key: int  # salted shuffle key: the record's place in the global order
+    extras: tuple[tuple[str, Any], ...] = ()
+
+
+def reject(path: str, reason: str, detail: str = "") -> dict[str, str]:
+    return {"path": path, "reason": reason, "detail": detail}
+
+
+def relative_path(path: str, root: str) -> str:
+    """``path`` relative to ``root`` with ``/`` separators; the path itself if outside it."""
+    root = root.rstrip("/")
+    if root and path.startswith(root + "/"):
+        return path[len(root) + 1 :]
+    return path.lstrip("/") if "://" not in path else path
+
+
+def skip_reason(relpath: str, check_extension: bool) -> str | None:
+    """Why a listed file is not an input at all (hidden/OS file, not an image), or None."""
+    parts = relpath.split("/")
+    name = parts[-1]
+    if any(p.startswith(".") for p in parts) or name.lower() in OS_FILES:
+        return "hidden_or_os_file"
+    if check_extension and posixpath.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
+        return "not_an_image_extension"
+    return None
+
+
+def folder_split_and_rest(relpath: str, layout: Layout) -> tuple[str | None, list[str]]:
+    """The split from a ``root/{train,val,test}/`` layout, and the path parts below it."""
+    parts = relpath.split("/")
+    if layout.split_source != "folders":
+        return None, parts
+    if len(parts) > 1 and parts[0] in SPLIT_FOLDERS:
+        return SPLIT_FOLDERS[parts[0]], parts[1:]
+    return None, parts
+
+
+def label_for(relpath: str, column_value: str | None, cfg: ConvertConfig, layout: Layout) -> str | None:
+    """The label text of one input under the run's label source; None if it has none."""
+    source = layout.label_source
+    if source == "none":
+        return None
+    if source == "manifest":
+        value = (column_value or "").strip()
+        return value or None
+    if source == "regex":
+        match = re.search(cfg.label_regex or "", relpath.rsplit("/", 1)[-1])
+        return match.group(1) if match and match.group(1) else None
+    _, rest = folder_split_and_rest(relpath, layout)
+    return rest[0] if len(rest) > 1 else None
+
+
+def make_ref(
+    path: str,
+    relpath: str,
+    size: int,
+    cfg: ConvertConfig,
+    layout: Layout,
+    *,
+    label_value: str | None = None,
+    split_value: str | None = None,
+    extras: tuple[tuple[str, Any], ...] = (),
+) -> Ref | dict[str, str]:
+    """A Ref for a listed file, or a reject dict saying why it cannot be one."""
+    if layout.split_source == "manifest":
+        split = SPLIT_FOLDERS.get((split_value or "").strip(), (split_value or "").strip())
+        if not split:
+            return reject(path, NO_SPLIT, "the manifest's split column is empty")
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", split):
+            return reject(path, NO_SPLIT, f"{split!r} is not a valid split name")
+    elif layout.split_source == "folders":
+        folder_split, _ = folder_split_and_rest(relpath, layout)
+        if folder_split is None:
+            return reject(path, NO_SPLIT, "not inside a train/validation/test folder")
+        split = folder_split
+    elif layout.split_source == "ratios":
+        split = hashing.split_for(relpath, cfg.split_ratios or (("train", 1.0),))
+    else:
+        split = "train"
+
+    label = label_for(relpath, label_value, cfg, layout)
+    if layout.label_source != "none":
+        if label is None:
+            return reject(path, NO_LABEL, f"no label from the {layout.label_source}")
+        if layout.labels is not None and label not in layout.labels:
+            return reject(path, UNKNOWN_LABEL, f"label {label!r} is not in --labels-file")
+    return Ref(path, relpath, size, split, label, hashing.shuffle_key(relpath, cfg.seed), extras)
+
+
+class _MatchedToRef(beam.DoFn):
+    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
+        self._cfg = cfg
+        self._layout = layout
+
+    def process(self, metadata: Any) -> Iterator[Any]:
+        relpath = relative_path(metadata.path, self._layout.root)
+        why = skip_reason(relpath, check_extension=True)
+        if why:
+            yield beam.pvalue.TaggedOutput(SKIPPED, why)
+            return
+        out = make_ref(metadata.path, relpath, metadata.size_in_bytes, self._cfg, self._layout)
+        yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
+
+
+def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[str, Any]]:
+    """Rows of a CSV (header row) or JSONL manifest; blank lines are ignored.
+
+    A JSONL line that is not an object raises ValueError naming the line.
+    """
+    if fmt == "jsonl":
+        for lineno, line in enumerate(text_stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"manifest line {lineno}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"manifest line {lineno}: not a JSON object")
+            yield row
+        return
+    reader = csv.DictReader(text_stream)
+    for row in reader:
+        if not any((v or "").strip() for k, v in row.items() if k is not None):
+            continue
+        yield {k.strip(): (v if v is not None else "") for k, v in row.items() if k is not None}
+
+
+def open_text(path: str) -> io.TextIOWrapper:
+    """Opens a text file through Beam FileSystems (local or gs://), BOM-tolerant."""
+    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+
+
+def manifest_path_of(row_path: str, layout: Layout) -> str:
+    """A manifest ``path`` value as a full path: relative ones are under the manifest's folder."""
+    if "://" in row_path or row_path.startswith("/"):
+        return row_path
+    return FileSystems.join(layout.root, row_path)
+
+
+class _ReadManifest(beam.DoFn):
+    """Streams the manifest's rows; runs once, on a worker, for the one manifest path."""
+
+    def __init__(self, layout: Layout) -> None:
+        self._layout = layout
+
+    def process(self, manifest: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        with open_text(manifest) as stream:
+            for index, row in enumerate(read_manifest_rows(stream, self._layout.manifest_format or "csv")):
+                yield index, row
+
+
+class _StatManifestRow(beam.DoFn):
+    """Looks up the row's file size (one metadata call); missing files become rejects."""
+
+    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
+        self._cfg = cfg
+        self._layout = layout
+
+    def process(self, element: tuple[int, dict[str, Any]]) -> Iterator[Any]:
+        _, row = element
+        raw_path = str(row.get(PATH_COLUMN) or "").strip()
+        if not raw_path:
+            yield beam.pvalue.TaggedOutput(REJECTS, reject("", MISSING, f"row without a path: {row}"))
+            return
+        path = manifest_path_of(raw_path, self._layout)
+        try:
+            matched = FileSystems.match([path])[0].metadata_list
+        except Exception as e:  # BeamIOError wraps the file system's own error
+            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, f"cannot stat: {e}"))
+            return
+        exact = [m for m in matched if m.path == path]
+        if not exact:
+            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, "file does not exist"))
+            return
+        relpath = relative_path(path, self._layout.root)
+        extras = tuple(
+            (k, row[k]) for k in sorted(row) if k not in RESERVED_COLUMNS and row[k] not in (None, "")
+        )
+        out = make_ref(
+            path,
+            relpath,
+            exact[0].size_in_bytes,
+            self._cfg,
+            self._layout,
+            label_value=None if row.get(LABEL_COLUMN) is None else str(row.get(LABEL_COLUMN)),
+            split_value=None if row.get(SPLIT_COLUMN) is None else str(row.get(SPLIT_COLUMN)),
+            extras=extras,
+        )
+        yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
+
+
+class ListInputs(beam.PTransform):
+    """pipeline → refs (Ref), rejects ({path, reason, detail}), skipped (reason text)."""
+
+    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
+        super().__init__()
+        self._cfg = cfg
+        self._layout = layout
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+        layout = self._layout
+        if layout.manifest:
+            rows = (
+                pbegin
+                | "ManifestPath" >> beam.Create([layout.manifest])
+                | "ReadManifest" >> beam.ParDo(_ReadManifest(layout))
+                # (row_index, row); spread the rows before the per-file lookups
+                | "SpreadRows" >> beam.Reshuffle()
+            )
+            return rows | "StatRows" >> beam.ParDo(_StatManifestRow(self._cfg, layout)).with_outputs(
+                REJECTS, SKIPPED, main="refs"
+            )
+        files = (
+            pbegin
+            | "Glob" >> beam.Create([layout.pattern])
+            | "Match" >> fileio.MatchAll()
+            # FileMetadata; spread the listing over workers
+            | "SpreadFiles" >> beam.Reshuffle()
+        )
+        return files | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
+            REJECTS, SKIPPED, main="refs"
+        )
+
+
+# ---- extra manifest columns -------------------------------------------------
+
+_TYPE_ORDER = {"int": 0, "float": 1, "string": 2}
+_INT_RE = re.compile(r"^[+-]?\d+$")
+# Plain decimal notation only: "nan", "inf" or "1_000" stay text.
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def value_type(value: Any) -> str:
+    """int, float or string: the narrowest feature type that holds ``value``."""
+    if isinstance(value, bool):
+        return "int"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        text = value.strip()
+        if _INT_RE.match(text) and -(2**63) <= int(text) < 2**63:
+            return "int"
+        if _FLOAT_RE.match(text):
+            return "float"
+    return "string"
+
+
+def widen(a: str, b: str) -> str:
+    return a if _TYPE_ORDER[a] >= _TYPE_ORDER[b] else b
+
+
+def coerce(value: Any, kind: str) -> Any:
+    """A manifest value as the column's inferred feature type."""
+    if kind == "int":
+        return int(value) if not isinstance(value, str) else int(value.strip())
+    if kind == "float":
+        return float(value) if not isinstance(value, str) else float(value.strip())
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+class InferColumnTypes(beam.CombineFn):
+    """refs → {column: 'int' | 'float' | 'string'} over every row (one global pass)."""
+
+    def create_accumulator(self) -> dict[str, str]:
+        return {}
+
+    def add_input(self, acc: dict[str, str], ref: Ref) -> dict[str, str]:
+        for column, value in ref.extras:
+            kind = value_type(value)
+            acc[column] = widen(acc.get(column, kind), kind)
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict[str, str]]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for acc in accs:
+            for column, kind in acc.items():
+                out[column] = widen(out.get(column, kind), kind)
+        return out
+
+    def extract_output(self, acc: dict[str, str]) -> dict[str, str]:
+        return dict(sorted(acc.items()))

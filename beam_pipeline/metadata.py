@@ -1,0 +1,111 @@
+"""The dataset's self-description: shard names, labels.txt, rejects.jsonl, dataset.json.
+
+    shard_name("pets", "train", 0, 4, "gzip")   # 'pets-train.tfrecord-00000-of-00004.gz'
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from . import __version__, examples
+
+FORMAT_VERSION = 1
+DATASET_JSON = "dataset.json"
+LABELS_TXT = "labels.txt"
+REJECTS_JSONL = "rejects.jsonl"
+SUCCESS = "_SUCCESS"
+TMP_PREFIX = ".beam_pipeline-tmp-"
+
+_FEATURE_DTYPES = {"int": "int64", "float": "float32", "string": "string"}
+
+
+def shard_name(name: str, split: str, index: int, count: int, compression: str) -> str:
+    suffix = ".gz" if compression == "gzip" else ""
+    return f"{name}-{split}.tfrecord-{index:05d}-of-{count:05d}{suffix}"
+
+
+def is_shard_file(basename: str) -> bool:
+    """A file name this tool writes as a shard (any dataset name, split, compression)."""
+    stem = basename[:-3] if basename.endswith(".gz") else basename
+    head, sep, tail = stem.rpartition(".tfrecord-")
+    parts = tail.split("-of-")
+    return bool(sep and head and len(parts) == 2 and all(p.isdigit() and len(p) == 5 for p in parts))
+
+
+def feature_spec(labelled: bool, extra_types: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Every feature of a record: dtype (int64, float32, string) and shape ([] = one value)."""
+    spec: dict[str, dict[str, Any]] = {
+        examples.ENCODED: {"dtype": "string", "shape": []},
+        examples.FORMAT: {"dtype": "string", "shape": []},
+        examples.HEIGHT: {"dtype": "int64", "shape": []},
+        examples.WIDTH: {"dtype": "int64", "shape": []},
+        examples.CHANNELS: {"dtype": "int64", "shape": []},
+        examples.FILENAME: {"dtype": "string", "shape": []},
+        examples.SHA256: {"dtype": "string", "shape": []},
+    }
+    if labelled:
+        spec[examples.LABEL] = {"dtype": "int64", "shape": []}
+        spec[examples.LABEL_TEXT] = {"dtype": "string", "shape": []}
+    for column, kind in sorted(extra_types.items()):
+        spec[column] = {"dtype": _FEATURE_DTYPES[kind], "shape": [], "optional": True, "source": "manifest"}
+    return spec
+
+
+def package_versions() -> dict[str, str]:
+    out = {"beam_pipeline": __version__, "python": platform.python_version()}
+    for dist in ("apache-beam", "pillow", "protobuf", "tensorflow", "tensorflow-transform"):
+        try:
+            out[dist] = importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def count_by(items: Iterable[str]) -> dict[str, int]:
+    return dict(sorted(collections.Counter(items).items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def rejects_jsonl(rejects: Iterable[Mapping[str, str]]) -> str:
+    rows = sorted(rejects, key=lambda r: (r["path"], r["reason"], r.get("detail", "")))
+    return "".join(
+        json.dumps({"path": r["path"], "reason": r["reason"], "detail": r.get("detail", "")}, ensure_ascii=False)
+        + "\n"
+        for r in rows
+    )
+
+
+def dataset_json(
+    *,
+    name: str,
+    splits: Mapping[str, Any],
+    labels: Sequence[str] | None,
+    extra_types: Mapping[str, str],
+    compression: str,
+    seed: int,
+    config: Mapping[str, Any],
+    rejects: Mapping[str, int],
+    skipped: Mapping[str, int],
+    sink: str,
+) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "splits": dict(splits),
+        "examples": sum(s["examples"] for s in splits.values()),
+        "bytes": sum(s["bytes"] for s in splits.values()),
+        "labels": list(labels) if labels is not None else None,
+        "num_classes": len(labels) if labels is not None else None,
+        "features": feature_spec(labels is not None, extra_types),
+        "compression": compression,
+        "seed": seed,
+        "sink": sink,
+        "rejects": {"total": sum(rejects.values()), "by_reason": dict(rejects)},
+        "skipped": {"total": sum(skipped.values()), "by_reason": dict(skipped)},
+        "config": dict(config),
+        "versions": package_versions(),
+    }

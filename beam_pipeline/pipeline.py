@@ -1,0 +1,181 @@
+"""The conversion pipeline, built but not run (tests and the launcher drive it).
+
+    list ──► refs ──► plan shards ──► group refs by shard ──► write shard ──► finalize
+                  └─► labels, extra-column types (side inputs)        └─► rejects
+
+    p = build_pipeline(cfg, layout, options)   # beam.Pipeline, nothing run yet
+    p.run().wait_until_finish()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.tfrecordio import WriteToTFRecord
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from . import metadata
+from .config import ConvertConfig, Layout
+from .finalize import FinalizeFn
+from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs
+from .planning import PlanShards, ShardPlan, assign_shard
+from .writing import DecodeFn, WriteShardFn, compression_type, count_records
+
+
+class CollectLabels(beam.PTransform):
+    """refs → one element: the label list (line k = id k), or [] for an unlabelled run."""
+
+    def __init__(self, layout: Layout) -> None:
+        super().__init__()
+        self._layout = layout
+
+    def expand(self, refs: beam.PCollection) -> beam.PCollection:
+        fixed = self._layout.labels
+        if fixed is not None:
+            return refs.pipeline | "FixedLabels" >> beam.Create([list(fixed)])
+        return (
+            refs
+            | "LabelOf" >> beam.Map(lambda r: r.label)
+            | "Labelled" >> beam.Filter(lambda label: label is not None)
+            | "DistinctLabels" >> beam.Distinct()
+            | "AllLabels" >> beam.combiners.ToList()
+            | "SortLabels" >> beam.Map(sorted)
+        )
+
+
+def _split_label_counts(pairs: list[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (split, label), count in sorted(pairs):
+        out.setdefault(split, {})[label] = count
+    return out
+
+
+def build_pipeline(
+    cfg: ConvertConfig,
+    layout: Layout,
+    options: PipelineOptions,
+    *,
+    runner: Any = None,
+    wtt_shards: Mapping[str, int] | None = None,
+) -> beam.Pipeline:
+    """The whole conversion as one pipeline.
+
+    ``wtt_shards`` ({split: num_shards}) is required for ``--sink
+    write_to_tfrecord``: WriteToTFRecord needs its shard count when the graph
+    is built, so the launcher runs the planning pipeline first.
+    """
+    p = beam.Pipeline(runner=runner, options=options)
+    listed = p | "List" >> ListInputs(cfg, layout)
+    refs = listed.refs
+    labels = refs | "Labels" >> CollectLabels(layout)
+    extra_types = refs | "ColumnTypes" >> beam.CombineGlobally(InferColumnTypes())
+
+    if cfg.sink == "planned":
+        plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
+        written = (
+            refs
+            | "AssignShard" >> beam.Map(assign_shard, beam.pvalue.AsSingleton(plans))
+            # ((split, shard), Ref): only references cross the shuffle
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteShards"
+            >> beam.ParDo(
+                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads),
+                beam.pvalue.AsSingleton(labels),
+                beam.pvalue.AsSingleton(extra_types),
+            ).with_outputs(REJECTS, main="results")
+        )
+        results = written.results
+        write_rejects = written[REJECTS]
+        split_label_counts = p | "NoLabelCounts" >> beam.Create([{}])
+    else:
+        if wtt_shards is None:
+            raise ValueError("the write_to_tfrecord sink needs the planned shard counts")
+        decoded = refs | "Decode" >> beam.ParDo(
+            DecodeFn(), beam.pvalue.AsSingleton(labels), beam.pvalue.AsSingleton(extra_types)
+        ).with_outputs(REJECTS, main="records")
+        write_rejects = decoded[REJECTS]
+        split_label_counts = (
+            decoded.records
+            | "SplitLabel" >> beam.Map(lambda t: ((t[0], t[1]), 1))
+            | "CountSplitLabel" >> beam.CombinePerKey(sum)
+            | "AllSplitLabel" >> beam.combiners.ToList()
+            | "SplitLabelDict" >> beam.Map(_split_label_counts)
+        )
+        per_split = []
+        for split, num_shards in sorted(wtt_shards.items()):
+            prefix = f"{layout.tmp_dir}/wtt/{cfg.name}-{split}.tfrecord"
+            files = (
+                decoded.records
+                | f"Only_{split}" >> beam.Filter(lambda t, s=split: t[0] == s)
+                | f"Record_{split}" >> beam.Map(lambda t: t[2])
+                | f"WriteToTFRecord_{split}"
+                >> WriteToTFRecord(
+                    prefix,
+                    num_shards=num_shards,
+                    shard_name_template="-SSSSS-of-NNNNN",
+                    file_name_suffix=".gz" if cfg.compression == "gzip" else "",
+                    compression_type=compression_type(cfg.compression),
+                )
+                | f"Describe_{split}" >> beam.Map(_describe_wtt_file, split)
+            )
+            per_split.append(files)
+        results = tuple(per_split) | "AllShardFiles" >> beam.Flatten() if per_split else (
+            p | "NoShards" >> beam.Create([])
+        )
+
+    rejects = (listed[REJECTS], write_rejects) | "AllRejects" >> beam.Flatten()
+    _ = (
+        p
+        | "Once" >> beam.Create([None])
+        | "Finalize"
+        >> beam.ParDo(
+            FinalizeFn(cfg, layout),
+            beam.pvalue.AsList(results),
+            beam.pvalue.AsList(rejects),
+            beam.pvalue.AsList(listed[SKIPPED]),
+            beam.pvalue.AsSingleton(labels),
+            beam.pvalue.AsSingleton(extra_types),
+            beam.pvalue.AsSingleton(split_label_counts),
+        )
+    )
+    return p
+
+
+def _describe_wtt_file(path: str, split: str) -> dict[str, Any]:
+    from apache_beam.io.filesystems import FileSystems
+
+    stem = path[:-3] if path.endswith(".gz") else path
+    index = int(stem.rsplit("-of-", 1)[0].rsplit("-", 1)[1])
+    size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    return {"split": split, "shard": index, "tmp_path": path, "records": count_records(path), "bytes": size}
+
+
+def build_plan_pipeline(
+    cfg: ConvertConfig, layout: Layout, options: PipelineOptions, plan_path: str, *, runner: Any = None
+) -> beam.Pipeline:
+    """Listing and planning only: writes {split: {num_shards, estimated_bytes, ...}} as JSON."""
+    p = beam.Pipeline(runner=runner, options=options)
+    listed = p | "List" >> ListInputs(cfg, layout)
+    plans = listed.refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
+    _ = plans | "WritePlan" >> beam.Map(_write_plan, plan_path)
+    return p
+
+
+def plan_summary(plans: Mapping[str, ShardPlan]) -> dict[str, dict[str, Any]]:
+    return {
+        split: {"num_shards": plan.num_shards, "estimated_bytes": sum(plan.estimated_bytes)}
+        for split, plan in sorted(plans.items())
+    }
+
+
+def _write_plan(plans: Mapping[str, ShardPlan], plan_path: str) -> None:
+    import json
+
+    from .finalize import write_text
+
+    write_text(plan_path, json.dumps(plan_summary(plans)))
+
+
+__all__ = ["build_pipeline", "build_plan_pipeline", "metadata"]

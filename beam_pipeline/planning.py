@@ -1,0 +1,124 @@
+"""Shard planning: how many shards each split gets, and which refs go in which.
+
+Planning is on bytes, not counts: every ref adds its estimated record size to
+its fine hash bucket (the top bits of its shuffle key), and each split's
+buckets, in key order, are cut into contiguous runs of about equal bytes.
+Shards therefore stay within the size bounds even with a few hundred multi-MB
+photos, and concatenating a split's shards in order gives one global
+permutation (the shuffle-key order).
+
+    n = shard_count(total_bytes=620e6, target=150e6)            # 4
+    plan = cut_buckets({bucket: bytes, ...}, n)                 # ShardPlan
+    plan.shard_of(bucket)                                       # 0 .. n-1
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import apache_beam as beam
+
+from . import hashing
+from .listing import Ref
+
+# Shards may exceed the target by this factor before another shard is added:
+# with the default 150 MB target every shard of a split over 100 MB lands in 100–200 MB.
+MAX_OVER_TARGET = 4 / 3
+
+# Bytes a record adds beyond the image: TFRecord framing (16), feature keys and
+# numbers (~170), the sha256 hex (64).  Filename and label are added per ref.
+RECORD_OVERHEAD = 260
+
+
+def estimated_record_bytes(ref: Ref) -> int:
+    extras = sum(len(str(k)) + len(str(v)) + 8 for k, v in ref.extras)
+    return ref.size + RECORD_OVERHEAD + len(ref.relpath.encode()) + len((ref.label or "").encode()) + extras
+
+
+def shard_count(total_bytes: float, target: float) -> int:
+    """Shards for a split: nearest to ``target`` each, never above MAX_OVER_TARGET × target."""
+    if total_bytes <= 0:
+        return 1
+    n = max(1, round(total_bytes / target))
+    while total_bytes / n > target * MAX_OVER_TARGET:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Shard i holds the buckets in [starts[i], starts[i+1]); estimated bytes per shard."""
+
+    starts: tuple[int, ...]
+    estimated_bytes: tuple[int, ...]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.starts)
+
+    def shard_of(self, bucket: int) -> int:
+        return max(0, bisect.bisect_right(self.starts, bucket) - 1)
+
+
+def cut_buckets(bucket_bytes: Mapping[int, int], num_shards: int) -> ShardPlan:
+    """Cuts buckets (in bucket order) into ``num_shards`` runs of about equal bytes.
+
+    A bucket goes to the shard its byte midpoint falls in, so each cut is off by
+    at most half a bucket.  With fewer non-empty buckets than shards, the extra
+    shards stay empty (finalize drops empty shards).
+    """
+    items = sorted((b, s) for b, s in bucket_bytes.items() if s > 0)
+    total = sum(s for _, s in items)
+    if not items or num_shards <= 1:
+        return ShardPlan((0,), (total,))
+    per_shard = total / num_shards
+    starts = [0]
+    sizes = [0]
+    cumulative = 0
+    for bucket, size in items:
+        midpoint = cumulative + size / 2
+        shard = min(num_shards - 1, math.floor(midpoint / per_shard))
+        while shard > len(starts) - 1:
+            starts.append(bucket)
+            sizes.append(0)
+        sizes[-1] += size
+        cumulative += size
+    return ShardPlan(tuple(starts), tuple(sizes))
+
+
+def make_plans(split_bucket_bytes: Iterable[tuple[tuple[str, int], int]], target: int) -> dict[str, ShardPlan]:
+    """((split, bucket), bytes) pairs → {split: ShardPlan}."""
+    by_split: dict[str, dict[int, int]] = {}
+    for (split, bucket), size in split_bucket_bytes:
+        by_split.setdefault(split, {})[bucket] = by_split.setdefault(split, {}).get(bucket, 0) + size
+    return {
+        split: cut_buckets(buckets, shard_count(sum(buckets.values()), target))
+        for split, buckets in sorted(by_split.items())
+    }
+
+
+class PlanShards(beam.PTransform):
+    """refs → one element: {split: ShardPlan} (use as a singleton side input)."""
+
+    def __init__(self, target_bytes: int) -> None:
+        super().__init__()
+        self._target = target_bytes
+
+    def expand(self, refs: beam.PCollection) -> beam.PCollection:
+        target = self._target
+        return (
+            refs
+            | "BucketBytes" >> beam.Map(lambda r: ((r.split, hashing.bucket_of(r.key)), estimated_record_bytes(r)))
+            | "SumPerBucket" >> beam.CombinePerKey(sum)
+            # ((split, bucket), bytes): at most 2**18 per split, small enough for one worker
+            | "AllBuckets" >> beam.combiners.ToList()
+            | "CutShards" >> beam.Map(make_plans, target)
+        )
+
+
+def assign_shard(ref: Ref, plans: Mapping[str, ShardPlan]) -> tuple[tuple[str, int], Ref]:
+    """((split, shard), ref): the key refs are grouped by before writing."""
+    return (ref.split, plans[ref.split].shard_of(hashing.bucket_of(ref.key))), ref

@@ -1,0 +1,189 @@
+"""Writing shards: read, decode, validate, build the Example, stream to a temp file.
+
+``WriteShardFn`` gets one shard's refs (only references crossed the shuffle),
+sorts them by shuffle key, reads and decodes them on a small thread pool
+(Pillow and hashlib release the GIL; results are taken in order, with a
+bounded window so memory stays at a few images) and streams TFRecords to a
+uniquely named temp file through Beam ``FileSystems``.  Finalize later gives
+the temp file its final name.
+
+    (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "records", "bytes", "labels"}
+                         └──► rejects: {"path", "reason", "detail"}
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.tfrecordio import _TFRecordUtil
+
+from . import examples
+from .images import MISSING, UNREADABLE, Rejected, inspect_image
+from .listing import REJECTS, Ref, coerce, reject
+
+NAMESPACE = "beam_pipeline"
+
+# Images decoded ahead of the writer, per decode thread.
+PREFETCH_PER_THREAD = 2
+
+
+def compression_type(name: str) -> str:
+    return CompressionTypes.GZIP if name == "gzip" else CompressionTypes.UNCOMPRESSED
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's bytes, raw (never decompressed by extension); Rejected on I/O errors."""
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+            return fh.read()
+    except FileNotFoundError as e:
+        raise Rejected(MISSING, str(e)) from None
+    except Exception as e:  # OSError, BeamIOError, GCS HTTP errors
+        text = str(e)
+        if "No such file" in text or "Not found" in text or "404" in text:
+            raise Rejected(MISSING, text) from None
+        raise Rejected(UNREADABLE, f"{type(e).__name__}: {text}") from None
+
+
+def build_record(
+    ref: Ref,
+    data: bytes,
+    label_ids: Mapping[str, int],
+    extra_types: Mapping[str, str],
+) -> bytes:
+    """Validates ``data`` (full decode) and returns the serialized Example; may raise Rejected."""
+    info = inspect_image(data)
+    features: dict[str, Any] = {
+        examples.ENCODED: data,
+        examples.FORMAT: info.format,
+        examples.HEIGHT: info.height,
+        examples.WIDTH: info.width,
+        examples.CHANNELS: info.channels,
+        examples.FILENAME: ref.relpath,
+        examples.SHA256: hashlib.sha256(data).hexdigest(),
+    }
+    if ref.label is not None:
+        features[examples.LABEL] = label_ids[ref.label]
+        features[examples.LABEL_TEXT] = ref.label
+    for column, value in ref.extras:
+        try:
+            features[column] = coerce(value, extra_types.get(column, "string"))
+        except (TypeError, ValueError):
+            continue  # an empty/odd value in a numeric column: feature left out
+    return examples.build_example(dict(sorted(features.items())))
+
+
+def convert_one(ref: Ref, label_ids: Mapping[str, int], extra_types: Mapping[str, str]) -> bytes | Rejected:
+    """Reads and converts one ref; a Rejected is returned (not raised) for the writer to route."""
+    try:
+        return build_record(ref, read_bytes(ref.path), label_ids, extra_types)
+    except Rejected as r:
+        return r
+
+
+def ordered_map(pool: ThreadPoolExecutor, fn: Any, items: Iterable[Any], window: int) -> Iterator[tuple[Any, Any]]:
+    """(item, fn(item)) in input order, with at most ``window`` calls in flight."""
+    pending: collections.deque[tuple[Any, Future]] = collections.deque()
+    it = iter(items)
+    for item in itertools.islice(it, window):
+        pending.append((item, pool.submit(fn, item)))
+    while pending:
+        item, future = pending.popleft()
+        for nxt in itertools.islice(it, 1):
+            pending.append((nxt, pool.submit(fn, nxt)))
+        yield item, future.result()
+
+
+def decode_threads(requested: int) -> int:
+    return requested if requested > 0 else (os.cpu_count() or 1)
+
+
+class WriteShardFn(beam.DoFn):
+    """((split, shard), [Ref]) → one shard file under the run's temp folder."""
+
+    def __init__(self, tmp_dir: str, compression: str, threads: int) -> None:
+        self._tmp_dir = tmp_dir
+        self._compression = compression
+        self._threads = threads
+        self._records = beam.metrics.Metrics.counter(NAMESPACE, "records_written")
+        self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
+        self._shards = beam.metrics.Metrics.counter(NAMESPACE, "shards_written")
+
+    def setup(self) -> None:
+        self._pool = ThreadPoolExecutor(decode_threads(self._threads), thread_name_prefix="decode")
+
+    def teardown(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    def process(
+        self,
+        element: tuple[tuple[str, int], Iterable[Ref]],
+        labels: Sequence[str],
+        extra_types: Mapping[str, str],
+    ) -> Iterator[Any]:
+        (split, shard), refs = element
+        ordered = sorted(refs, key=lambda r: (r.key, r.relpath, r.path))
+        label_ids = {label: i for i, label in enumerate(labels)}
+        # A retried bundle writes a new temp file; only the committed attempt's
+        # path reaches finalize, so attempts never mix.
+        tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{uuid.uuid4().hex}.tfrecord")
+        records = 0
+        label_counts: collections.Counter[str] = collections.Counter()
+        window = PREFETCH_PER_THREAD * decode_threads(self._threads)
+        with FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out:
+            for ref, result in ordered_map(
+                self._pool, lambda r: convert_one(r, label_ids, extra_types), ordered, window
+            ):
+                if isinstance(result, Rejected):
+                    self._rejected.inc()
+                    yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
+                    continue
+                _TFRecordUtil.write_record(out, result)
+                records += 1
+                if ref.label is not None:
+                    label_counts[ref.label] += 1
+        self._records.inc(records)
+        self._shards.inc()
+        size = FileSystems.match([tmp_path])[0].metadata_list[0].size_in_bytes
+        yield {
+            "split": split,
+            "shard": shard,
+            "tmp_path": tmp_path,
+            "records": records,
+            "bytes": size,
+            "labels": dict(sorted(label_counts.items())),
+        }
+
+
+class DecodeFn(beam.DoFn):
+    """Ref → (split, label, record) for the WriteToTFRecord sink; rejects tagged."""
+
+    def __init__(self) -> None:
+        self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
+
+    def process(self, ref: Ref, labels: Sequence[str], extra_types: Mapping[str, str]) -> Iterator[Any]:
+        result = convert_one(ref, {label: i for i, label in enumerate(labels)}, extra_types)
+        if isinstance(result, Rejected):
+            self._rejected.inc()
+            yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
+        else:
+            yield ref.split, ref.label, result
+
+
+def count_records(path: str) -> int:
+    """Records in a TFRecord file (any compression Beam detects from the name)."""
+    count = 0
+    with FileSystems.open(path) as fh:
+        while _TFRecordUtil.read_record(fh) is not None:
+            count += 1
+    return count
