@@ -1,0 +1,44 @@
+"""Packaging for beam_pipeline.
+
+The same file serves ``pip install .`` locally and ``--setup_file ./setup.py``
+on Dataflow workers.  Version ranges follow tensorflow-transform 1.21, which
+pins TensorFlow 2.21.x and apache-beam[gcp] < 3; requirements/constraints.txt
+holds the exact set the tests run with.
+"""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "beam_pipeline" / "__init__.py").read_text()).group(1)
+
+REQUIRES = [
+    "apache-beam[gcp]>=2.77.0,<3",
+    "tensorflow>=2.21,<2.22",
+    "tensorflow-transform>=1.21,<1.22",
+    "google-cloud-storage>=2.18,<4",
+    "pillow>=10.4",
+    "pyyaml>=6.0",
+    "numpy>=1.26",
+]
+
+setup(
+    name="beam_pipeline",
+    version=VERSION,
+    description="Image folders, buckets and manifests to sharded, shuffled TFRecord datasets with Apache Beam",
+    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["beam_pipeline", "beam_pipeline.*"]),
+    python_requires=">=3.10,<3.14",
+    install_requires=REQUIRES,
+    extras_require={
+        "test": ["pytest>=8", "gcp-storage-emulator>=2024.8", "psutil>=5.9"],
+    },
+    entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+)

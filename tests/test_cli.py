@@ -1,0 +1,138 @@
+"""Flags, config files and the one-line errors (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import pytest
+
+from beam_pipeline.cli import parse_convert
+from beam_pipeline.config import dataset_name_from_output, parse_split_ratios
+from beam_pipeline.errors import UsageError
+
+from .conftest import run_cli
+from .imagegen import image_bytes, write
+
+
+@pytest.mark.parametrize(
+    "output,name",
+    [("photos-tfrecords", "photos_tfrecords"), ("/a/b/My Data.v2/", "My_Data_v2"), ("2024-run", "dataset_2024_run"), ("__", "dataset")],
+)
+def test_default_name_from_output(output, name):
+    assert dataset_name_from_output(output) == name
+
+
+def test_split_ratios_parse():
+    assert parse_split_ratios("train=0.8,val=0.1,test=0.1") == (("train", 0.8), ("validation", 0.1), ("test", 0.1))
+    for bad in ("train=0.8", "train=abc,test=1", "train", "train=0.5,train=0.5", "1x=1"):
+        with pytest.raises(UsageError):
+            parse_split_ratios(bad)
+
+
+def test_config_file_then_flags(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "target_shard_mb: 120\nseed: 5\ncompression: gzip\n"
+        "split_ratios: {train: 0.9, test: 0.1}\n"
+        "pipeline_options:\n  direct_num_workers: 3\n  direct_running_mode: multi_threading\n"
+    )
+    cfg, beam_flags, _ = parse_convert(["--config", str(cfg_file), "--input", "in", "--output", "out", "--seed", "7"])
+    assert cfg.target_shard_mb == 120 and cfg.seed == 7 and cfg.compression == "gzip"
+    assert cfg.split_ratios == (("train", 0.9), ("test", 0.1))
+    assert cfg.name == "out"
+    assert "--direct_num_workers=3" in beam_flags
+
+
+def test_beam_flags_pass_through_and_typos_fail():
+    _, flags, _ = parse_convert(["--input", "i", "--output", "o", "--runner", "DirectRunner", "--direct_num_workers", "2"])
+    assert flags == ["--runner", "DirectRunner", "--direct_num_workers", "2"]
+    with pytest.raises(UsageError, match="--direct_num_worker"):
+        parse_convert(["--input", "i", "--output", "o", "--direct_num_worker", "2"])
+    with pytest.raises(UsageError, match="--target-shard"):
+        parse_convert(["--input", "i", "--output", "o", "--target-shard", "2"])
+
+
+@pytest.fixture(scope="module")
+def small_input(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli") / "photos"
+    write(str(root / "cat" / "a.jpg"), image_bytes("jpeg"))
+    write(str(root / "dog" / "b.jpg"), image_bytes("jpeg", seed=1))
+    return root
+
+
+def _one_line_error(result, *needles):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--input", "{root}/missing", "--output", "{tmp}/o1"], ["--input", "no such folder"]),
+        (["--input", "{root}", "--output", "{tmp}/o2", "--name", "9bad-name"], ["--name", "9bad-name"]),
+        (["--input", "{root}", "--output", "{tmp}/o3", "--bogus-flag", "1"], ["--bogus-flag"]),
+        (["--input", "{root}", "--output", "{tmp}/o4", "--compression", "zip"], ["--compression"]),
+        (["--input", "{root}", "--output", "{tmp}/o5", "--seed", "abc"], ["--seed"]),
+        (["--input", "{root}", "--output", "{root}/cat/out"], ["--output", "inside the input"]),
+        (["--input", "{root}/cat/a.jpg", "--output", "{tmp}/o6"], ["is a file"]),
+        (["--input", "{root}/*.png", "--output", "{tmp}/o7"], ["no files match"]),
+        (["--output", "{tmp}/o8"], ["--input or --manifest"]),
+        (["--input", "{root}", "--output", "{tmp}/o9", "--config", "{tmp}/nope.yaml"], ["--config", "no such file"]),
+        (["--input", "{root}", "--output", "{tmp}/o10", "--split-ratios", "train=0.7"], ["--split-ratios", "sum"]),
+        (["--input", "{root}", "--output", "{tmp}/o11", "--label-regex", "([a-z"], ["--label-regex"]),
+        (["--input", "{root}", "--output", "{tmp}/o12", "--labels-file", "{tmp}/none.txt"], ["--labels-file"]),
+    ],
+)
+def test_mistakes_are_one_line_exit_2(small_input, tmp_path, args, needles):
+    args = [a.format(root=small_input, tmp=tmp_path) for a in args]
+    _one_line_error(run_cli("convert", *args), *needles)
+
+
+def test_bad_yaml_and_unknown_setting(small_input, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: [1,\n")
+    _one_line_error(run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "o"), "--config", str(bad)), "YAML")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("target_shard: 5\n")
+    _one_line_error(
+        run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "o"), "--config", str(unknown)),
+        "target_shard",
+    )
+
+
+def test_output_that_is_a_file(small_input, tmp_path):
+    (tmp_path / "file").write_text("x")
+    _one_line_error(run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "file")), "is a file")
+
+
+def test_split_ratios_conflict_with_split_folders(tmp_path):
+    root = tmp_path / "in"
+    write(str(root / "train" / "cat" / "a.jpg"), image_bytes("jpeg"))
+    result = run_cli("convert", "--input", str(root), "--output", str(tmp_path / "o"), "--split-ratios", "train=0.5,test=0.5")
+    _one_line_error(result, "--split-ratios", "split folders")
+
+
+def test_manifest_without_path_column(tmp_path):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("file,label\na.jpg,cat\n")
+    _one_line_error(run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "o")), "'path' column")
+
+
+def test_manifest_split_column_conflicts_with_ratios(tmp_path):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,split\na.jpg,train\n")
+    result = run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "o"), "--split-ratios", "train=1")
+    _one_line_error(result, "split column")
+
+
+def test_verbose_shows_the_traceback(small_input, tmp_path):
+    result = run_cli("convert", "--input", str(small_input / "missing"), "--output", str(tmp_path / "o"), "-v")
+    assert result.returncode == 2 and "Traceback" in result.stderr
+
+
+def test_help_and_unknown_command():
+    assert run_cli("convert", "--help").returncode == 0
+    result = run_cli("transmogrify")
+    assert result.returncode == 2 and "unknown command" in result.stderr

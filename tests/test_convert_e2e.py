@@ -1,0 +1,314 @@
+"""End to end: the CLI on folders and manifests the tests make, read back with TensorFlow."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from beam_pipeline import hashing
+
+from .conftest import convert, load_info, read_records, run_cli
+from .imagegen import broken_bytes, image_bytes, write
+
+GOOD_KINDS = ["jpeg", "jpeg", "jpeg_gray", "png", "png_rgba", "png_palette", "gif", "bmp", "webp", "jpeg_progressive"]
+LABELS = ["bird", "cat", "dog"]
+BROKEN = {"zero.jpg": "empty", "cut.jpg": "truncated", "text.jpg": "not_an_image", "noise.png": "not_an_image"}
+SHARD_RE = re.compile(r"^(?P<name>[A-Za-z]\w*)-(?P<split>\w+)\.tfrecord-(?P<i>\d{5})-of-(?P<n>\d{5})(\.gz)?$")
+
+
+def make_folder(root: Path) -> dict[str, bytes]:
+    """A labelled folder; returns {relpath: bytes} of the good images."""
+    good = {}
+    for li, label in enumerate(LABELS):
+        for i in range(20):
+            kind = GOOD_KINDS[i % len(GOOD_KINDS)]
+            ext = {"jpeg_gray": "jpg", "jpeg_progressive": "jpeg", "png_rgba": "png", "png_palette": "png"}.get(kind, kind)
+            ext = "jpg" if ext == "jpeg" else ext
+            name = f"{label} photo {i:02d}.{ext}" if i % 3 == 0 else f"{label}_{i:02d}.{ext}"
+            data = image_bytes(kind, height=60 + i, width=80, seed=li * 100 + i)
+            write(str(root / label / name), data)
+            good[f"{label}/{name}"] = data
+    for name, kind in zip(BROKEN, ["empty", "truncated", "text", "random"]):
+        write(str(root / "cat" / name), broken_bytes(kind))
+    write(str(root / "dog" / "notes.txt"), b"not listed")
+    write(str(root / "dog" / ".DS_Store"), b"\x00\x01")
+    return good
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e") / "photos"
+    return root, make_folder(root)
+
+
+ARGS = ["--split-ratios", "train=0.6,validation=0.2,test=0.2", "--seed", "1", "--target-shard-mb", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def converted(folder, tmp_path_factory):
+    root, good = folder
+    out = tmp_path_factory.mktemp("e2e-out") / "photos-tfrecords"
+    result = convert("--input", str(root), "--output", str(out), *ARGS)
+    return out, good, result
+
+
+def test_every_good_image_is_one_record_and_every_bad_one_a_reject(converted, folder):
+    out, good, result = converted
+    root, _ = folder
+    records = read_records(out)
+    assert sorted(r["image/filename"].decode() for r in records) == sorted(good)
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert {Path(r["path"]).name: r["reason"] for r in rejects} == BROKEN
+    assert all(r["path"] == str(root / "cat" / Path(r["path"]).name) and r["detail"] for r in rejects)
+    assert (out / "_SUCCESS").exists()
+    info = load_info(out)
+    assert info["examples"] == len(good)
+    assert info["rejects"]["total"] == len(BROKEN)
+    assert info["skipped"]["total"] == 2
+    assert "rejected" in result.stdout and "skipped" in result.stdout
+
+
+def test_records_carry_the_source_bytes_labels_and_decodable_shapes(converted, tf):
+    out, good, _ = converted
+    labels = (out / "labels.txt").read_text().splitlines()
+    assert labels == LABELS
+    for r in read_records(out):
+        rel = r["image/filename"].decode()
+        assert r["image/encoded"] == good[rel]
+        assert r["image/key/sha256"].decode() == hashlib.sha256(good[rel]).hexdigest()
+        assert r["image/class/text"].decode() == rel.split("/")[0]
+        assert labels[r["image/class/label"]] == rel.split("/")[0]
+        image = tf.io.decode_image(r["image/encoded"], expand_animations=False)
+        assert tuple(image.shape) == (r["image/height"], r["image/width"], r["image/channels"])
+        assert r["image/format"].decode() in {"jpeg", "png", "gif", "bmp", "webp"}
+
+
+def test_dataset_json_describes_the_shards(converted):
+    out, good, _ = converted
+    info = load_info(out)
+    assert set(info["splits"]) == {"train", "validation", "test"}
+    files = sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name)
+    listed = sorted(s["file"] for split in info["splits"].values() for s in split["shards"])
+    assert files == listed
+    for split, s in info["splits"].items():
+        assert s["num_shards"] == len(s["shards"])
+        for shard in s["shards"]:
+            m = SHARD_RE.match(shard["file"])
+            assert m and m["name"] == "photos_tfrecords" and m["split"] == split
+            assert int(m["n"]) == s["num_shards"]
+            assert len(read_records(out, split)) == s["examples"]
+            assert (out / shard["file"]).stat().st_size == shard["bytes"]
+        assert sum(x["records"] for x in s["shards"]) == s["examples"]
+        assert sum(s["labels"].values()) == s["examples"]
+    assert info["splits"]["train"]["num_shards"] > 1
+    assert info["labels"] == LABELS and info["seed"] == 1
+    assert info["features"]["image/class/label"]["dtype"] == "int64"
+    assert "apache-beam" in info["versions"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # temp folder gone
+
+
+def test_shards_concatenate_to_one_global_order(converted):
+    out, _, _ = converted
+    info = load_info(out)
+    for split in info["splits"]:
+        names = [r["image/filename"].decode() for r in read_records(out, split)]
+        keys = [hashing.shuffle_key(n, 1) for n in names]
+        assert keys == sorted(keys)
+
+
+def test_same_seed_is_byte_identical_other_seed_reorders_but_keeps_splits(converted, folder, tmp_path):
+    out, _, _ = converted
+    root, _ = folder
+    again = tmp_path / "again"
+    convert("--input", str(root), "--output", str(again), "--name", "photos_tfrecords", *ARGS)
+    shard_files = sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name)
+    assert shard_files == sorted(p.name for p in again.iterdir() if ".tfrecord-" in p.name)
+    for name in shard_files:
+        assert (out / name).read_bytes() == (again / name).read_bytes(), name
+
+    other = tmp_path / "other"
+    args = [a if a != "1" else "2" for a in ARGS]
+    convert("--input", str(root), "--output", str(other), "--name", "photos_tfrecords", *args)
+    for split in ("train", "validation", "test"):
+        a = [r["image/filename"] for r in read_records(out, split)]
+        b = [r["image/filename"] for r in read_records(other, split)]
+        assert sorted(a) == sorted(b)
+        if split == "train":
+            assert a != b
+
+
+def test_gzip_output(folder, tmp_path):
+    root, good = folder
+    out = tmp_path / "gz"
+    convert("--input", str(root), "--output", str(out), "--compression", "gzip", "--target-shard-mb", "0.2")
+    shards = [p.name for p in out.iterdir() if ".tfrecord-" in p.name]
+    assert shards and all(SHARD_RE.match(s) and s.endswith(".gz") for s in shards)
+    assert all((out / s).read_bytes()[:2] == b"\x1f\x8b" for s in shards)
+    assert len(read_records(out)) == len(good)
+
+
+def test_write_to_tfrecord_sink_gives_the_same_dataset(converted, folder, tmp_path):
+    out, good, _ = converted
+    root, _ = folder
+    wtt = tmp_path / "wtt"
+    convert("--input", str(root), "--output", str(wtt), "--name", "photos_tfrecords", "--sink", "write_to_tfrecord", *ARGS)
+    info, ref_info = load_info(wtt), load_info(out)
+    for split in ref_info["splits"]:
+        assert info["splits"][split]["examples"] == ref_info["splits"][split]["examples"]
+        assert info["splits"][split]["labels"] == ref_info["splits"][split]["labels"]
+        mine = sorted(r["image/key/sha256"] for r in read_records(wtt, split))
+        assert mine == sorted(r["image/key/sha256"] for r in read_records(out, split))
+        for shard in info["splits"][split]["shards"]:
+            assert SHARD_RE.match(shard["file"]) and shard["records"] > 0
+    assert (wtt / "rejects.jsonl").read_text() == (out / "rejects.jsonl").read_text()
+    assert (wtt / "_SUCCESS").exists() and info["sink"] == "write_to_tfrecord"
+
+
+def _sizes_ok(out: Path, target: float):
+    info = load_info(out)
+    for split in info["splits"].values():
+        sizes = [s["bytes"] for s in split["shards"]]
+        if split["bytes"] > target * 2 / 3:
+            assert all(target * 2 / 3 <= b <= target * 4 / 3 for b in sizes), (sizes, target)
+    return info
+
+
+def test_shard_sizes_hold_for_many_small_and_few_large_images(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    small, large = tmp_path / "small", tmp_path / "large"
+    for i in range(400):  # ~4 KB JPEGs
+        write(str(small / "a" / f"{i}.jpg"), image_bytes("jpeg", 50, 60, seed=i))
+    for i in range(120):  # incompressible PNGs of 40-160 KB: "large photos" for a 1 MB target
+        side = int(rng.integers(120, 230))
+        data = rng.integers(0, 256, size=(side, side, 3), dtype=np.uint8)
+        Image.fromarray(data).save(write(str(large / "a" / f"{i}.png"), b""), "PNG")
+    out_small, out_large = tmp_path / "o_small", tmp_path / "o_large"
+    convert("--input", str(small), "--output", str(out_small), "--target-shard-mb", "0.3")
+    convert("--input", str(large), "--output", str(out_large), "--target-shard-mb", "1")
+    assert _sizes_ok(out_small, 0.3e6)["splits"]["train"]["num_shards"] >= 3
+    assert _sizes_ok(out_large, 1e6)["splits"]["train"]["num_shards"] >= 8
+
+
+def test_manifest_with_labels_splits_and_extra_columns(folder, tmp_path):
+    root, good = folder
+    rel = sorted(good)[:12]
+    lines = ["path,label,split,weight,score,photographer"]
+    for i, r in enumerate(rel):
+        path = str(root / r) if i == 0 else f"photos/{r}"
+        lines.append(f'"{path}",{r.split("/")[0]},{["train", "val", "test"][i % 3]},{i},{i / 4},"Doe, J{i}"')
+    lines.append("photos/cat/does-not-exist.jpg,cat,train,1,1.0,x")
+    manifest = root.parent / "manifest.csv"
+    manifest.write_text("\ufeff" + "\n".join(lines) + "\n\n")
+    out = tmp_path / "m"
+    convert("--manifest", str(manifest), "--output", str(out))
+    records = read_records(out)
+    assert len(records) == 12
+    by_name = {r["image/filename"].decode(): r for r in records}
+    assert set(by_name) == {f"photos/{r}" for r in rel}
+    for i, r in enumerate(rel):
+        rec = by_name[f"photos/{r}"]
+        assert rec["weight"] == i and rec["score"] == pytest.approx(i / 4)
+        assert rec["photographer"].decode() == f"Doe, J{i}"
+        assert rec["_split"] == ["train", "validation", "test"][i % 3]
+    info = load_info(out)
+    assert info["features"]["weight"]["dtype"] == "int64"
+    assert info["features"]["score"]["dtype"] == "float32"
+    assert info["features"]["photographer"]["dtype"] == "string"
+    rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(Path(r["path"]).name, r["reason"]) for r in rejects] == [("does-not-exist.jpg", "missing")]
+
+
+def test_jsonl_manifest_unlabelled(folder, tmp_path):
+    root, good = folder
+    manifest = root.parent / "list.jsonl"
+    manifest.write_text("".join(json.dumps({"path": f"photos/{r}", "id": n}) + "\n" for n, r in enumerate(sorted(good)[:5])))
+    out = tmp_path / "j"
+    convert("--manifest", str(manifest), "--output", str(out))
+    records = read_records(out)
+    assert len(records) == 5 and all("image/class/label" not in r for r in records)
+    assert sorted(r["id"] for r in records) == list(range(5))
+    assert not (out / "labels.txt").exists() and load_info(out)["labels"] is None
+
+
+def test_labels_file_order_and_unknown_labels(folder, tmp_path):
+    root, good = folder
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("dog\ncat\n")
+    out = tmp_path / "lf"
+    convert("--input", str(root), "--output", str(out), "--labels-file", str(labels_file))
+    assert (out / "labels.txt").read_text() == "dog\ncat\n"
+    records = read_records(out)
+    assert {r["image/class/text"].decode(): r["image/class/label"] for r in records} == {"dog": 0, "cat": 1}
+    reasons = [json.loads(x)["reason"] for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert reasons.count("unknown_label") == sum(1 for r in good if r.startswith("bird/"))
+
+
+def test_labels_from_none_and_label_regex(tmp_path):
+    root = tmp_path / "flat"
+    for i, label in enumerate(["cat", "dog", "cat", "owl"]):
+        write(str(root / f"{i}_{label}.png"), image_bytes("png", seed=i))
+    write(str(root / "5.png"), image_bytes("png", seed=5))
+    out = tmp_path / "rx"
+    convert("--input", str(root), "--output", str(out), "--label-regex", r"_([a-z]+)\.png$")
+    assert (out / "labels.txt").read_text().split() == ["cat", "dog", "owl"]
+    assert [json.loads(x)["reason"] for x in (out / "rejects.jsonl").read_text().splitlines()] == ["no_label"]
+    out2 = tmp_path / "none"
+    convert("--input", str(root), "--output", str(out2), "--labels-from", "none")
+    assert len(read_records(out2)) == 5 and (out2 / "rejects.jsonl").read_text() == ""
+
+
+def test_split_folders_layout(tmp_path):
+    root = tmp_path / "split"
+    for split in ("train", "val", "test"):
+        for label in ("a", "b"):
+            write(str(root / split / label / "x.jpg"), image_bytes("jpeg", seed=len(split) + len(label)))
+    out = tmp_path / "so"
+    convert("--input", str(root), "--output", str(out))
+    info = load_info(out)
+    assert {k: v["examples"] for k, v in info["splits"].items()} == {"train": 2, "validation": 2, "test": 2}
+    assert info["labels"] == ["a", "b"]
+
+
+def test_complete_output_is_kept_unless_overwrite(folder, tmp_path):
+    root, good = folder
+    out = tmp_path / "ow"
+    convert("--input", str(root), "--output", str(out), "--target-shard-mb", "0.1")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = run_cli("convert", "--input", str(root), "--output", str(out))
+    assert result.returncode == 2 and "--overwrite" in result.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    convert("--input", str(root), "--output", str(out), "--overwrite")
+    info = load_info(out)
+    assert info["splits"]["train"]["num_shards"] == 1
+    assert sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name) == [
+        "ow-train.tfrecord-00000-of-00001"
+    ]
+    assert (out / "_SUCCESS").exists()
+
+
+def test_foreign_files_in_output_are_refused(folder, tmp_path):
+    root, _ = folder
+    out = tmp_path / "busy"
+    write(str(out / "thesis.pdf"), b"%PDF")
+    result = run_cli("convert", "--input", str(root), "--output", str(out))
+    assert result.returncode == 2 and "thesis.pdf" in result.stderr
+    assert (out / "thesis.pdf").read_bytes() == b"%PDF"
+
+
+def test_no_good_image_fails_and_explains(tmp_path):
+    root = tmp_path / "bad"
+    write(str(root / "cat" / "a.jpg"), broken_bytes("text"))
+    write(str(root / "cat" / "b.jpg"), broken_bytes("empty"))
+    out = tmp_path / "bo"
+    result = run_cli("convert", "--input", str(root), "--output", str(out))
+    assert result.returncode == 1
+    assert "no image was converted" in result.stderr and "Traceback" not in result.stderr
+    assert not (out / "_SUCCESS").exists()
+    assert len((out / "rejects.jsonl").read_text().splitlines()) == 2

@@ -1,0 +1,167 @@
+"""Listing rules (pure functions) and the ListInputs transform on a real folder."""
+
+from __future__ import annotations
+
+import io
+
+import apache_beam as beam
+import pytest
+
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_pipeline.config import ConvertConfig, Layout
+from beam_pipeline.listing import (
+    InferColumnTypes,
+    ListInputs,
+    Ref,
+    make_ref,
+    read_manifest_rows,
+    relative_path,
+    skip_reason,
+    value_type,
+)
+
+from .conftest import local_pipeline
+from .imagegen import image_bytes, write
+
+CFG = ConvertConfig(output="/out", name="ds", input="/in")
+
+
+def layout(**kw) -> Layout:
+    base = dict(root="/in", pattern="/in/**", manifest=None, manifest_format=None)
+    base.update(kw)
+    return Layout(**base)
+
+
+def test_relative_path():
+    assert relative_path("/in/cat/a.jpg", "/in") == "cat/a.jpg"
+    assert relative_path("/in/cat/a.jpg", "/in/") == "cat/a.jpg"
+    assert relative_path("gs://b/x/cat/a.jpg", "gs://b/x") == "cat/a.jpg"
+    assert relative_path("/elsewhere/a.jpg", "/in") == "elsewhere/a.jpg"
+
+
+@pytest.mark.parametrize(
+    "relpath,check_ext,expected",
+    [
+        ("cat/a.jpg", True, None),
+        ("cat/A.JPEG", True, None),
+        ("cat/a.tiff", True, None),
+        ("cat/notes.txt", True, "not_an_image_extension"),
+        ("cat/notes.txt", False, None),
+        ("cat/.DS_Store", True, "hidden_or_os_file"),
+        ("cat/._a.jpg", True, "hidden_or_os_file"),
+        (".git/x.png", True, "hidden_or_os_file"),
+        ("cat/Thumbs.db", False, "hidden_or_os_file"),
+    ],
+)
+def test_skip_reason(relpath, check_ext, expected):
+    assert skip_reason(relpath, check_ext) == expected
+
+
+def test_label_from_first_folder_after_optional_split_folder():
+    ref = make_ref("/in/cat/x/a.jpg", "cat/x/a.jpg", 10, CFG, layout())
+    assert isinstance(ref, Ref) and ref.label == "cat" and ref.split == "train"
+    ref = make_ref("/in/val/dog/a.jpg", "val/dog/a.jpg", 10, CFG, layout(split_source="folders"))
+    assert ref.label == "dog" and ref.split == "validation"
+
+
+def test_no_label_and_no_split_are_rejects():
+    assert make_ref("/in/a.jpg", "a.jpg", 10, CFG, layout())["reason"] == "no_label"
+    out = make_ref("/in/misc/a.jpg", "misc/a.jpg", 10, CFG, layout(split_source="folders"))
+    assert out["reason"] == "no_split"
+    out = make_ref("/in/train/a.jpg", "train/a.jpg", 10, CFG, layout(split_source="folders"))
+    assert out["reason"] == "no_label"
+
+
+def test_labels_file_rejects_unknown_labels():
+    lay = layout(labels=("dog", "cat"))
+    assert make_ref("/in/cat/a.jpg", "cat/a.jpg", 1, CFG, lay).label == "cat"
+    assert make_ref("/in/cow/a.jpg", "cow/a.jpg", 1, CFG, lay)["reason"] == "unknown_label"
+
+
+def test_label_regex_searches_the_file_name():
+    cfg = ConvertConfig(output="/o", name="d", input="/in", label_regex=r"_([a-z]+)\.png$")
+    lay = layout(label_source="regex")
+    assert make_ref("/in/x/123_cat.png", "x/123_cat.png", 1, cfg, lay).label == "cat"
+    assert make_ref("/in/x/123.png", "x/123.png", 1, cfg, lay)["reason"] == "no_label"
+
+
+def test_unlabelled_run_has_no_labels():
+    ref = make_ref("/in/a.jpg", "a.jpg", 1, CFG, layout(label_source="none"))
+    assert ref.label is None
+
+
+def test_split_ratios_ignore_the_seed():
+    ratios = (("train", 0.5), ("test", 0.5))
+    lay = layout(split_source="ratios", label_source="none")
+    for seed in (0, 1, 99):
+        cfg = ConvertConfig(output="/o", name="d", input="/in", split_ratios=ratios, seed=seed)
+        splits = [make_ref(f"/in/{i}.jpg", f"{i}.jpg", 1, cfg, lay).split for i in range(50)]
+        if seed == 0:
+            first = splits
+        assert splits == first
+    assert set(first) == {"train", "test"}
+
+
+def test_manifest_split_column():
+    lay = layout(split_source="manifest", label_source="manifest")
+    ref = make_ref("/in/a.jpg", "a.jpg", 1, CFG, lay, label_value="cat", split_value="val")
+    assert (ref.split, ref.label) == ("validation", "cat")
+    assert make_ref("/in/a.jpg", "a.jpg", 1, CFG, lay, label_value="cat", split_value="")["reason"] == "no_split"
+    assert make_ref("/in/a.jpg", "a.jpg", 1, CFG, lay, label_value=" ", split_value="train")["reason"] == "no_label"
+
+
+def test_csv_manifest_rows_bom_quotes_blank_lines():
+    text = '\ufeffpath,label,note\n"a, b.jpg",cat,"x, y"\n\n,,\nc.jpg,dog,z\n'
+    stream = io.StringIO(text.encode("utf-8").decode("utf-8-sig"))
+    rows = list(read_manifest_rows(stream, "csv"))
+    assert rows == [{"path": "a, b.jpg", "label": "cat", "note": "x, y"}, {"path": "c.jpg", "label": "dog", "note": "z"}]
+
+
+def test_jsonl_manifest_rows():
+    rows = list(read_manifest_rows(io.StringIO('{"path": "a.jpg", "n": 3}\n\n{"path": "b.jpg"}\n'), "jsonl"))
+    assert rows == [{"path": "a.jpg", "n": 3}, {"path": "b.jpg"}]
+    with pytest.raises(ValueError, match="line 2"):
+        list(read_manifest_rows(io.StringIO('{"path": "a.jpg"}\n[1]\n'), "jsonl"))
+
+
+@pytest.mark.parametrize(
+    "value,kind",
+    [("12", "int"), (" -3 ", "int"), ("1.5", "float"), ("1e3", "float"), ("nan", "string"), ("abc", "string"), (2, "int"), (2.5, "float")],
+)
+def test_value_type(value, kind):
+    assert value_type(value) == kind
+
+
+def test_column_types_widen_over_rows():
+    refs = [
+        Ref("/a", "a", 1, "train", None, 0, (("n", "1"), ("x", "1"), ("s", "a"))),
+        Ref("/b", "b", 1, "train", None, 0, (("n", "2"), ("x", "2.5"), ("s", "3"))),
+    ]
+    with local_pipeline() as p:
+        types = p | beam.Create(refs) | beam.CombineGlobally(InferColumnTypes())
+        assert_that(types, equal_to([{"n": "int", "s": "string", "x": "float"}]))
+
+
+def test_list_inputs_transform(tmp_path):
+    root = tmp_path / "in"
+    write(str(root / "cat" / "a.jpg"), image_bytes("jpeg"))
+    write(str(root / "dog" / "b b.png"), image_bytes("png"))
+    write(str(root / "loose.jpg"), image_bytes("jpeg"))
+    write(str(root / "dog" / "notes.txt"), b"x")
+    write(str(root / "dog" / ".DS_Store"), b"x")
+    lay = layout(root=str(root), pattern=str(root / "**"))
+    cfg = ConvertConfig(output=str(tmp_path / "out"), name="d", input=str(root))
+    with local_pipeline() as p:
+        listed = p | ListInputs(cfg, lay)
+        assert_that(
+            listed.refs | "Rel" >> beam.Map(lambda r: (r.relpath, r.label, r.split)),
+            equal_to([("cat/a.jpg", "cat", "train"), ("dog/b b.png", "dog", "train")]),
+            label="Refs",
+        )
+        assert_that(
+            listed.rejects | "Reason" >> beam.Map(lambda r: (r["path"], r["reason"])),
+            equal_to([(str(root / "loose.jpg"), "no_label")]),
+            label="Rejects",
+        )
+        assert_that(listed.skipped, equal_to(["not_an_image_extension", "hidden_or_os_file"]), label="Skipped")

@@ -1,0 +1,79 @@
+"""Shard plans on bytes: every shard of a split over 100 MB lands in 100-200 MB."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from beam_pipeline import hashing
+from beam_pipeline.config import MB
+from beam_pipeline.listing import Ref
+from beam_pipeline.planning import cut_buckets, estimated_record_bytes, make_plans, shard_count
+
+TARGET = 150 * MB
+
+
+@pytest.mark.parametrize("total_mb", [101, 150, 199, 200, 201, 210, 225, 260, 299, 301, 350, 1000, 2049, 10_000])
+def test_shard_count_keeps_even_shards_within_bounds(total_mb):
+    n = shard_count(total_mb * MB, TARGET)
+    assert 100 * MB <= total_mb * MB / n <= 200 * MB
+
+
+def test_small_split_is_one_shard():
+    assert shard_count(5 * MB, TARGET) == 1
+    assert shard_count(0, TARGET) == 1
+
+
+def _refs(sizes, seed=0, split="train"):
+    return [
+        Ref(f"/x/{i}.jpg", f"{i}.jpg", int(s), split, None, hashing.shuffle_key(f"{i}.jpg", seed))
+        for i, s in enumerate(sizes)
+    ]
+
+
+def _plan_sizes(refs):
+    pairs = [((r.split, hashing.bucket_of(r.key)), estimated_record_bytes(r)) for r in refs]
+    plans = make_plans(pairs, TARGET)
+    sizes = {}
+    for r in refs:
+        shard = plans[r.split].shard_of(hashing.bucket_of(r.key))
+        sizes[shard] = sizes.get(shard, 0) + estimated_record_bytes(r)
+    return plans, sizes
+
+
+def test_many_small_jpegs_make_even_shards():
+    rng = np.random.default_rng(1)
+    refs = _refs(rng.uniform(80_000, 160_000, size=20_000))  # ~2.4 GB of 100-150 KB files
+    plans, sizes = _plan_sizes(refs)
+    assert plans["train"].num_shards == len(sizes) >= 15
+    assert all(100 * MB <= s <= 200 * MB for s in sizes.values()), sorted(sizes.values())
+    assert max(sizes.values()) - min(sizes.values()) < 2 * MB
+
+
+def test_a_few_hundred_multi_mb_photos_make_even_shards():
+    rng = np.random.default_rng(2)
+    refs = _refs(rng.uniform(3 * MB, 12 * MB, size=300))  # ~2.2 GB of large photos
+    plans, sizes = _plan_sizes(refs)
+    assert all(100 * MB <= s <= 200 * MB for s in sizes.values()), sorted(sizes.values())
+
+
+def test_shards_are_contiguous_runs_of_the_global_order():
+    refs = _refs(np.full(5000, 100_000))
+    plans, _ = _plan_sizes(refs)
+    plan = plans["train"]
+    shards = [plan.shard_of(hashing.bucket_of(r.key)) for r in sorted(refs, key=lambda r: r.key)]
+    assert shards == sorted(shards)
+    assert set(shards) == set(range(plan.num_shards))
+
+
+def test_cut_buckets_with_fewer_buckets_than_shards():
+    plan = cut_buckets({5: 10, 9: 10}, 4)
+    assert plan.shard_of(5) != plan.shard_of(9)
+    assert plan.shard_of(0) == 0
+
+
+def test_each_split_is_planned_separately():
+    pairs = [(("train", b), 10 * MB) for b in range(100)] + [(("test", b), 1 * MB) for b in range(10)]
+    plans = make_plans(pairs, TARGET)
+    assert plans["train"].num_shards == 7  # 1000 MB
+    assert plans["test"].num_shards == 1

@@ -1,0 +1,113 @@
+"""The shard writer and finalize steps, driven directly and through TestPipeline."""
+
+from __future__ import annotations
+
+import hashlib
+
+import apache_beam as beam
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_pipeline import hashing
+from beam_pipeline.examples import parse_example
+from beam_pipeline.finalize import choose_results, final_layout, rename_idempotent
+from beam_pipeline.listing import REJECTS, Ref
+from beam_pipeline.planning import PlanShards
+from beam_pipeline.writing import WriteShardFn, count_records, ordered_map
+
+from .conftest import local_pipeline
+from .imagegen import broken_bytes, image_bytes, write
+
+
+def _ref(path: str, relpath: str, label: str | None = "cat", seed: int = 0) -> Ref:
+    import os
+
+    return Ref(path, relpath, os.path.getsize(path), "train", label, hashing.shuffle_key(relpath, seed))
+
+
+def test_ordered_map_keeps_order_with_a_bounded_window():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import time
+
+    def slow(i):
+        time.sleep(0.001 * (5 - i % 5))
+        return i * i
+
+    with ThreadPoolExecutor(4) as pool:
+        out = list(ordered_map(pool, slow, range(50), window=3))
+    assert out == [(i, i * i) for i in range(50)]
+
+
+def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
+    refs = []
+    for i in range(6):
+        path = write(str(tmp_path / "in" / "cat" / f"{i}.jpg"), image_bytes("jpeg", seed=i))
+        refs.append(_ref(path, f"cat/{i}.jpg"))
+    bad = write(str(tmp_path / "in" / "cat" / "bad.jpg"), broken_bytes("truncated"))
+    refs.append(_ref(bad, "cat/bad.jpg"))
+    tmp_dir = str(tmp_path / "out" / ".tmp")
+    with local_pipeline() as p:
+        out = (
+            p
+            | beam.Create([(("train", 0), refs)])
+            | beam.ParDo(WriteShardFn(tmp_dir, "none", 2), ["cat"], {}).with_outputs(REJECTS, main="results")
+        )
+        assert_that(
+            out.results | beam.Map(lambda r: (r["split"], r["shard"], r["records"], r["labels"])),
+            equal_to([("train", 0, 6, {"cat": 6})]),
+            label="Results",
+        )
+        assert_that(out[REJECTS] | beam.Map(lambda r: (r["path"], r["reason"])), equal_to([(bad, "truncated")]), label="Rej")
+
+    [shard] = list((tmp_path / "out" / ".tmp").iterdir())
+    assert count_records(str(shard)) == 6
+    from apache_beam.io.tfrecordio import _TFRecordUtil
+
+    names = []
+    with open(shard, "rb") as fh:
+        while (rec := _TFRecordUtil.read_record(fh)) is not None:
+            ex = parse_example(rec)
+            names.append(ex["image/filename"][0].decode())
+            source = (tmp_path / "in" / names[-1]).read_bytes()
+            assert ex["image/encoded"][0] == source
+            assert ex["image/key/sha256"][0].decode() == hashlib.sha256(source).hexdigest()
+            assert ex["image/class/label"] == [0]
+    good = [r for r in refs if r.path != bad]
+    assert names == [r.relpath for r in sorted(good, key=lambda r: r.key)]
+
+
+def test_plan_shards_transform():
+    refs = [Ref(f"/x/{i}", f"{i}.jpg", 1_000_000, "train", None, hashing.shuffle_key(f"{i}", 0)) for i in range(450)]
+    refs += [Ref(f"/y/{i}", f"y{i}.jpg", 1_000_000, "test", None, hashing.shuffle_key(f"y{i}", 0)) for i in range(20)]
+    with local_pipeline() as p:
+        plans = p | beam.Create(refs) | PlanShards(150_000_000)
+        assert_that(
+            plans | beam.Map(lambda d: {k: v.num_shards for k, v in d.items()}),
+            equal_to([{"train": 3, "test": 1}]),
+        )
+
+
+def test_finalize_picks_one_result_per_shard_and_drops_empty_ones():
+    results = [
+        {"split": "train", "shard": 0, "tmp_path": "/t/b", "records": 3, "bytes": 30},
+        {"split": "train", "shard": 0, "tmp_path": "/t/a", "records": 3, "bytes": 30},  # a retried writer
+        {"split": "train", "shard": 1, "tmp_path": "/t/c", "records": 0, "bytes": 0},
+        {"split": "train", "shard": 2, "tmp_path": "/t/d", "records": 2, "bytes": 20},
+    ]
+    chosen = choose_results(results)
+    assert chosen[("train", 0)]["tmp_path"] == "/t/a"
+    assert chosen == choose_results(list(reversed(results)))
+    layout = final_layout(chosen, "ds", "none")
+    assert [name for name, _ in layout["train"]] == [
+        "ds-train.tfrecord-00000-of-00002",
+        "ds-train.tfrecord-00001-of-00002",
+    ]
+    assert [r["tmp_path"] for _, r in layout["train"]] == ["/t/a", "/t/d"]
+
+
+def test_rename_is_idempotent(tmp_path):
+    src, dst = tmp_path / "tmp", tmp_path / "final"
+    src.write_bytes(b"x")
+    rename_idempotent(str(src), str(dst))
+    rename_idempotent(str(src), str(dst))  # a retried finalize
+    assert dst.read_bytes() == b"x" and not src.exists()
