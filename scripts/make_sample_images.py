@@ -41,7 +41,9 @@ def render(label: str, index: int, width: int, height: int, rng: np.random.Gener
     return img
 
 
-def write_samples(out: str, per_class: int, width: int, height: int, corrupt: bool, seed: int = 0) -> int:
+def write_samples(
+    out: str, per_class: int, width: int, height: int, corrupt: bool, seed: int = 0, jpeg_only: bool = False
+) -> int:
     """Writes the folder; returns how many valid images it holds."""
     rng = np.random.default_rng(seed)
     count = 0
@@ -50,7 +52,7 @@ def write_samples(out: str, per_class: int, width: int, height: int, corrupt: bo
         os.makedirs(folder, exist_ok=True)
         for i in range(per_class):
             img = render(label, i, width, height, rng)
-            kind = i % 10
+            kind = 0 if jpeg_only else i % 10
             if kind == 7:  # some grayscale JPEGs
                 img.convert("L").save(os.path.join(folder, f"{label} {i:05d} grey.jpg"), quality=90)
             elif kind == 9:  # and some PNGs
@@ -81,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="320x240", help="WIDTHxHEIGHT")
     p.add_argument("--no-corrupt", action="store_true", help="leave out the broken files")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jpeg-only", action="store_true", help="only colour JPEGs (benchmark data)")
     args = p.parse_args(argv)
     width, height = (int(v) for v in args.size.lower().split("x"))
-    n = write_samples(args.out, args.per_class, width, height, not args.no_corrupt, args.seed)
+    n = write_samples(args.out, args.per_class, width, height, not args.no_corrupt, args.seed, args.jpeg_only)
     print(f"wrote {n} images to {args.out}" + ("" if args.no_corrupt else " (+4 broken files, 1 text file)"))
     return 0
 

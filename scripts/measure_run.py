@@ -1,0 +1,63 @@
+"""Runs a command and reports its wall time and the peak RSS of its whole process tree.
+
+    python scripts/measure_run.py -- python -m beam_pipeline convert --input big --output out
+
+Prints one JSON line: {"seconds", "peak_rss_mb", "returncode", "command"}.  RSS is
+summed over the process and all its descendants (Beam worker processes
+included), sampled every 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def measure(command: list[str], interval: float = 0.05) -> dict[str, object]:
+    started = time.perf_counter()
+    child = subprocess.Popen(command)
+    proc = psutil.Process(child.pid)
+    peak = 0
+    while child.poll() is None:
+        try:
+            peak = max(peak, tree_rss(proc))
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(interval)
+    return {
+        "seconds": round(time.perf_counter() - started, 2),
+        "peak_rss_mb": round(peak / 1e6, 1),
+        "returncode": child.returncode,
+        "command": " ".join(command),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("give a command after --")
+    result = measure(command)
+    print(json.dumps(result))
+    return int(result["returncode"] or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
