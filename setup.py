@@ -34,11 +34,9 @@ setup(
     python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
     extras_require={
-        "test": ["pytest>=8", "gcp-storage-emulator>=2024.8", "psutil>=5.9"],
+        "test": ["pytest>=8", "gcp-storage-emulator>=2024.8", "psutil>=5.9", "ruff>=0.6"],
     },
     entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:main"]},
-    classifiers=[
-        "Programming Language :: Python :: 3",
-        "License :: OSI Approved :: Apache Software License",
-    ],
+    license="Apache-2.0",
+    classifiers=["Programming Language :: Python :: 3"],
 )

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .config import COMPRESSIONS, LABEL_SOURCES, SINKS, ConvertConfig, dataset_name_from_output, parse_split_ratios, validate
+from .config import (
+    COMPRESSIONS,
+    LABEL_SOURCES,
+    SINKS,
+    ConvertConfig,
+    dataset_name_from_output,
+    parse_split_ratios,
+    validate,
+)
 from .errors import PipelineError, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -64,7 +72,9 @@ def _convert_parser() -> _Parser:
     p.add_argument("--compression", choices=COMPRESSIONS)
     p.add_argument("--sink", choices=SINKS, help="planned (bounded memory, default) or write_to_tfrecord")
     p.add_argument("--overwrite", action="store_true", help="replace a complete dataset in --output")
-    p.add_argument("--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)")
+    p.add_argument(
+        "--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)"
+    )
     p.add_argument("--config", help="YAML file: long flag names with _ for -, plus pipeline_options:")
     p.add_argument("-v", "--verbose", action="store_true", help="show logs and tracebacks")
     return p
@@ -176,7 +186,9 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
 
 
 def _quiet_logs(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     if not verbose:
         for noisy in ("apache_beam", "absl", "tensorflow"):
             logging.getLogger(noisy).setLevel(logging.ERROR)

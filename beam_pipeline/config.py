@@ -124,9 +124,7 @@ def validate(cfg: ConvertConfig) -> None:
     if not cfg.output:
         raise UsageError("--output is required")
     if not NAME_RE.match(cfg.name):
-        raise UsageError(
-            f"--name {cfg.name!r} is not a valid dataset name (letters, digits, _; starts with a letter)"
-        )
+        raise UsageError(f"--name {cfg.name!r} is not a valid dataset name (letters, digits, _; starts with a letter)")
     if cfg.target_shard_mb <= 0:
         raise UsageError("--target-shard-mb must be positive")
     if cfg.compression not in COMPRESSIONS:

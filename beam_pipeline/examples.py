@@ -33,9 +33,7 @@ RESERVED_PREFIX = "image/"
 
 
 def _build_classes() -> dict[str, type]:
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="beam_pipeline/example.proto", package=_PACKAGE, syntax="proto3"
-    )
+    fdp = descriptor_pb2.FileDescriptorProto(name="beam_pipeline/example.proto", package=_PACKAGE, syntax="proto3")
     label_rep = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
     label_opt = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
     t = descriptor_pb2.FieldDescriptorProto
@@ -128,9 +126,7 @@ def build_example(features: Mapping[str, Any]) -> bytes:
             continue
         first = values[0]
         if isinstance(first, (bytes, str)):
-            fmap[key].bytes_list.value.extend(
-                v.encode("utf-8") if isinstance(v, str) else v for v in values
-            )
+            fmap[key].bytes_list.value.extend(v.encode("utf-8") if isinstance(v, str) else v for v in values)
         elif isinstance(first, (bool, int)):
             fmap[key].int64_list.value.extend(int(v) for v in values)
         elif isinstance(first, float):

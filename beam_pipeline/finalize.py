@@ -61,6 +61,17 @@ def delete_tree(path: str) -> None:
         delete_quietly([path])
 
 
+def stale_tmp_dirs(out_dir: str) -> list[str]:
+    """Scratch folders of earlier runs of this tool in ``out_dir``."""
+    pattern = FileSystems.join(out_dir, metadata.TMP_PREFIX + "*")
+    prefix = FileSystems.join(out_dir, metadata.TMP_PREFIX)
+    try:
+        found = FileSystems.match([pattern + "/**"])[0].metadata_list
+    except Exception:  # noqa: BLE001 - nothing there
+        return []
+    return sorted({prefix + m.path[len(prefix) :].split("/", 1)[0] for m in found})
+
+
 def choose_results(results: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Mapping[str, Any]]:
     """One result per (split, shard); a duplicate (a retried writer) is resolved the same way every time."""
     chosen: dict[tuple[str, int], Mapping[str, Any]] = {}
@@ -79,8 +90,7 @@ def final_layout(
             by_split[split].append(result)
     return {
         split: [
-            (metadata.shard_name(name, split, i, len(results), compression), result)
-            for i, result in enumerate(results)
+            (metadata.shard_name(name, split, i, len(results), compression), result) for i, result in enumerate(results)
         ]
         for split, results in sorted(by_split.items())
     }
@@ -163,7 +173,8 @@ class FinalizeFn(beam.DoFn):
                 rename_idempotent(result["tmp_path"], FileSystems.join(out_dir, final))
                 new_names.add(final)
         stale = [
-            p for p in list_dir(out_dir)
+            p
+            for p in list_dir(out_dir)
             if metadata.is_shard_file(p.rsplit("/", 1)[-1]) and p.rsplit("/", 1)[-1] not in new_names
         ]
         delete_quietly(stale)
@@ -175,5 +186,7 @@ class FinalizeFn(beam.DoFn):
         write_text(FileSystems.join(out_dir, metadata.REJECTS_JSONL), rejects_text)
         write_text(FileSystems.join(out_dir, metadata.DATASET_JSON), info_text)
         delete_tree(self._layout.tmp_dir)
+        for stale_tmp in stale_tmp_dirs(out_dir):  # left by killed runs
+            delete_tree(stale_tmp)
         write_text(success, "")
         yield info

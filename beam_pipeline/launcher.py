@@ -282,7 +282,9 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
             if FileSystems.exists(path):
                 info = read_json(path)
                 reasons = ", ".join(f"{k} {v}" for k, v in info["rejects"]["by_reason"].items())
-                detail = f" ({info['rejects']['total']} rejected: {reasons}; see {posixpath.dirname(path)}/rejects.jsonl)"
+                detail = (
+                    f" ({info['rejects']['total']} rejected: {reasons}; see {posixpath.dirname(path)}/rejects.jsonl)"
+                )
                 break
         raise PipelineError(f"no image was converted{detail}")
     return read_json(info_path)

@@ -199,8 +199,7 @@ class _ReadManifest(beam.DoFn):
 
     def process(self, manifest: str) -> Iterator[tuple[int, dict[str, Any]]]:
         with open_text(manifest) as stream:
-            for index, row in enumerate(read_manifest_rows(stream, self._layout.manifest_format or "csv")):
-                yield index, row
+            yield from enumerate(read_manifest_rows(stream, self._layout.manifest_format or "csv"))
 
 
 class _StatManifestRow(beam.DoFn):
@@ -227,9 +226,7 @@ class _StatManifestRow(beam.DoFn):
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, "file does not exist"))
             return
         relpath = relative_path(path, self._layout.root)
-        extras = tuple(
-            (k, row[k]) for k in sorted(row) if k not in RESERVED_COLUMNS and row[k] not in (None, "")
-        )
+        extras = tuple((k, row[k]) for k in sorted(row) if k not in RESERVED_COLUMNS and row[k] not in (None, ""))
         out = make_ref(
             path,
             relpath,
@@ -267,9 +264,9 @@ class ListInputs(beam.PTransform):
         files = (
             pbegin
             | "Glob" >> beam.Create([layout.pattern])
+            # FileMetadata. No reshuffle here: turning metadata into refs is
+            # cheap, and the expensive work comes after the group-by-shard.
             | "Match" >> fileio.MatchAll()
-            # FileMetadata; spread the listing over workers
-            | "SpreadFiles" >> beam.Reshuffle()
         )
         return files | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
             REJECTS, SKIPPED, main="refs"

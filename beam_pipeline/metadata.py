@@ -1,6 +1,6 @@
 """The dataset's self-description: shard names, labels.txt, rejects.jsonl, dataset.json.
 
-    shard_name("pets", "train", 0, 4, "gzip")   # 'pets-train.tfrecord-00000-of-00004.gz'
+shard_name("pets", "train", 0, 4, "gzip")   # 'pets-train.tfrecord-00000-of-00004.gz'
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ def count_by(items: Iterable[str]) -> dict[str, int]:
 def rejects_jsonl(rejects: Iterable[Mapping[str, str]]) -> str:
     rows = sorted(rejects, key=lambda r: (r["path"], r["reason"], r.get("detail", "")))
     return "".join(
-        json.dumps({"path": r["path"], "reason": r["reason"], "detail": r.get("detail", "")}, ensure_ascii=False)
-        + "\n"
+        json.dumps({"path": r["path"], "reason": r["reason"], "detail": r.get("detail", "")}, ensure_ascii=False) + "\n"
         for r in rows
     )
 

@@ -1,10 +1,10 @@
 """The conversion pipeline, built but not run (tests and the launcher drive it).
 
-    list ──► refs ──► plan shards ──► group refs by shard ──► write shard ──► finalize
-                  └─► labels, extra-column types (side inputs)        └─► rejects
+list ──► refs ──► plan shards ──► group refs by shard ──► write shard ──► finalize
+              └─► labels, extra-column types (side inputs)        └─► rejects
 
-    p = build_pipeline(cfg, layout, options)   # beam.Pipeline, nothing run yet
-    p.run().wait_until_finish()
+p = build_pipeline(cfg, layout, options)   # beam.Pipeline, nothing run yet
+p.run().wait_until_finish()
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ def build_pipeline(
                 | f"Describe_{split}" >> beam.Map(_describe_wtt_file, split)
             )
             per_split.append(files)
-        results = tuple(per_split) | "AllShardFiles" >> beam.Flatten() if per_split else (
-            p | "NoShards" >> beam.Create([])
+        results = (
+            tuple(per_split) | "AllShardFiles" >> beam.Flatten() if per_split else (p | "NoShards" >> beam.Create([]))
         )
 
     rejects = (listed[REJECTS], write_rejects) | "AllRejects" >> beam.Flatten()

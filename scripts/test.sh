@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Sets everything up and runs the test suite (pytest's exit code: 5 = no tests = failure).
+# Sets everything up, checks lint/format, and runs the test suite.
+# Extra arguments go to pytest. pytest's exit 5 (no tests collected) fails too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh
+.venv/bin/ruff check --quiet beam_pipeline tests scripts setup.py
+.venv/bin/ruff format --check --quiet beam_pipeline tests scripts setup.py
 exec .venv/bin/python -m pytest "$@"

@@ -37,7 +37,7 @@ def image_bytes(kind: str, height: int = 24, width: int = 32, seed: int = 0) -> 
         "png_palette": lambda: encode(rgb.convert("P"), "PNG"),
         "png_palette_transparent": lambda: encode(rgb.convert("P"), "PNG", transparency=0),
         "png_16bit": lambda: encode(
-            Image.fromarray((pixels(height, width, seed, 1)[..., 0].astype(np.uint16) * 257)), "PNG"
+            Image.fromarray(pixels(height, width, seed, 1)[..., 0].astype(np.uint16) * 257), "PNG"
         ),
         "gif": lambda: encode(rgb.convert("P"), "GIF"),
         "gif_animated": lambda: encode(

@@ -14,7 +14,12 @@ from .imagegen import image_bytes, write
 
 @pytest.mark.parametrize(
     "output,name",
-    [("photos-tfrecords", "photos_tfrecords"), ("/a/b/My Data.v2/", "My_Data_v2"), ("2024-run", "dataset_2024_run"), ("__", "dataset")],
+    [
+        ("photos-tfrecords", "photos_tfrecords"),
+        ("/a/b/My Data.v2/", "My_Data_v2"),
+        ("2024-run", "dataset_2024_run"),
+        ("__", "dataset"),
+    ],
 )
 def test_default_name_from_output(output, name):
     assert dataset_name_from_output(output) == name
@@ -42,7 +47,9 @@ def test_config_file_then_flags(tmp_path):
 
 
 def test_beam_flags_pass_through_and_typos_fail():
-    _, flags, _ = parse_convert(["--input", "i", "--output", "o", "--runner", "DirectRunner", "--direct_num_workers", "2"])
+    _, flags, _ = parse_convert(
+        ["--input", "i", "--output", "o", "--runner", "DirectRunner", "--direct_num_workers", "2"]
+    )
     assert flags == ["--runner", "DirectRunner", "--direct_num_workers", "2"]
     with pytest.raises(UsageError, match="--direct_num_worker"):
         parse_convert(["--input", "i", "--output", "o", "--direct_num_worker", "2"])
@@ -93,7 +100,9 @@ def test_mistakes_are_one_line_exit_2(small_input, tmp_path, args, needles):
 def test_bad_yaml_and_unknown_setting(small_input, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("seed: [1,\n")
-    _one_line_error(run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "o"), "--config", str(bad)), "YAML")
+    _one_line_error(
+        run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "o"), "--config", str(bad)), "YAML"
+    )
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("target_shard: 5\n")
     _one_line_error(
@@ -110,7 +119,9 @@ def test_output_that_is_a_file(small_input, tmp_path):
 def test_split_ratios_conflict_with_split_folders(tmp_path):
     root = tmp_path / "in"
     write(str(root / "train" / "cat" / "a.jpg"), image_bytes("jpeg"))
-    result = run_cli("convert", "--input", str(root), "--output", str(tmp_path / "o"), "--split-ratios", "train=0.5,test=0.5")
+    result = run_cli(
+        "convert", "--input", str(root), "--output", str(tmp_path / "o"), "--split-ratios", "train=0.5,test=0.5"
+    )
     _one_line_error(result, "--split-ratios", "split folders")
 
 
@@ -123,7 +134,9 @@ def test_manifest_without_path_column(tmp_path):
 def test_manifest_split_column_conflicts_with_ratios(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("path,split\na.jpg,train\n")
-    result = run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "o"), "--split-ratios", "train=1")
+    result = run_cli(
+        "convert", "--manifest", str(manifest), "--output", str(tmp_path / "o"), "--split-ratios", "train=1"
+    )
     _one_line_error(result, "split column")
 
 
@@ -136,3 +149,15 @@ def test_help_and_unknown_command():
     assert run_cli("convert", "--help").returncode == 0
     result = run_cli("transmogrify")
     assert result.returncode == 2 and "unknown command" in result.stderr
+
+
+def test_console_script_is_installed():
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    script = shutil.which("beam-pipeline", path=os.path.dirname(sys.executable))
+    assert script, "pip install should create the beam-pipeline console script"
+    result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == __import__("beam_pipeline").__version__

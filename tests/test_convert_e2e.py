@@ -26,13 +26,15 @@ def make_folder(root: Path) -> dict[str, bytes]:
     for li, label in enumerate(LABELS):
         for i in range(20):
             kind = GOOD_KINDS[i % len(GOOD_KINDS)]
-            ext = {"jpeg_gray": "jpg", "jpeg_progressive": "jpeg", "png_rgba": "png", "png_palette": "png"}.get(kind, kind)
+            ext = {"jpeg_gray": "jpg", "jpeg_progressive": "jpeg", "png_rgba": "png", "png_palette": "png"}.get(
+                kind, kind
+            )
             ext = "jpg" if ext == "jpeg" else ext
             name = f"{label} photo {i:02d}.{ext}" if i % 3 == 0 else f"{label}_{i:02d}.{ext}"
             data = image_bytes(kind, height=60 + i, width=80, seed=li * 100 + i)
             write(str(root / label / name), data)
             good[f"{label}/{name}"] = data
-    for name, kind in zip(BROKEN, ["empty", "truncated", "text", "random"]):
+    for name, kind in zip(BROKEN, ["empty", "truncated", "text", "random"], strict=False):
         write(str(root / "cat" / name), broken_bytes(kind))
     write(str(root / "dog" / "notes.txt"), b"not listed")
     write(str(root / "dog" / ".DS_Store"), b"\x00\x01")
@@ -155,7 +157,9 @@ def test_write_to_tfrecord_sink_gives_the_same_dataset(converted, folder, tmp_pa
     out, good, _ = converted
     root, _ = folder
     wtt = tmp_path / "wtt"
-    convert("--input", str(root), "--output", str(wtt), "--name", "photos_tfrecords", "--sink", "write_to_tfrecord", *ARGS)
+    convert(
+        "--input", str(root), "--output", str(wtt), "--name", "photos_tfrecords", "--sink", "write_to_tfrecord", *ARGS
+    )
     info, ref_info = load_info(wtt), load_info(out)
     for split in ref_info["splits"]:
         assert info["splits"][split]["examples"] == ref_info["splits"][split]["examples"]
@@ -228,7 +232,9 @@ def test_manifest_with_labels_splits_and_extra_columns(folder, tmp_path):
 def test_jsonl_manifest_unlabelled(folder, tmp_path):
     root, good = folder
     manifest = root.parent / "list.jsonl"
-    manifest.write_text("".join(json.dumps({"path": f"photos/{r}", "id": n}) + "\n" for n, r in enumerate(sorted(good)[:5])))
+    manifest.write_text(
+        "".join(json.dumps({"path": f"photos/{r}", "id": n}) + "\n" for n, r in enumerate(sorted(good)[:5]))
+    )
     out = tmp_path / "j"
     convert("--manifest", str(manifest), "--output", str(out))
     records = read_records(out)
@@ -287,9 +293,7 @@ def test_complete_output_is_kept_unless_overwrite(folder, tmp_path):
     convert("--input", str(root), "--output", str(out), "--overwrite")
     info = load_info(out)
     assert info["splits"]["train"]["num_shards"] == 1
-    assert sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name) == [
-        "ow-train.tfrecord-00000-of-00001"
-    ]
+    assert sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name) == ["ow-train.tfrecord-00000-of-00001"]
     assert (out / "_SUCCESS").exists()
 
 
@@ -312,3 +316,14 @@ def test_no_good_image_fails_and_explains(tmp_path):
     assert "no image was converted" in result.stderr and "Traceback" not in result.stderr
     assert not (out / "_SUCCESS").exists()
     assert len((out / "rejects.jsonl").read_text().splitlines()) == 2
+
+
+def test_incomplete_run_is_taken_over_and_its_scratch_removed(folder, tmp_path):
+    root, good = folder
+    out = tmp_path / "killed"
+    # What a killed run leaves: a scratch folder with a partial shard, no _SUCCESS.
+    write(str(out / ".beam_pipeline-tmp-20260101-000000-deadbeef" / "train-00000-x.tfrecord"), b"partial")
+    convert("--input", str(root), "--output", str(out))
+    assert (out / "_SUCCESS").exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert len(read_records(out)) == len(good)

@@ -7,7 +7,13 @@ from beam_pipeline.examples import build_example, parse_example
 
 def test_tensorflow_parses_our_examples(tf):
     record = build_example(
-        {"image/encoded": b"\x00\xffbytes", "image/height": 7, "score": 0.25, "image/class/text": "cat", "tags": ["a", "b"]}
+        {
+            "image/encoded": b"\x00\xffbytes",
+            "image/height": 7,
+            "score": 0.25,
+            "image/class/text": "cat",
+            "tags": ["a", "b"],
+        }
     )
     example = tf.train.Example.FromString(record)
     f = example.features.feature

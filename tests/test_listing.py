@@ -6,7 +6,6 @@ import io
 
 import apache_beam as beam
 import pytest
-
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.config import ConvertConfig, Layout
@@ -115,7 +114,10 @@ def test_csv_manifest_rows_bom_quotes_blank_lines():
     text = '\ufeffpath,label,note\n"a, b.jpg",cat,"x, y"\n\n,,\nc.jpg,dog,z\n'
     stream = io.StringIO(text.encode("utf-8").decode("utf-8-sig"))
     rows = list(read_manifest_rows(stream, "csv"))
-    assert rows == [{"path": "a, b.jpg", "label": "cat", "note": "x, y"}, {"path": "c.jpg", "label": "dog", "note": "z"}]
+    assert rows == [
+        {"path": "a, b.jpg", "label": "cat", "note": "x, y"},
+        {"path": "c.jpg", "label": "dog", "note": "z"},
+    ]
 
 
 def test_jsonl_manifest_rows():
@@ -127,7 +129,16 @@ def test_jsonl_manifest_rows():
 
 @pytest.mark.parametrize(
     "value,kind",
-    [("12", "int"), (" -3 ", "int"), ("1.5", "float"), ("1e3", "float"), ("nan", "string"), ("abc", "string"), (2, "int"), (2.5, "float")],
+    [
+        ("12", "int"),
+        (" -3 ", "int"),
+        ("1.5", "float"),
+        ("1e3", "float"),
+        ("nan", "string"),
+        ("abc", "string"),
+        (2, "int"),
+        (2.5, "float"),
+    ],
 )
 def test_value_type(value, kind):
     assert value_type(value) == kind

@@ -25,9 +25,8 @@ def _ref(path: str, relpath: str, label: str | None = "cat", seed: int = 0) -> R
 
 
 def test_ordered_map_keeps_order_with_a_bounded_window():
-    from concurrent.futures import ThreadPoolExecutor
-
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     def slow(i):
         time.sleep(0.001 * (5 - i % 5))
@@ -57,7 +56,9 @@ def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
             equal_to([("train", 0, 6, {"cat": 6})]),
             label="Results",
         )
-        assert_that(out[REJECTS] | beam.Map(lambda r: (r["path"], r["reason"])), equal_to([(bad, "truncated")]), label="Rej")
+        assert_that(
+            out[REJECTS] | beam.Map(lambda r: (r["path"], r["reason"])), equal_to([(bad, "truncated")]), label="Rej"
+        )
 
     [shard] = list((tmp_path / "out" / ".tmp").iterdir())
     assert count_records(str(shard)) == 6
