@@ -161,6 +161,12 @@ def check_beam_flags(flags: Sequence[str]) -> None:
         raise UsageError(f"unknown flag {first.split('=', 1)[0]} (not a beam_pipeline or Beam option)")
 
 
+def _is_flag_value(args: Sequence[str], item: str) -> bool:
+    """Whether ``item`` follows a ``--flag`` (without ``=``) as its value."""
+    i = args.index(item)
+    return i > 0 and args[i - 1].startswith("--") and "=" not in args[i - 1]
+
+
 def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
     """argv after ``convert`` → (config, Beam flags, verbose)."""
     parser = _convert_parser()
@@ -172,6 +178,11 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
     if "config" in given:
         settings, beam_flags = _yaml_settings(given.pop("config"))
     settings.update(given)
+    stray = [r for r in rest if not r.startswith("-") and not _is_flag_value(rest, r)]
+    if stray:
+        raise UsageError(
+            f"unexpected argument {stray[0]!r} (quote a glob so the shell does not expand it: --input 'photos/*.jpg')"
+        )
     beam_flags.extend(rest)
     check_beam_flags(beam_flags)
 

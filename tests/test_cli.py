@@ -161,3 +161,8 @@ def test_console_script_is_installed():
     assert script, "pip install should create the beam-pipeline console script"
     result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == __import__("beam_pipeline").__version__
+
+
+def test_shell_expanded_glob_is_explained():
+    with pytest.raises(UsageError, match="quote a glob"):
+        parse_convert(["--input", "p/a.jpg", "p/b.jpg", "--output", "o"])
