@@ -46,6 +46,10 @@ CONFIG_KEYS = {
     "sink": str,
     "overwrite": bool,
     "decode_threads": int,
+    "transform": bool,
+    "no_transform": bool,
+    "image_size": int,
+    "image_stats": bool,
 }
 
 
@@ -75,6 +79,10 @@ def _convert_parser() -> _Parser:
     p.add_argument(
         "--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)"
     )
+    tft = p.add_argument_group("tensorflow-transform analysis")
+    tft.add_argument("--no-transform", dest="no_transform", action="store_true", help="skip TFT analysis")
+    tft.add_argument("--image-size", dest="image_size", type=int, help="side of the transformed image (224)")
+    tft.add_argument("--image-stats", dest="image_stats", action="store_true", help="per-channel mean/std (train)")
     p.add_argument("--config", help="YAML file: long flag names with _ for -, plus pipeline_options:")
     p.add_argument("-v", "--verbose", action="store_true", help="show logs and tracebacks")
     return p
@@ -189,6 +197,8 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
     output = settings.get("output")
     if not output:
         raise UsageError("--output is required")
+    if settings.pop("no_transform", False):
+        settings["transform"] = False
     ratios = settings.pop("split_ratios", None)
     name = settings.pop("name", None) or dataset_name_from_output(output)
     cfg = ConvertConfig(name=name, split_ratios=parse_split_ratios(ratios) if ratios else None, **settings)
@@ -201,9 +211,12 @@ def _quiet_logs(verbose: bool) -> None:
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     if not verbose:
-        for noisy in ("apache_beam", "absl", "tensorflow"):
-            logging.getLogger(noisy).setLevel(logging.ERROR)
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # Failures are reported in one line by main(); Beam's own error log
+        # would repeat them with a traceback.
+        for noisy in ("apache_beam", "absl", "tensorflow", "tensorflow_transform"):
+            logging.getLogger(noisy).setLevel(logging.CRITICAL)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def _summary(info: dict[str, Any], output: str, seconds: float) -> str:

@@ -49,6 +49,9 @@ class ConvertConfig:
     sink: str = "planned"
     overwrite: bool = False
     decode_threads: int = 0  # 0: one per core
+    transform: bool = True  # tensorflow-transform analysis after the shards
+    image_size: int = 224
+    image_stats: bool = False
 
     @property
     def target_shard_bytes(self) -> int:
@@ -148,5 +151,9 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--labels-from manifest needs --manifest")
     if cfg.labels_file and cfg.labels_from == "none":
         raise UsageError("--labels-file cannot be combined with --labels-from none")
+    if cfg.image_size < 1:
+        raise UsageError("--image-size must be a positive number of pixels")
+    if cfg.image_stats and not cfg.transform:
+        raise UsageError("--image-stats needs the transform step (drop --no-transform)")
     if cfg.decode_threads < 0:
         raise UsageError("--decode-threads must be 0 (one per core) or more")

@@ -188,5 +188,6 @@ class FinalizeFn(beam.DoFn):
         delete_tree(self._layout.tmp_dir)
         for stale_tmp in stale_tmp_dirs(out_dir):  # left by killed runs
             delete_tree(stale_tmp)
-        write_text(success, "")
+        if not cfg.transform:  # else the launcher writes it after the TFT artifacts
+            write_text(success, "")
         yield info

@@ -131,13 +131,18 @@ def _is_own_file(basename: str) -> bool:
     )
 
 
-def _check_output(cfg: ConvertConfig, input_root: str) -> str:
+def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
+    """The absolute output folder; refuses one that is a file, overlaps a listed folder, or is occupied.
+
+    ``input_root`` is None for a manifest: only its rows are inputs, so an
+    output beside the manifest is never listed as input.
+    """
     out = absolute(cfg.output)
     if not is_remote(out):
         if os.path.isfile(out):
             raise UsageError(f"--output {cfg.output}: is a file, not a folder")
     inside = lambda a, b: a == b or a.startswith(b.rstrip("/") + "/")  # noqa: E731
-    if inside(out, input_root) or inside(input_root, out):
+    if input_root is not None and (inside(out, input_root) or inside(input_root, out)):
         raise UsageError(f"--output {cfg.output}: must not be inside the input folder (or contain it)")
     entries: list[str] = []
     if is_remote(out):
@@ -199,7 +204,7 @@ def prepare(cfg: ConvertConfig) -> tuple[ConvertConfig, Layout]:
         label_source = "folder"
 
     labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None
-    output = _check_output(cfg, root)
+    output = _check_output(cfg, None if manifest else root)
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
     cfg = _replace(cfg, output=output, manifest=manifest, input=None if manifest else cfg.input)
     layout = Layout(
@@ -275,19 +280,39 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         raise PipelineError(_last_line(e)) from e
     success = FileSystems.join(cfg.output, metadata.SUCCESS)
     info_path = FileSystems.join(cfg.output, metadata.DATASET_JSON)
-    if not FileSystems.exists(success):
+    tmp_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
+    # Finalize writes dataset.json to the scratch folder when nothing was
+    # converted and a complete dataset must be kept.
+    info_file = tmp_info if FileSystems.exists(tmp_info) else info_path
+    info = read_json(info_file) if FileSystems.exists(info_file) else None
+    if info is None or info["examples"] == 0:
         detail = ""
-        tmp_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
-        for path in (info_path, tmp_info):
-            if FileSystems.exists(path):
-                info = read_json(path)
-                reasons = ", ".join(f"{k} {v}" for k, v in info["rejects"]["by_reason"].items())
-                detail = (
-                    f" ({info['rejects']['total']} rejected: {reasons}; see {posixpath.dirname(path)}/rejects.jsonl)"
-                )
-                break
+        if info is not None:
+            reasons = ", ".join(f"{k} {v}" for k, v in info["rejects"]["by_reason"].items())
+            where = posixpath.dirname(info_file)
+            detail = f" ({info['rejects']['total']} rejected: {reasons}; see {where}/rejects.jsonl)"
         raise PipelineError(f"no image was converted{detail}")
-    return read_json(info_path)
+    if cfg.transform:
+        from .analysis import run_analysis
+        from .finalize import write_text
+
+        options, runner = make_options(beam_args)
+        try:
+            info["transform"] = run_analysis(
+                cfg.output,
+                info,
+                image_size=cfg.image_size,
+                image_stats=cfg.image_stats,
+                options=options,
+                runner=runner,
+            )
+        except Exception as e:
+            raise PipelineError(f"tensorflow-transform analysis: {_last_line(e)}") from e
+        write_text(info_path, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+        write_text(success, "")
+    if not FileSystems.exists(success):
+        raise PipelineError("the run did not complete (no _SUCCESS)")
+    return info
 
 
 def _last_line(e: BaseException) -> str:

@@ -37,7 +37,10 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 3
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
-def convert(*args: str, **kwargs: Any) -> CliResult:
+def convert(*args: str, transform: bool = False, **kwargs: Any) -> CliResult:
+    """A conversion that must succeed; TFT analysis only where a test asks for it (it costs seconds)."""
+    if not transform and "--no-transform" not in args:
+        args = (*args, "--no-transform")
     result = run_cli("convert", *args, **kwargs)
     assert result.returncode == 0, f"convert failed ({result.returncode}):\n{result.stderr}\n{result.stdout}"
     return result

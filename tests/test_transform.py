@@ -1,0 +1,112 @@
+"""tensorflow-transform artifacts and the reader: the output feeds training directly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from beam_pipeline import reader
+
+from .conftest import convert, load_info, run_cli
+from .imagegen import image_bytes, write
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A manifest-split dataset where 'zebra' appears only in validation."""
+    base = tmp_path_factory.mktemp("tft")
+    rows = ["path,label,split"]
+    for i in range(24):
+        label = ["cat", "dog", "owl"][i % 3]
+        kind = ["jpeg", "png", "jpeg_gray", "png_rgba"][i % 4]
+        write(str(base / "img" / f"{i}.img"), image_bytes(kind, 40 + i, 60, seed=i))
+        rows.append(f"img/{i}.img,{label},{'validation' if i % 4 == 0 else 'train'}")
+    write(str(base / "img" / "z.img"), image_bytes("jpeg", 50, 50, seed=99))
+    rows.append("img/z.img,zebra,validation")
+    (base / "m.csv").write_text("\n".join(rows) + "\n")
+    out = base / "out"
+    convert(
+        "--manifest", str(base / "m.csv"), "--output", str(out), "--image-size", str(SIZE), "--image-stats",
+        transform=True,
+    )  # fmt: skip
+    return out
+
+
+def test_vocabulary_is_labels_txt_including_validation_only_labels(dataset):
+    import tensorflow_transform as tft
+
+    labels = (dataset / "labels.txt").read_text().splitlines()
+    assert labels == ["cat", "dog", "owl", "zebra"]
+    vocab = tft.TFTransformOutput(str(dataset)).vocabulary_by_name("label")
+    assert [v.decode() for v in vocab] == labels
+    assert (dataset / "_SUCCESS").exists() and (dataset / "transformed_metadata").is_dir()
+
+
+def test_transformed_batches_carry_label_ids_and_resized_images(dataset, tf):
+    labels = (dataset / "labels.txt").read_text().splitlines()
+    raw = list(reader.load(str(dataset), "validation", shuffle_files=False))
+    done = list(reader.load(str(dataset), "validation", transformed=True, shuffle_files=False))
+    assert len(raw) == len(done) == load_info(dataset)["splits"]["validation"]["examples"]
+    for r, t in zip(raw, done, strict=True):
+        assert int(t["label"]) == labels.index(r["image/class/text"].numpy().decode())
+        assert int(t["label"]) == int(r["image/class/label"])
+        expected = tf.image.resize_with_pad(
+            tf.image.convert_image_dtype(tf.io.decode_image(r["image/encoded"], channels=3), tf.float32), SIZE, SIZE
+        )
+        assert t["image"].shape == (SIZE, SIZE, 3)
+        np.testing.assert_allclose(t["image"].numpy(), expected.numpy(), atol=1e-5)
+        assert 0.0 <= float(tf.reduce_min(t["image"])) and float(tf.reduce_max(t["image"])) <= 1.0
+
+
+def test_image_stats_are_train_split_channel_statistics(dataset, tf):
+    info = load_info(dataset)["transform"]
+    pixels = []
+    for r in reader.load(str(dataset), "train", shuffle_files=False):
+        image = tf.io.decode_image(r["image/encoded"], channels=3)
+        image = tf.image.resize_with_pad(tf.image.convert_image_dtype(image, tf.float32), SIZE, SIZE)
+        pixels.append(image.numpy().reshape(-1, 3))
+    pixels = np.concatenate(pixels)
+    np.testing.assert_allclose(info["image_mean"], pixels.mean(axis=0), atol=1e-4)
+    np.testing.assert_allclose(info["image_std"], pixels.std(axis=0), atol=1e-4)
+    batch = next(iter(reader.load(str(dataset), "train", transformed=True, batch_size=4)))
+    np.testing.assert_allclose(
+        batch["image_normalized"].numpy(), (batch["image"].numpy() - pixels.mean(0)) / pixels.std(0), atol=1e-3
+    )
+
+
+def test_a_keras_model_trains_on_the_transformed_output(dataset, tf):
+    ds = reader.load(str(dataset), "train", transformed=True, batch_size=8, seed=0)
+    ds = ds.map(lambda f: (f["image"], f["label"]))
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Input((SIZE, SIZE, 3)),
+            tf.keras.layers.Conv2D(4, 3, activation="relu"),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(4),
+        ]
+    )
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(ds, epochs=1, verbose=0)
+    assert math.isfinite(history.history["loss"][0])
+    _, labels = next(iter(ds))
+    assert set(labels.numpy()) <= {0, 1, 2}  # train holds cat, dog, owl: ids 0-2
+
+
+def test_raw_reader_parses_every_declared_feature(dataset):
+    batch = next(iter(reader.load(str(dataset), "train", batch_size=5)))
+    assert set(batch) == set(load_info(dataset)["features"])
+    assert batch["image/encoded"].shape == (5,)
+
+
+def test_no_transform_writes_no_tft_artifacts(tmp_path):
+    write(str(tmp_path / "in" / "cat" / "a.jpg"), image_bytes("jpeg"))
+    convert("--input", str(tmp_path / "in"), "--output", str(tmp_path / "o"))
+    assert not (tmp_path / "o" / "transform_fn").exists()
+    assert "transform" not in load_info(tmp_path / "o")
+    result = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o2"), "--no-transform",
+                     "--image-stats")  # fmt: skip
+    assert result.returncode == 2 and "--image-stats" in result.stderr
