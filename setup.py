@@ -34,7 +34,14 @@ setup(
     python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
     extras_require={
-        "test": ["pytest>=8", "gcp-storage-emulator>=2024.8", "psutil>=5.9", "ruff>=0.6"],
+        "tfds": ["tensorflow-datasets>=4.9.9,<5"],
+        "test": [
+            "tensorflow-datasets>=4.9.9,<5",
+            "pytest>=8",
+            "gcp-storage-emulator>=2024.8",
+            "psutil>=5.9",
+            "ruff>=0.6",
+        ],
     },
     entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:main"]},
     license="Apache-2.0",

@@ -50,6 +50,8 @@ CONFIG_KEYS = {
     "no_transform": bool,
     "image_size": int,
     "image_stats": bool,
+    "tfds_metadata": bool,
+    "no_tfds_metadata": bool,
 }
 
 
@@ -83,6 +85,9 @@ def _convert_parser() -> _Parser:
     tft.add_argument("--no-transform", dest="no_transform", action="store_true", help="skip TFT analysis")
     tft.add_argument("--image-size", dest="image_size", type=int, help="side of the transformed image (224)")
     tft.add_argument("--image-stats", dest="image_stats", action="store_true", help="per-channel mean/std (train)")
+    p.add_argument(
+        "--no-tfds-metadata", dest="no_tfds_metadata", action="store_true", help="skip TFDS dataset_info.json"
+    )
     p.add_argument("--config", help="YAML file: long flag names with _ for -, plus pipeline_options:")
     p.add_argument("-v", "--verbose", action="store_true", help="show logs and tracebacks")
     return p
@@ -199,6 +204,8 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
         raise UsageError("--output is required")
     if settings.pop("no_transform", False):
         settings["transform"] = False
+    if settings.pop("no_tfds_metadata", False):
+        settings["tfds_metadata"] = False
     ratios = settings.pop("split_ratios", None)
     name = settings.pop("name", None) or dataset_name_from_output(output)
     cfg = ConvertConfig(name=name, split_ratios=parse_split_ratios(ratios) if ratios else None, **settings)
@@ -237,6 +244,15 @@ def _summary(info: dict[str, Any], output: str, seconds: float) -> str:
         lines.append(f"  skipped      {skipped['total']:>8} ({reasons})")
     if info.get("labels") is not None:
         lines.append(f"  labels       {len(info['labels']):>8} -> labels.txt")
+    if "transform" in info:
+        lines.append(
+            f"  transform    tensorflow-transform graph -> transform_fn/ (image {info['transform']['image_size']}px)"
+        )
+    tfds = info.get("tfds") or {}
+    if "files" in tfds:
+        lines.append("  TFDS         tfds.builder_from_directory() can load this folder")
+    elif "skipped" in tfds:
+        lines.append(f"  TFDS         no metadata: {tfds['skipped']}")
     return "\n".join(lines)
 
 

@@ -52,6 +52,12 @@ class ConvertConfig:
     transform: bool = True  # tensorflow-transform analysis after the shards
     image_size: int = 224
     image_stats: bool = False
+    tfds_metadata: bool = True  # written when tensorflow-datasets is installed and shards are uncompressed
+
+    @property
+    def needs_post_steps(self) -> bool:
+        """Whether the launcher, not finalize, writes _SUCCESS (after TFT artifacts / TFDS metadata)."""
+        return self.transform or self.tfds_metadata
 
     @property
     def target_shard_bytes(self) -> int:

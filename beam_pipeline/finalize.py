@@ -188,6 +188,6 @@ class FinalizeFn(beam.DoFn):
         delete_tree(self._layout.tmp_dir)
         for stale_tmp in stale_tmp_dirs(out_dir):  # left by killed runs
             delete_tree(stale_tmp)
-        if not cfg.transform:  # else the launcher writes it after the TFT artifacts
+        if not cfg.needs_post_steps:  # else the launcher writes it after TFT/TFDS metadata
             write_text(success, "")
         yield info

@@ -294,7 +294,6 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         raise PipelineError(f"no image was converted{detail}")
     if cfg.transform:
         from .analysis import run_analysis
-        from .finalize import write_text
 
         options, runner = make_options(beam_args)
         try:
@@ -308,6 +307,13 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
             )
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {_last_line(e)}") from e
+    if cfg.needs_post_steps:
+        from . import tfds_metadata
+        from .finalize import write_text
+
+        if cfg.tfds_metadata:
+            why_not = tfds_metadata.skip_reason(info)
+            info["tfds"] = {"files": tfds_metadata.write(cfg.output, info)} if why_not is None else {"skipped": why_not}
         write_text(info_path, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
         write_text(success, "")
     if not FileSystems.exists(success):

@@ -37,10 +37,13 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 3
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
-def convert(*args: str, transform: bool = False, **kwargs: Any) -> CliResult:
-    """A conversion that must succeed; TFT analysis only where a test asks for it (it costs seconds)."""
+def convert(*args: str, transform: bool = False, tfds: bool = False, **kwargs: Any) -> CliResult:
+    """A conversion that must succeed; TFT analysis and TFDS metadata (TensorFlow imports, seconds
+    each) only where a test asks for them."""
     if not transform and "--no-transform" not in args:
         args = (*args, "--no-transform")
+    if not tfds and "--no-tfds-metadata" not in args:
+        args = (*args, "--no-tfds-metadata")
     result = run_cli("convert", *args, **kwargs)
     assert result.returncode == 0, f"convert failed ({result.returncode}):\n{result.stderr}\n{result.stdout}"
     return result
