@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -133,14 +134,16 @@ def _train_rows(record: bytes, labelled: bool) -> dict[str, bytes]:
     return row
 
 
-def copy_tree(local_dir: str, dest: str) -> None:
-    """Copies a local folder into ``dest`` (local or gs://) through Beam FileSystems."""
-    for dirpath, _, files in os.walk(local_dir):
-        for name in files:
-            src = os.path.join(dirpath, name)
-            rel = os.path.relpath(src, local_dir).replace(os.sep, "/")
-            with open(src, "rb") as fh, FileSystems.create(FileSystems.join(dest, rel)) as out:
-                shutil.copyfileobj(fh, out)
+def copy_tree(src_dir: str, dest: str) -> None:
+    """Copies a folder (local or gs://) into ``dest`` (local or gs://) through Beam FileSystems."""
+    prefix = src_dir.rstrip("/") + "/"
+    for meta in FileSystems.match([FileSystems.join(src_dir, "**")])[0].metadata_list:
+        rel = meta.path[len(prefix) :]
+        with (
+            FileSystems.open(meta.path, compression_type="uncompressed") as fh,
+            FileSystems.create(FileSystems.join(dest, rel), compression_type="uncompressed") as out,
+        ):
+            shutil.copyfileobj(fh, out)
 
 
 def _delete_tree(path: str) -> None:
@@ -177,10 +180,18 @@ def run_analysis(
         raise ValueError("--image-stats needs a train split")
     compression = "gzip" if info["compression"] == "gzip" else "uncompressed"
 
-    work = tempfile.mkdtemp(prefix="beam_pipeline-tft-", dir=temp_root)
+    # TFT's scratch must be shared by the workers: under --temp_location on a
+    # remote runner, a local temp folder otherwise.
+    if temp_root and "://" in temp_root:
+        work = FileSystems.join(temp_root, f"beam_pipeline-tft-{uuid.uuid4().hex}")
+    else:
+        work = tempfile.mkdtemp(prefix="beam_pipeline-tft-", dir=temp_root)
     try:
-        local_out = os.path.join(work, "out")
-        with beam.Pipeline(runner=runner, options=options) as p, tft_beam.Context(temp_dir=os.path.join(work, "tmp")):
+        local_out = FileSystems.join(work, "out")
+        with (
+            beam.Pipeline(runner=runner, options=options) as p,
+            tft_beam.Context(temp_dir=FileSystems.join(work, "tmp")),
+        ):
             if image_stats:
                 records = (
                     p
@@ -213,10 +224,13 @@ def run_analysis(
         for name in (TRANSFORM_FN, TRANSFORMED_METADATA):
             dest = FileSystems.join(output_dir, name)
             _delete_tree(dest)
-            copy_tree(os.path.join(local_out, name), dest)
+            copy_tree(FileSystems.join(local_out, name), dest)
         return result
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if "://" in work:
+            _delete_tree(work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _outputs(local_out: str) -> Iterator[str]:

@@ -296,6 +296,9 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         from .analysis import run_analysis
 
         options, runner = make_options(beam_args)
+        from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+        remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
         try:
             info["transform"] = run_analysis(
                 cfg.output,
@@ -304,6 +307,7 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
                 image_stats=cfg.image_stats,
                 options=options,
                 runner=runner,
+                temp_root=remote_temp,
             )
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {_last_line(e)}") from e
