@@ -3,7 +3,7 @@
 Flags override ``--config FILE.yaml``, which overrides the defaults.  Flags
 this tool does not define go to Beam's PipelineOptions; a flag neither knows
 is an error.  Exit codes: 0 done, 1 the pipeline failed, 2 a usage, config or
-input mistake (one line; ``-v`` adds the traceback).
+input mistake (one line; ``-v`` adds the traceback), 3 too many rejects.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from .config import (
     parse_split_ratios,
     validate,
 )
-from .errors import PipelineError, UsageError
+from .errors import PipelineError, RejectsError, UsageError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
 
 # Config keys (the long flag names with _ for -) and how a YAML value becomes a setting.
 CONFIG_KEYS = {
@@ -46,6 +46,7 @@ CONFIG_KEYS = {
     "sink": str,
     "overwrite": bool,
     "decode_threads": int,
+    "max_reject_fraction": float,
     "transform": bool,
     "no_transform": bool,
     "image_size": int,
@@ -77,6 +78,12 @@ def _convert_parser() -> _Parser:
     p.add_argument("--target-shard-mb", dest="target_shard_mb", type=float, help="target shard size, MB = 10^6 bytes")
     p.add_argument("--compression", choices=COMPRESSIONS)
     p.add_argument("--sink", choices=SINKS, help="planned (bounded memory, default) or write_to_tfrecord")
+    p.add_argument(
+        "--max-reject-fraction",
+        dest="max_reject_fraction",
+        type=float,
+        help="fail (exit 3, nothing published) above this share of rejected inputs (default 1: off)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a complete dataset in --output")
     p.add_argument(
         "--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)"
@@ -290,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.exception("usage error")
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except RejectsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_REJECTS
     except PipelineError as e:
         if verbose:
             logging.exception("pipeline failed")

@@ -49,6 +49,9 @@ class ConvertConfig:
     sink: str = "planned"
     overwrite: bool = False
     decode_threads: int = 0  # 0: one per core
+    # Of listed inputs; above it nothing is published (exit 3). 1.0 = publish
+    # whatever converted (a run that converts nothing still fails).
+    max_reject_fraction: float = 1.0
     transform: bool = True  # tensorflow-transform analysis after the shards
     image_size: int = 224
     image_stats: bool = False
@@ -157,6 +160,8 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--labels-from manifest needs --manifest")
     if cfg.labels_file and cfg.labels_from == "none":
         raise UsageError("--labels-file cannot be combined with --labels-from none")
+    if not 0 <= cfg.max_reject_fraction <= 1:
+        raise UsageError("--max-reject-fraction must be between 0 and 1")
     if cfg.image_size < 1:
         raise UsageError("--image-size must be a positive number of pixels")
     if cfg.image_stats and not cfg.transform:

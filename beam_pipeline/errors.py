@@ -2,6 +2,7 @@
 
 ``UsageError`` is a mistake in flags, config, input or output paths: exit 2, one
 line, no traceback.  ``PipelineError`` is a run that started and failed: exit 1.
+``RejectsError`` is a run over its reject budget: exit 3.
 """
 
 
@@ -11,3 +12,7 @@ class UsageError(Exception):
 
 class PipelineError(Exception):
     """The job ran and did not complete."""
+
+
+class RejectsError(Exception):
+    """The job ran, but too many inputs (or all of them) were rejected: exit 3, nothing published."""

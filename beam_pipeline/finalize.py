@@ -110,8 +110,78 @@ def merge_counts(dicts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
+# Files and folders a run publishes besides the shards; anything of these an
+# older run left and this run did not make is removed when publishing.
+PUBLISHED_FILES = (
+    metadata.LABELS_TXT,
+    metadata.REJECTS_JSONL,
+    metadata.DATASET_JSON,
+    "dataset_info.json",
+    "features.json",
+    "image-class-label.labels.txt",
+)
+PUBLISHED_DIRS = ("transform_fn", "transformed_metadata")
+
+OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects", "nothing_converted", "empty"
+
+
+def outcome(examples: int, rejects: int, max_reject_fraction: float) -> str:
+    """ok, or why the run must not publish (the launcher maps it to an exit code)."""
+    if examples == 0:
+        return NOTHING_CONVERTED if rejects else EMPTY_LISTING
+    if rejects / (examples + rejects) > max_reject_fraction:
+        return TOO_MANY_REJECTS
+    return OK
+
+
+def _files_under(path: str) -> list[str]:
+    try:
+        return sorted(m.path for m in FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list)
+    except Exception:  # noqa: BLE001 - nothing there
+        return []
+
+
+def publish(staging: str, out_dir: str) -> None:
+    """Moves a complete run from its staging folder into ``out_dir``; ``_SUCCESS`` last.
+
+    Until this starts, an older dataset in ``out_dir`` is untouched. Its
+    ``_SUCCESS`` goes first, so a publish that dies half-way leaves no
+    ``_SUCCESS``; running it again finishes the job (moves are idempotent).
+    """
+    success = FileSystems.join(out_dir, metadata.SUCCESS)
+    if FileSystems.exists(success):
+        delete_quietly([success])
+    prefix = staging.rstrip("/") + "/"
+    new_top = set()
+    for path in _files_under(staging):
+        rel = path[len(prefix) :]
+        new_top.add(rel.split("/", 1)[0])
+    for name in PUBLISHED_DIRS:  # whole folders are replaced, never merged
+        if name in new_top or FileSystems.exists(FileSystems.join(out_dir, name)):
+            delete_tree(FileSystems.join(out_dir, name))
+    for path in _files_under(staging):
+        rel = path[len(prefix) :]
+        rename_idempotent(path, FileSystems.join(out_dir, rel))
+    stale = [
+        p
+        for p in list_dir(out_dir)
+        if p.rsplit("/", 1)[-1] not in new_top
+        and (metadata.is_shard_file(p.rsplit("/", 1)[-1]) or p.rsplit("/", 1)[-1] in PUBLISHED_FILES)
+    ]
+    delete_quietly(stale)
+    delete_tree(staging)
+    for stale_tmp in stale_tmp_dirs(out_dir):  # left by killed runs
+        delete_tree(stale_tmp)
+    write_text(success, "")
+
+
 class FinalizeFn(beam.DoFn):
-    """One element in, the finished dataset out (yields the dataset.json dict)."""
+    """Runs once: names the shards, writes the metadata into the staging folder, publishes.
+
+    Yields the dataset.json dict. With post-steps (TFT analysis, TFDS
+    metadata) the launcher publishes after them; a run that may not publish
+    (too many rejects, nothing converted) leaves an older dataset untouched.
+    """
 
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
         self._cfg = cfg
@@ -127,7 +197,7 @@ class FinalizeFn(beam.DoFn):
         extra_types: Mapping[str, str],
         split_label_counts: Mapping[str, Mapping[str, int]],
     ) -> Iterator[dict[str, Any]]:
-        cfg, out_dir = self._cfg, self._cfg.output
+        cfg, out_dir, staging = self._cfg, self._cfg.output, self._layout.tmp_dir
         chosen = choose_results(results)
         layout = final_layout(chosen, cfg.name, cfg.compression)
         labelled = self._layout.label_source != "none"
@@ -154,40 +224,29 @@ class FinalizeFn(beam.DoFn):
             skipped=metadata.count_by(skipped),
             sink=cfg.sink,
         )
+        info["status"] = outcome(info["examples"], len(rejects), cfg.max_reject_fraction)
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
         rejects_text = metadata.rejects_jsonl(rejects)
-        success = FileSystems.join(out_dir, metadata.SUCCESS)
 
-        if info["examples"] == 0:
-            # Nothing converted: keep whatever complete dataset is there.
-            target = self._layout.tmp_dir if FileSystems.exists(success) else out_dir
-            write_text(FileSystems.join(target, metadata.REJECTS_JSONL), rejects_text)
-            write_text(FileSystems.join(target, metadata.DATASET_JSON), info_text)
-            yield info
-            return
-
-        delete_quietly([success] if FileSystems.exists(success) else [])
-        new_names = set()
+        # Temp shards get their final names inside the staging folder; what a
+        # retried or empty writer left there goes.
+        final_paths = set()
         for files in layout.values():
             for final, result in files:
-                rename_idempotent(result["tmp_path"], FileSystems.join(out_dir, final))
-                new_names.add(final)
-        stale = [
-            p
-            for p in list_dir(out_dir)
-            if metadata.is_shard_file(p.rsplit("/", 1)[-1]) and p.rsplit("/", 1)[-1] not in new_names
-        ]
-        delete_quietly(stale)
-        labels_path = FileSystems.join(out_dir, metadata.LABELS_TXT)
+                final_path = FileSystems.join(staging, final)
+                rename_idempotent(result["tmp_path"], final_path)
+                final_paths.add(final_path)
+        delete_quietly([p for p in _files_under(staging) if p not in final_paths])
         if labelled:
-            write_text(labels_path, "".join(f"{label}\n" for label in labels))
-        elif FileSystems.exists(labels_path):
-            delete_quietly([labels_path])
-        write_text(FileSystems.join(out_dir, metadata.REJECTS_JSONL), rejects_text)
-        write_text(FileSystems.join(out_dir, metadata.DATASET_JSON), info_text)
-        delete_tree(self._layout.tmp_dir)
-        for stale_tmp in stale_tmp_dirs(out_dir):  # left by killed runs
-            delete_tree(stale_tmp)
-        if not cfg.needs_post_steps:  # else the launcher writes it after TFT/TFDS metadata
-            write_text(success, "")
+            write_text(FileSystems.join(staging, metadata.LABELS_TXT), "".join(f"{label}\n" for label in labels))
+        write_text(FileSystems.join(staging, metadata.REJECTS_JSONL), rejects_text)
+        write_text(FileSystems.join(staging, metadata.DATASET_JSON), info_text)
+
+        if info["status"] != OK:
+            if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
+                # Nothing to protect: put the explanation where the user looks.
+                write_text(FileSystems.join(out_dir, metadata.REJECTS_JSONL), rejects_text)
+                write_text(FileSystems.join(out_dir, metadata.DATASET_JSON), info_text)
+        elif not cfg.needs_post_steps:
+            publish(staging, out_dir)
         yield info

@@ -27,7 +27,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import metadata
 from .config import SPLIT_FOLDERS, ConvertConfig, Layout
-from .errors import PipelineError, UsageError
+from .errors import PipelineError, RejectsError, UsageError
 from .listing import LABEL_COLUMN, PATH_COLUMN, SPLIT_COLUMN, open_text, read_manifest_rows
 
 _LOG = logging.getLogger(__name__)
@@ -278,30 +278,48 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         raise
     except Exception as e:  # the runner wraps worker errors in assorted types
         raise PipelineError(_last_line(e)) from e
+    return _after_pipeline(cfg, layout, beam_args)
+
+
+def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
+    """Reads finalize's verdict, runs the post-steps on the staging folder, publishes."""
+    from . import tfds_metadata
+    from .finalize import NOTHING_CONVERTED, OK, TOO_MANY_REJECTS, publish, write_text
+
+    staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
     success = FileSystems.join(cfg.output, metadata.SUCCESS)
-    info_path = FileSystems.join(cfg.output, metadata.DATASET_JSON)
-    tmp_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
-    # Finalize writes dataset.json to the scratch folder when nothing was
-    # converted and a complete dataset must be kept.
-    info_file = tmp_info if FileSystems.exists(tmp_info) else info_path
-    info = read_json(info_file) if FileSystems.exists(info_file) else None
-    if info is None or info["examples"] == 0:
-        detail = ""
-        if info is not None:
-            reasons = ", ".join(f"{k} {v}" for k, v in info["rejects"]["by_reason"].items())
-            where = posixpath.dirname(info_file)
-            detail = f" ({info['rejects']['total']} rejected: {reasons}; see {where}/rejects.jsonl)"
-        raise PipelineError(f"no image was converted{detail}")
+    if not FileSystems.exists(staging_info):
+        if FileSystems.exists(success):  # finalize published already (no post-steps)
+            return read_json(FileSystems.join(cfg.output, metadata.DATASET_JSON))
+        raise PipelineError("the pipeline ended before finalize (no dataset.json)")
+    info = read_json(staging_info)
+    status = info.get("status", OK)
+    if status != OK:
+        rejects_at = cfg.output if not FileSystems.exists(success) else layout.tmp_dir
+        reasons = ", ".join(f"{k} {v}" for k, v in list(info["rejects"]["by_reason"].items())[:3])
+        total = info["rejects"]["total"]
+        listed = total + info["examples"]
+        if status == TOO_MANY_REJECTS:
+            raise RejectsError(
+                f"{total} of {listed} inputs rejected ({reasons}), more than --max-reject-fraction "
+                f"{cfg.max_reject_fraction:g}; nothing published, see {rejects_at}/rejects.jsonl"
+            )
+        if status == NOTHING_CONVERTED:
+            raise RejectsError(f"no image was converted ({total} rejected: {reasons}; see {rejects_at}/rejects.jsonl)")
+        skipped = ", ".join(f"{k} {v}" for k, v in info["skipped"]["by_reason"].items()) or "nothing at all"
+        where = cfg.manifest or cfg.input
+        raise UsageError(f"no images to convert in {where} (skipped: {skipped})")
+
     if cfg.transform:
+        from apache_beam.options.pipeline_options import GoogleCloudOptions
+
         from .analysis import run_analysis
 
         options, runner = make_options(beam_args)
-        from apache_beam.options.pipeline_options import GoogleCloudOptions
-
         remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
         try:
             info["transform"] = run_analysis(
-                cfg.output,
+                layout.tmp_dir,
                 info,
                 image_size=cfg.image_size,
                 image_stats=cfg.image_stats,
@@ -311,17 +329,11 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
             )
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {_last_line(e)}") from e
-    if cfg.needs_post_steps:
-        from . import tfds_metadata
-        from .finalize import write_text
-
-        if cfg.tfds_metadata:
-            why_not = tfds_metadata.skip_reason(info)
-            info["tfds"] = {"files": tfds_metadata.write(cfg.output, info)} if why_not is None else {"skipped": why_not}
-        write_text(info_path, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
-        write_text(success, "")
-    if not FileSystems.exists(success):
-        raise PipelineError("the run did not complete (no _SUCCESS)")
+    if cfg.tfds_metadata:
+        why_not = tfds_metadata.skip_reason(info)
+        info["tfds"] = {"files": tfds_metadata.write(layout.tmp_dir, info)} if why_not is None else {"skipped": why_not}
+    write_text(staging_info, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+    publish(layout.tmp_dir, cfg.output)
     return info
 
 

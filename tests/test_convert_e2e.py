@@ -312,7 +312,7 @@ def test_no_good_image_fails_and_explains(tmp_path):
     write(str(root / "cat" / "b.jpg"), broken_bytes("empty"))
     out = tmp_path / "bo"
     result = run_cli("convert", "--input", str(root), "--output", str(out))
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert "no image was converted" in result.stderr and "Traceback" not in result.stderr
     assert not (out / "_SUCCESS").exists()
     assert len((out / "rejects.jsonl").read_text().splitlines()) == 2
@@ -327,3 +327,48 @@ def test_incomplete_run_is_taken_over_and_its_scratch_removed(folder, tmp_path):
     assert (out / "_SUCCESS").exists()
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
     assert len(read_records(out)) == len(good)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_too_many_rejects_publish_nothing_and_keep_the_old_dataset(folder, tmp_path):
+    root, good = folder  # 60 good, 4 broken: 6.25 % rejected
+    out = tmp_path / "budget"
+    result = run_cli("convert", "--input", str(root), "--output", str(out), "--max-reject-fraction", "0.05",
+                     "--no-transform", "--no-tfds-metadata")  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert "4 of 64 inputs rejected" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert len((out / "rejects.jsonl").read_text().splitlines()) == 4
+    assert not (out / "_SUCCESS").exists() and not [p for p in out.iterdir() if ".tfrecord-" in p.name]
+
+    convert("--input", str(root), "--output", str(out), "--max-reject-fraction", "0.1")
+    before = _snapshot(out)
+    result = run_cli("convert", "--input", str(root), "--output", str(out), "--overwrite", "--seed", "9",
+                     "--max-reject-fraction", "0.05", "--no-transform", "--no-tfds-metadata")  # fmt: skip
+    assert result.returncode == 3
+    after = _snapshot(out)
+    assert {k: v for k, v in after.items() if not k.startswith(".")} == before  # yesterday's dataset, intact
+
+
+def test_a_failed_overwrite_keeps_the_old_dataset(tmp_path):
+    root = tmp_path / "in"
+    for i in range(4):
+        write(str(root / "test" / "cat" / f"{i}.png"), image_bytes("png", seed=i))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--output", str(out))
+    before = _snapshot(out)
+    # --image-stats needs a train split: the analysis step fails after the shards are written.
+    result = run_cli("convert", "--input", str(root), "--output", str(out), "--overwrite", "--seed", "3",
+                     "--image-stats", "--no-tfds-metadata")  # fmt: skip
+    assert result.returncode == 1 and "train split" in result.stderr
+    assert {k: v for k, v in _snapshot(out).items() if not k.startswith(".")} == before
+
+
+def test_no_image_files_at_all_is_a_usage_error(tmp_path):
+    write(str(tmp_path / "in" / "notes.txt"), b"hello")
+    write(str(tmp_path / "in" / ".DS_Store"), b"x")
+    result = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o"), "--no-transform")
+    assert result.returncode == 2 and "no images to convert" in result.stderr
+    assert not (tmp_path / "o" / "_SUCCESS").exists()
