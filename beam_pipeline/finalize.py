@@ -198,6 +198,10 @@ class FinalizeFn(beam.DoFn):
         split_label_counts: Mapping[str, Mapping[str, int]],
     ) -> Iterator[dict[str, Any]]:
         cfg, out_dir, staging = self._cfg, self._cfg.output, self._layout.tmp_dir
+        done = self._already_done(out_dir, staging)
+        if done is not None:
+            yield done
+            return
         chosen = choose_results(results)
         layout = final_layout(chosen, cfg.name, cfg.compression)
         labelled = self._layout.label_source != "none"
@@ -225,6 +229,7 @@ class FinalizeFn(beam.DoFn):
             sink=cfg.sink,
         )
         info["status"] = outcome(info["examples"], len(rejects), cfg.max_reject_fraction)
+        info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
         rejects_text = metadata.rejects_jsonl(rejects)
 
@@ -250,3 +255,16 @@ class FinalizeFn(beam.DoFn):
         elif not cfg.needs_post_steps:
             publish(staging, out_dir)
         yield info
+
+    def _already_done(self, out_dir: str, staging: str) -> dict[str, Any] | None:
+        """A retried finalize of a run that already published (or began to): finish, don't redo."""
+        info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
+        if not self._layout.run_id or not FileSystems.exists(info_path):
+            return None
+        with FileSystems.open(info_path, compression_type="uncompressed") as fh:
+            info = json.loads(fh.read().decode("utf-8"))
+        if info.get("run_id") != self._layout.run_id or info.get("status") != OK:
+            return None
+        if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)) and _files_under(staging):
+            publish(staging, out_dir)
+        return info

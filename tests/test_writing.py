@@ -112,3 +112,41 @@ def test_rename_is_idempotent(tmp_path):
     rename_idempotent(str(src), str(dst))
     rename_idempotent(str(src), str(dst))  # a retried finalize
     assert dst.read_bytes() == b"x" and not src.exists()
+
+
+def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
+    """What a retried bundle does on Dataflow: the writer runs twice for one shard."""
+    from beam_pipeline.config import ConvertConfig, Layout
+    from beam_pipeline.finalize import FinalizeFn
+
+    refs = []
+    for i in range(5):
+        path = write(str(tmp_path / "in" / "cat" / f"{i}.png"), image_bytes("png", seed=i))
+        refs.append(_ref(path, f"cat/{i}.png"))
+    out = tmp_path / "out"
+    staging = str(out / ".beam_pipeline-tmp-test")
+    writer = WriteShardFn(staging, "none", 2)
+    writer.setup()
+    first = [r for r in writer.process((("train", 0), refs), ["cat"], {}) if isinstance(r, dict) and "tmp_path" in r]
+    second = [
+        r for r in writer.process((("train", 0), refs[::-1]), ["cat"], {}) if isinstance(r, dict) and "tmp_path" in r
+    ]
+    writer.teardown()
+    assert first[0]["tmp_path"] != second[0]["tmp_path"]
+
+    cfg = ConvertConfig(output=str(out), name="ds", input=str(tmp_path / "in"), transform=False, tfds_metadata=False)
+    layout = Layout(
+        root=str(tmp_path / "in"), pattern=None, manifest=None, manifest_format=None, tmp_dir=staging, run_id="r1"
+    )
+    finalize = FinalizeFn(cfg, layout)
+    [info] = list(finalize.process(None, first + second, [], [], ["cat"], {}, {}))
+    assert info["examples"] == 5
+    shards = sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name)
+    assert shards == ["ds-train.tfrecord-00000-of-00001"]
+    assert count_records(str(out / shards[0])) == 5
+    assert (out / "_SUCCESS").exists() and not (out / ".beam_pipeline-tmp-test").exists()
+    # A retried finalize (same side inputs) finds the run published and leaves it as it is.
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    [again] = list(FinalizeFn(cfg, layout).process(None, first + second, [], [], ["cat"], {}, {}))
+    assert again["examples"] == 5
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
