@@ -66,10 +66,16 @@ def quiet_native_logs() -> Iterator[None]:
 
 def import_tft() -> None:
     """Imports TensorFlow and TFT once, quietly."""
+    quiet = not logging.getLogger().isEnabledFor(logging.INFO)
     with quiet_native_logs():
         import tensorflow  # noqa: F401
         import tensorflow_transform  # noqa: F401
         import tensorflow_transform.beam  # noqa: F401
+    if quiet:  # absl resets its logger's level when it loads
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.ERROR)
+        logging.getLogger("absl").setLevel(logging.ERROR)
 
 
 def raw_feature_spec(labelled: bool) -> dict[str, Any]:

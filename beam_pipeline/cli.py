@@ -52,6 +52,13 @@ CONFIG_KEYS = {
     "image_size": int,
     "image_stats": bool,
     "tfds_metadata": bool,
+    "max_pixels": int,
+    "min_size": int,
+    "apply_exif_orientation": bool,
+    "strip_exif": bool,
+    "resize_max_side": int,
+    "reencode": str,
+    "on_unsupported": str,
     "no_tfds_metadata": bool,
 }
 
@@ -87,6 +94,16 @@ def _convert_parser() -> _Parser:
     p.add_argument("--overwrite", action="store_true", help="replace a complete dataset in --output")
     p.add_argument(
         "--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)"
+    )
+    img = p.add_argument_group("images")
+    img.add_argument("--max-pixels", dest="max_pixels", type=int, help="refuse larger images from the header (179M)")
+    img.add_argument("--min-size", dest="min_size", type=int, help="reject images whose shorter side is smaller")
+    img.add_argument("--apply-exif-orientation", dest="apply_exif_orientation", action="store_true")
+    img.add_argument("--strip-exif", dest="strip_exif", action="store_true", help="drop EXIF/XMP/text metadata")
+    img.add_argument("--resize-max-side", dest="resize_max_side", type=int, help="shrink larger images to this side")
+    img.add_argument("--reencode", help="jpeg:QUALITY: store every image as a JPEG of this quality")
+    img.add_argument(
+        "--on-unsupported", dest="on_unsupported", choices=("convert", "reject"), help="formats TF cannot read"
     )
     tft = p.add_argument_group("tensorflow-transform analysis")
     tft.add_argument("--no-transform", dest="no_transform", action="store_true", help="skip TFT analysis")

@@ -55,12 +55,34 @@ class ConvertConfig:
     transform: bool = True  # tensorflow-transform analysis after the shards
     image_size: int = 224
     image_stats: bool = False
+    # Image policy (images.ImageOptions): limits, EXIF, resizing, re-encoding.
+    max_pixels: int = 178_956_970
+    min_size: int = 0
+    apply_exif_orientation: bool = False
+    strip_exif: bool = False
+    resize_max_side: int = 0
+    reencode: str | None = None  # "jpeg:QUALITY"
+    on_unsupported: str = "convert"  # convert | reject
     tfds_metadata: bool = True  # written when tensorflow-datasets is installed and shards are uncompressed
 
     @property
     def needs_post_steps(self) -> bool:
         """Whether the launcher, not finalize, writes _SUCCESS (after TFT artifacts / TFDS metadata)."""
         return self.transform or self.tfds_metadata
+
+    @property
+    def image_options(self) -> Any:
+        from .images import ImageOptions
+
+        return ImageOptions(
+            max_pixels=self.max_pixels,
+            min_size=self.min_size,
+            apply_exif_orientation=self.apply_exif_orientation,
+            strip_exif=self.strip_exif,
+            resize_max_side=self.resize_max_side,
+            reencode_quality=parse_reencode(self.reencode),
+            on_unsupported=self.on_unsupported,
+        )
 
     @property
     def target_shard_bytes(self) -> int:
@@ -98,6 +120,22 @@ def dataset_name_from_output(output: str) -> str:
     if not name or not name[0].isalpha():
         name = "dataset_" + name if name else "dataset"
     return name
+
+
+def parse_reencode(text: str | None) -> int:
+    """``jpeg:90`` → 90 (the JPEG quality); None → 0 (keep original bytes)."""
+    if not text:
+        return 0
+    kind, _, quality = text.partition(":")
+    if kind.strip().lower() not in ("jpeg", "jpg"):
+        raise UsageError(f"--reencode {text!r}: only jpeg:QUALITY is supported")
+    try:
+        value = int(quality or 95)
+    except ValueError:
+        raise UsageError(f"--reencode {text!r}: quality must be a whole number") from None
+    if not 1 <= value <= 100:
+        raise UsageError(f"--reencode {text!r}: quality must be 1-100")
+    return value
 
 
 def parse_split_ratios(text: str) -> tuple[tuple[str, float], ...]:
@@ -160,6 +198,16 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--labels-from manifest needs --manifest")
     if cfg.labels_file and cfg.labels_from == "none":
         raise UsageError("--labels-file cannot be combined with --labels-from none")
+    parse_reencode(cfg.reencode)
+    if cfg.on_unsupported not in ("convert", "reject"):
+        raise UsageError("--on-unsupported must be convert or reject")
+    for flag, value in (
+        ("--max-pixels", cfg.max_pixels),
+        ("--min-size", cfg.min_size),
+        ("--resize-max-side", cfg.resize_max_side),
+    ):
+        if value < 0:
+            raise UsageError(f"{flag} must be 0 or more")
     if not 0 <= cfg.max_reject_fraction <= 1:
         raise UsageError("--max-reject-fraction must be between 0 and 1")
     if cfg.image_size < 1:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -100,6 +101,8 @@ def rename_idempotent(src: str, dst: str) -> None:
     """Renames src → dst; a retry that finds src gone and dst present is done already."""
     if not FileSystems.exists(src) and FileSystems.exists(dst):
         return
+    if "://" not in dst:  # a local rename needs the destination folder
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
     FileSystems.rename([src], [dst])
 
 
@@ -228,6 +231,7 @@ class FinalizeFn(beam.DoFn):
             skipped=metadata.count_by(skipped),
             sink=cfg.sink,
         )
+        info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
         info["status"] = outcome(info["examples"], len(rejects), cfg.max_reject_fraction)
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"

@@ -9,8 +9,8 @@ shuffle key, extra manifest columns), a reject (``no_label``,
 ``unknown_label``, ``no_split``, ``missing``) or a skip (not an image
 extension, hidden or OS file).
 
-    refs = pipeline | ListInputs(cfg, layout)
-    refs.refs, refs.rejects, refs.skipped
+    listed = pipeline | ListInputs(cfg, layout)
+    listed["refs"], listed["rejects"], listed["skipped"]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import hashing
 from .config import IMAGE_EXTENSIONS, OS_FILES, SPLIT_FOLDERS, ConvertConfig, Layout
-from .images import MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL
+from .images import MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL, UNREADABLE
 
 REJECTS = "rejects"
 SKIPPED = "skipped"
@@ -240,15 +240,42 @@ class _StatManifestRow(beam.DoFn):
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 
+class _OddLocalEntries(beam.DoFn):
+    """Entries Beam's local listing passes over silently: directories named like
+    images and dangling symlinks. They are listed inputs too, so they become
+    ``unreadable`` rejects instead of vanishing."""
+
+    def __init__(self, layout: Layout) -> None:
+        self._layout = layout
+
+    def process(self, pattern: str) -> Iterator[dict[str, str]]:
+        import os
+
+        from apache_beam.io.filesystem import FileSystem
+
+        matcher = re.compile(FileSystem.translate_pattern(pattern))
+        for dirpath, dirnames, filenames in os.walk(self._layout.root):
+            for name in dirnames:
+                path = os.path.join(dirpath, name)
+                relpath = relative_path(path, self._layout.root)
+                if matcher.match(path) and not skip_reason(relpath, check_extension=True):
+                    yield reject(path, UNREADABLE, "is a directory")
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                if os.path.islink(path) and not os.path.exists(path) and matcher.match(path):
+                    if not skip_reason(relative_path(path, self._layout.root), check_extension=True):
+                        yield reject(path, UNREADABLE, f"dangling symlink to {os.readlink(path)}")
+
+
 class ListInputs(beam.PTransform):
-    """pipeline → refs (Ref), rejects ({path, reason, detail}), skipped (reason text)."""
+    """pipeline → {"refs": Ref, "rejects": {path, reason, detail}, "skipped": reason text}."""
 
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
         super().__init__()
         self._cfg = cfg
         self._layout = layout
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         layout = self._layout
         if layout.manifest:
             rows = (
@@ -258,19 +285,25 @@ class ListInputs(beam.PTransform):
                 # (row_index, row); spread the rows before the per-file lookups
                 | "SpreadRows" >> beam.Reshuffle()
             )
-            return rows | "StatRows" >> beam.ParDo(_StatManifestRow(self._cfg, layout)).with_outputs(
+            stat = rows | "StatRows" >> beam.ParDo(_StatManifestRow(self._cfg, layout)).with_outputs(
                 REJECTS, SKIPPED, main="refs"
             )
+            return {"refs": stat.refs, REJECTS: stat[REJECTS], SKIPPED: stat[SKIPPED]}
+        glob = pbegin | "Glob" >> beam.Create([layout.pattern])
         files = (
-            pbegin
-            | "Glob" >> beam.Create([layout.pattern])
+            glob
             # FileMetadata. No reshuffle here: turning metadata into refs is
             # cheap, and the expensive work comes after the group-by-shard.
             | "Match" >> fileio.MatchAll()
         )
-        return files | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
+        listed = files | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
             REJECTS, SKIPPED, main="refs"
         )
+        rejects = listed[REJECTS]
+        if "://" not in layout.root:
+            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout))
+            rejects = (rejects, odd) | "ListingRejects" >> beam.Flatten()
+        return {"refs": listed.refs, REJECTS: rejects, SKIPPED: listed[SKIPPED]}
 
 
 # ---- extra manifest columns -------------------------------------------------

@@ -68,7 +68,7 @@ def build_pipeline(
     """
     p = beam.Pipeline(runner=runner, options=options)
     listed = p | "List" >> ListInputs(cfg, layout)
-    refs = listed.refs
+    refs = listed["refs"]
     labels = refs | "Labels" >> CollectLabels(layout)
     extra_types = refs | "ColumnTypes" >> beam.CombineGlobally(InferColumnTypes())
 
@@ -81,7 +81,7 @@ def build_pipeline(
             | "GroupByShard" >> beam.GroupByKey()
             | "WriteShards"
             >> beam.ParDo(
-                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads),
+                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads, cfg.image_options),
                 beam.pvalue.AsSingleton(labels),
                 beam.pvalue.AsSingleton(extra_types),
             ).with_outputs(REJECTS, main="results")
@@ -93,7 +93,7 @@ def build_pipeline(
         if wtt_shards is None:
             raise ValueError("the write_to_tfrecord sink needs the planned shard counts")
         decoded = refs | "Decode" >> beam.ParDo(
-            DecodeFn(), beam.pvalue.AsSingleton(labels), beam.pvalue.AsSingleton(extra_types)
+            DecodeFn(cfg.image_options), beam.pvalue.AsSingleton(labels), beam.pvalue.AsSingleton(extra_types)
         ).with_outputs(REJECTS, main="records")
         write_rejects = decoded[REJECTS]
         split_label_counts = (
@@ -158,7 +158,7 @@ def build_plan_pipeline(
     """Listing and planning only: writes {split: {num_shards, estimated_bytes, ...}} as JSON."""
     p = beam.Pipeline(runner=runner, options=options)
     listed = p | "List" >> ListInputs(cfg, layout)
-    plans = listed.refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
+    plans = listed["refs"] | "Plan" >> PlanShards(cfg.target_shard_bytes)
     _ = plans | "WritePlan" >> beam.Map(_write_plan, plan_path)
     return p
 

@@ -28,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples
-from .images import MISSING, UNREADABLE, Rejected, inspect_image
+from .images import MISSING, UNREADABLE, ImageOptions, Prepared, Rejected, prepare_image
 from .listing import REJECTS, Ref, coerce, reject
 
 NAMESPACE = "beam_pipeline"
@@ -60,17 +60,19 @@ def build_record(
     data: bytes,
     label_ids: Mapping[str, int],
     extra_types: Mapping[str, str],
-) -> bytes:
-    """Validates ``data`` (full decode) and returns the serialized Example; may raise Rejected."""
-    info = inspect_image(data)
+    image_options: ImageOptions | None = None,
+) -> tuple[bytes, Prepared]:
+    """Validates ``data`` (full decode), converts it if the policy says so; (Example bytes, Prepared)."""
+    prepared = prepare_image(data, image_options)
+    info = prepared.info
     features: dict[str, Any] = {
-        examples.ENCODED: data,
+        examples.ENCODED: prepared.data,
         examples.FORMAT: info.format,
         examples.HEIGHT: info.height,
         examples.WIDTH: info.width,
         examples.CHANNELS: info.channels,
         examples.FILENAME: ref.relpath,
-        examples.SHA256: hashlib.sha256(data).hexdigest(),
+        examples.SHA256: hashlib.sha256(prepared.data).hexdigest(),
     }
     if ref.label is not None:
         features[examples.LABEL] = label_ids[ref.label]
@@ -80,13 +82,18 @@ def build_record(
             features[column] = coerce(value, extra_types.get(column, "string"))
         except (TypeError, ValueError):
             continue  # an empty/odd value in a numeric column: feature left out
-    return examples.build_example(dict(sorted(features.items())))
+    return examples.build_example(dict(sorted(features.items()))), prepared
 
 
-def convert_one(ref: Ref, label_ids: Mapping[str, int], extra_types: Mapping[str, str]) -> bytes | Rejected:
+def convert_one(
+    ref: Ref,
+    label_ids: Mapping[str, int],
+    extra_types: Mapping[str, str],
+    image_options: ImageOptions | None = None,
+) -> tuple[bytes, Prepared] | Rejected:
     """Reads and converts one ref; a Rejected is returned (not raised) for the writer to route."""
     try:
-        return build_record(ref, read_bytes(ref.path), label_ids, extra_types)
+        return build_record(ref, read_bytes(ref.path), label_ids, extra_types, image_options)
     except Rejected as r:
         return r
 
@@ -111,10 +118,11 @@ def decode_threads(requested: int) -> int:
 class WriteShardFn(beam.DoFn):
     """((split, shard), [Ref]) → one shard file under the run's temp folder."""
 
-    def __init__(self, tmp_dir: str, compression: str, threads: int) -> None:
+    def __init__(self, tmp_dir: str, compression: str, threads: int, image_options: ImageOptions | None = None) -> None:
         self._tmp_dir = tmp_dir
         self._compression = compression
         self._threads = threads
+        self._image_options = image_options or ImageOptions()
         self._records = beam.metrics.Metrics.counter(NAMESPACE, "records_written")
         self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
         self._shards = beam.metrics.Metrics.counter(NAMESPACE, "shards_written")
@@ -139,19 +147,24 @@ class WriteShardFn(beam.DoFn):
         tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{uuid.uuid4().hex}.tfrecord")
         records = 0
         label_counts: collections.Counter[str] = collections.Counter()
+        converted: collections.Counter[str] = collections.Counter()
         window = PREFETCH_PER_THREAD * decode_threads(self._threads)
+        options = self._image_options
         with FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out:
             for ref, result in ordered_map(
-                self._pool, lambda r: convert_one(r, label_ids, extra_types), ordered, window
+                self._pool, lambda r: convert_one(r, label_ids, extra_types, options), ordered, window
             ):
                 if isinstance(result, Rejected):
                     self._rejected.inc()
                     yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
                     continue
-                _TFRecordUtil.write_record(out, result)
+                record, prepared = result
+                _TFRecordUtil.write_record(out, record)
                 records += 1
                 if ref.label is not None:
                     label_counts[ref.label] += 1
+                if prepared.converted_from:
+                    converted[prepared.converted_from] += 1
         self._records.inc(records)
         self._shards.inc()
         size = FileSystems.match([tmp_path])[0].metadata_list[0].size_in_bytes
@@ -162,22 +175,25 @@ class WriteShardFn(beam.DoFn):
             "records": records,
             "bytes": size,
             "labels": dict(sorted(label_counts.items())),
+            "converted": dict(sorted(converted.items())),
         }
 
 
 class DecodeFn(beam.DoFn):
     """Ref → (split, label, record) for the WriteToTFRecord sink; rejects tagged."""
 
-    def __init__(self) -> None:
+    def __init__(self, image_options: ImageOptions | None = None) -> None:
         self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
+        self._image_options = image_options or ImageOptions()
 
     def process(self, ref: Ref, labels: Sequence[str], extra_types: Mapping[str, str]) -> Iterator[Any]:
-        result = convert_one(ref, {label: i for i, label in enumerate(labels)}, extra_types)
+        label_ids = {label: i for i, label in enumerate(labels)}
+        result = convert_one(ref, label_ids, extra_types, self._image_options)
         if isinstance(result, Rejected):
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
         else:
-            yield ref.split, ref.label, result
+            yield ref.split, ref.label, result[0]
 
 
 def count_records(path: str) -> int:

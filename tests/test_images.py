@@ -47,7 +47,7 @@ def test_format_comes_from_content(kind, fmt):
 
 
 @pytest.mark.parametrize("kind", ["tiff", "bmp_palette"])
-def test_formats_tensorflow_cannot_read_back_are_rejected(kind):
+def test_inspect_rejects_formats_tensorflow_cannot_read_back(kind):
     with pytest.raises(Rejected) as err:
         inspect_image(image_bytes(kind))
     assert err.value.reason == "unsupported_format"
@@ -68,3 +68,140 @@ def test_truncated_png_is_truncated_not_accepted():
     with pytest.raises(Rejected) as err:
         inspect_image(data[: len(data) - 40])
     assert err.value.reason == "truncated"
+
+
+# ---- conversion policy (prepare_image) ---------------------------------------
+
+import io  # noqa: E402
+import struct  # noqa: E402
+import zlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from beam_pipeline.images import ImageOptions, prepare_image, strip_metadata  # noqa: E402
+
+from .imagegen import encode, pixels  # noqa: E402
+
+
+def _tf_shape_matches(prepared, tf):
+    decoded = tf.io.decode_image(prepared.data, expand_animations=False)
+    assert tuple(decoded.shape) == (prepared.info.height, prepared.info.width, prepared.info.channels)
+    return decoded.numpy()
+
+
+@pytest.mark.parametrize("kind", ["cmyk_jpeg", "tiff", "bmp_palette", "ico"])
+def test_formats_tensorflow_misreads_are_converted_to_png(kind, tf):
+    rgb = Image.fromarray(pixels(24, 32, 5), "RGB")
+    data = {
+        "cmyk_jpeg": lambda: encode(rgb.convert("CMYK"), "JPEG", quality=95),
+        "tiff": lambda: encode(rgb, "TIFF"),
+        "bmp_palette": lambda: encode(rgb.convert("P"), "BMP"),
+        "ico": lambda: encode(rgb, "ICO", sizes=[(32, 24)]),
+    }[kind]()
+    prepared = prepare_image(data)
+    assert prepared.info.format == "png" and prepared.converted_from
+    decoded = _tf_shape_matches(prepared, tf)
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    np.testing.assert_array_equal(decoded[..., :3], expected)
+
+
+def test_readable_files_keep_their_bytes():
+    for kind in READABLE:
+        data = image_bytes(kind)
+        prepared = prepare_image(data)
+        assert prepared.data == data and prepared.converted_from is None
+
+
+def test_on_unsupported_reject():
+    with pytest.raises(Rejected) as err:
+        prepare_image(image_bytes("tiff"), ImageOptions(on_unsupported="reject"))
+    assert err.value.reason == "unsupported_format"
+
+
+def _png_claiming(width: int, height: int) -> bytes:
+    data = bytearray(image_bytes("png", 4, 4))
+    ihdr = bytearray(data[16:29])
+    ihdr[0:8] = struct.pack(">II", width, height)
+    data[16:29] = ihdr
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])) & 0xFFFFFFFF)
+    return bytes(data)
+
+
+def test_decompression_bomb_is_refused_from_the_header():
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(Rejected) as err:
+        prepare_image(_png_claiming(50_000, 50_000))
+    assert err.value.reason == "too_many_pixels"
+    assert time.monotonic() - started < 1  # never decoded 2.5 G pixels
+    with pytest.raises(Rejected) as err:
+        prepare_image(image_bytes("png", 100, 100), ImageOptions(max_pixels=5000))
+    assert err.value.reason == "too_many_pixels"
+
+
+def test_min_size():
+    with pytest.raises(Rejected) as err:
+        prepare_image(image_bytes("png", 10, 40), ImageOptions(min_size=16))
+    assert err.value.reason == "too_small"
+    assert prepare_image(image_bytes("png", 16, 40), ImageOptions(min_size=16)).info.height == 16
+
+
+def _jpeg_with_exif(orientation: int) -> bytes:
+    img = Image.fromarray(pixels(20, 40, 1), "RGB")
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    exif[0x010F] = "CameraMaker"
+    return encode(img, "JPEG", quality=95, exif=exif.tobytes())
+
+
+def test_exif_orientation_is_applied_only_when_asked(tf):
+    data = _jpeg_with_exif(6)  # rotate 90° to display
+    as_is = prepare_image(data)
+    assert (as_is.info.height, as_is.info.width) == (20, 40) and as_is.data == data
+    turned = prepare_image(data, ImageOptions(apply_exif_orientation=True))
+    assert (turned.info.height, turned.info.width) == (40, 20) and turned.info.format == "jpeg"
+    _tf_shape_matches(turned, tf)
+
+
+def test_strip_exif_keeps_pixels():
+    data = _jpeg_with_exif(1)
+    assert b"Exif" in data and b"CameraMaker" in data
+    stripped = prepare_image(data, ImageOptions(strip_exif=True)).data
+    assert b"Exif" not in stripped and b"CameraMaker" not in stripped
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(io.BytesIO(stripped))), np.asarray(Image.open(io.BytesIO(data)))
+    )
+    png = encode(Image.fromarray(pixels(8, 8, 2), "RGB"), "PNG", pnginfo=_pnginfo())
+    assert b"secret" in png and b"secret" not in strip_metadata(png)
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(strip_metadata(png)))), pixels(8, 8, 2))
+
+
+def _pnginfo():
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("Comment", "secret")
+    return info
+
+
+def test_resize_and_reencode(tf):
+    shrunk = prepare_image(image_bytes("png", 48, 64), ImageOptions(resize_max_side=32))
+    assert (shrunk.info.height, shrunk.info.width, shrunk.info.format) == (24, 32, "png")
+    _tf_shape_matches(shrunk, tf)
+    jpeg = prepare_image(image_bytes("png_rgba", 24, 32), ImageOptions(reencode_quality=80))
+    assert (jpeg.info.format, jpeg.info.channels) == ("jpeg", 3)
+    _tf_shape_matches(jpeg, tf)
+    gif = prepare_image(image_bytes("gif_animated", 24, 32), ImageOptions(resize_max_side=16))
+    assert gif.info.format == "png" and (gif.info.height, gif.info.width) == (12, 16)
+    _tf_shape_matches(gif, tf)
+
+
+def test_sixteen_bit_png_converted_keeps_tensorflow_scaling(tf):
+    data = image_bytes("png_16bit", 24, 32)
+    shrunk = prepare_image(data, ImageOptions(resize_max_side=32))  # no resize needed: forces nothing
+    assert shrunk.data == data
+    converted = prepare_image(data, ImageOptions(reencode_quality=95))
+    assert converted.info.channels == 1
+    _tf_shape_matches(converted, tf)

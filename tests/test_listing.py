@@ -161,18 +161,26 @@ def test_list_inputs_transform(tmp_path):
     write(str(root / "loose.jpg"), image_bytes("jpeg"))
     write(str(root / "dog" / "notes.txt"), b"x")
     write(str(root / "dog" / ".DS_Store"), b"x")
+    (root / "dog" / "folder.jpg").mkdir()
+    (root / "dog" / "gone.png").symlink_to(root / "nowhere.png")
     lay = layout(root=str(root), pattern=str(root / "**"))
     cfg = ConvertConfig(output=str(tmp_path / "out"), name="d", input=str(root))
     with local_pipeline() as p:
         listed = p | ListInputs(cfg, lay)
         assert_that(
-            listed.refs | "Rel" >> beam.Map(lambda r: (r.relpath, r.label, r.split)),
+            listed["refs"] | "Rel" >> beam.Map(lambda r: (r.relpath, r.label, r.split)),
             equal_to([("cat/a.jpg", "cat", "train"), ("dog/b b.png", "dog", "train")]),
             label="Refs",
         )
         assert_that(
-            listed.rejects | "Reason" >> beam.Map(lambda r: (r["path"], r["reason"])),
-            equal_to([(str(root / "loose.jpg"), "no_label")]),
+            listed["rejects"] | "Reason" >> beam.Map(lambda r: (r["path"], r["reason"])),
+            equal_to(
+                [
+                    (str(root / "loose.jpg"), "no_label"),
+                    (str(root / "dog" / "folder.jpg"), "unreadable"),
+                    (str(root / "dog" / "gone.png"), "unreadable"),
+                ]
+            ),
             label="Rejects",
         )
-        assert_that(listed.skipped, equal_to(["not_an_image_extension", "hidden_or_os_file"]), label="Skipped")
+        assert_that(listed["skipped"], equal_to(["not_an_image_extension", "hidden_or_os_file"]), label="Skipped")
