@@ -45,6 +45,7 @@ CONFIG_KEYS = {
     "compression": str,
     "sink": str,
     "overwrite": bool,
+    "dedupe": bool,
     "decode_threads": int,
     "max_reject_fraction": float,
     "transform": bool,
@@ -91,6 +92,7 @@ def _convert_parser() -> _Parser:
         type=float,
         help="fail (exit 3, nothing published) above this share of rejected inputs (default 1: off)",
     )
+    p.add_argument("--dedupe", action="store_true", help="keep one copy of identical files (by sha256)")
     p.add_argument("--overwrite", action="store_true", help="replace a complete dataset in --output")
     p.add_argument(
         "--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)"

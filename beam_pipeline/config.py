@@ -48,6 +48,7 @@ class ConvertConfig:
     compression: str = "none"
     sink: str = "planned"
     overwrite: bool = False
+    dedupe: bool = False  # one record per distinct content (sha256), across splits
     decode_threads: int = 0  # 0: one per core
     # Of listed inputs; above it nothing is published (exit 3). 1.0 = publish
     # whatever converted (a run that converts nothing still fails).

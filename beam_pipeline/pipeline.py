@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from . import metadata
 from .config import ConvertConfig, Layout
+from .dedupe import DropDuplicates
 from .finalize import FinalizeFn
 from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs
 from .planning import PlanShards, ShardPlan, assign_shard
@@ -69,6 +70,10 @@ def build_pipeline(
     p = beam.Pipeline(runner=runner, options=options)
     listed = p | "List" >> ListInputs(cfg, layout)
     refs = listed["refs"]
+    listing_rejects = listed[REJECTS]
+    if cfg.dedupe:
+        refs, duplicates = refs | "Dedupe" >> DropDuplicates()
+        listing_rejects = (listing_rejects, duplicates) | "WithDuplicates" >> beam.Flatten()
     labels = refs | "Labels" >> CollectLabels(layout)
     extra_types = refs | "ColumnTypes" >> beam.CombineGlobally(InferColumnTypes())
 
@@ -125,7 +130,7 @@ def build_pipeline(
             tuple(per_split) | "AllShardFiles" >> beam.Flatten() if per_split else (p | "NoShards" >> beam.Create([]))
         )
 
-    rejects = (listed[REJECTS], write_rejects) | "AllRejects" >> beam.Flatten()
+    rejects = (listing_rejects, write_rejects) | "AllRejects" >> beam.Flatten()
     _ = (
         p
         | "Once" >> beam.Create([None])

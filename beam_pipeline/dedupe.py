@@ -1,0 +1,65 @@
+"""``--dedupe``: one record per distinct content, across splits.
+
+Each ref's bytes are hashed (one extra read, no decode); refs are grouped by
+sha256 — only the digest and the ref cross the shuffle — and the copy whose
+relative path sorts first is kept. The others become ``duplicate`` rejects
+naming the kept copy.
+
+    kept, rejects = refs | DropDuplicates()
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from .images import DUPLICATE
+from .listing import REJECTS, Ref, reject
+
+_CHUNK = 1 << 20
+
+
+def content_digest(path: str) -> str | None:
+    """sha256 hex of the file, or None if it cannot be read (the writer reports why)."""
+    digest = hashlib.sha256()
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+    except Exception:  # noqa: BLE001 - unreadable files are judged by the writer
+        return None
+    return digest.hexdigest()
+
+
+def _keyed(ref: Ref) -> tuple[str, Ref]:
+    digest = content_digest(ref.path)
+    return (digest if digest is not None else f"unreadable:{ref.path}"), ref
+
+
+def split_duplicates(element: tuple[str, Iterable[Ref]]) -> Iterator[Any]:
+    """(digest, refs) → the first ref by relative path; the rest as tagged duplicate rejects."""
+    _, refs = element
+    ordered = sorted(refs, key=lambda r: (r.relpath, r.path))
+    keep = ordered[0]
+    yield keep
+    for other in ordered[1:]:
+        yield beam.pvalue.TaggedOutput(REJECTS, reject(other.path, DUPLICATE, f"same bytes as {keep.relpath}"))
+
+
+class DropDuplicates(beam.PTransform):
+    """refs → (kept refs, duplicate rejects)."""
+
+    def expand(self, refs: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
+        out = (
+            refs
+            | "Digest" >> beam.Map(_keyed)
+            # (sha256, Ref): only digests and references cross the shuffle
+            | "GroupByContent" >> beam.GroupByKey()
+            | "KeepFirst" >> beam.FlatMap(split_duplicates).with_outputs(REJECTS, main="kept")
+        )
+        return out.kept, out[REJECTS]

@@ -1,0 +1,100 @@
+"""A folder of odd real-world files: every listed input ends as a record or a reject, nothing broken."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from PIL import Image
+
+from .conftest import convert, load_info, read_records
+from .imagegen import broken_bytes, encode, image_bytes, pixels, write
+from .test_images import _png_claiming
+
+
+def make_messy(root):
+    """Returns (expected record relpaths, {relpath: reject reason}, skipped count)."""
+    rgb = Image.fromarray(pixels(30, 40, 7), "RGB")
+    good = {
+        "a/cmyk.jpg": encode(rgb.convert("CMYK"), "JPEG"),
+        "a/sixteen.png": image_bytes("png_16bit"),
+        "a/palette.png": image_bytes("png_palette_transparent"),
+        "a/la.png": image_bytes("png_la"),
+        "a/anim.gif": image_bytes("gif_animated"),
+        "a/scan.tiff": image_bytes("tiff"),
+        "a/progressive.jpeg": image_bytes("jpeg_progressive"),
+        "a/really a png.jpg": image_bytes("png"),
+        "a/ünïcödé, comma.JPG": image_bytes("jpeg"),
+        "a/palette.bmp": image_bytes("bmp_palette"),
+        "a/alpha.webp": image_bytes("webp_rgba"),
+        "b/icon.png": encode(Image.new("L", (1, 1)), "PNG"),
+    }
+    for i in range(20):
+        good[f"b/{i:02d}.jpg"] = image_bytes("jpeg", seed=i)
+    for rel, data in good.items():
+        write(str(root / rel), data)
+    bad = {
+        "a/zero.jpg": ("empty", broken_bytes("empty")),
+        "a/cut.jpg": ("truncated", broken_bytes("truncated")),
+        "a/notes.jpg": ("not_an_image", broken_bytes("text")),
+        "a/bomb.png": ("too_many_pixels", _png_claiming(60_000, 60_000)),
+    }
+    for rel, (_, data) in bad.items():
+        write(str(root / rel), data)
+    (root / "b" / "dir.jpg").mkdir()
+    os.symlink(str(root / "missing.jpg"), str(root / "b" / "dangling.jpg"))
+    write(str(root / "a" / ".DS_Store"), b"\x00")
+    write(str(root / "a" / "._cmyk.jpg"), b"\x00")
+    write(str(root / "b" / "Thumbs.db"), b"\x00")
+    write(str(root / "b" / "readme.txt"), b"hi")
+    rejects = {rel: reason for rel, (reason, _) in bad.items()}
+    rejects["b/dir.jpg"] = "unreadable"
+    rejects["b/dangling.jpg"] = "unreadable"
+    return sorted(good), rejects, 4
+
+
+def test_every_listed_file_is_accounted_for_and_every_record_decodes(tmp_path, tf):
+    root = tmp_path / "messy"
+    expected, rejects, skipped = make_messy(root)
+    out = tmp_path / "out"
+    result = convert("--input", str(root), "--output", str(out))
+    records = read_records(out)
+    assert sorted(r["image/filename"].decode() for r in records) == expected
+    for r in records:
+        image = tf.io.decode_image(r["image/encoded"], expand_animations=False)
+        assert tuple(image.shape) == (r["image/height"], r["image/width"], r["image/channels"])
+    lines = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert {os.path.relpath(x["path"], root): x["reason"] for x in lines} == rejects
+    info = load_info(out)
+    assert info["examples"] == len(expected) and info["rejects"]["total"] == len(rejects)
+    assert info["skipped"]["total"] == skipped
+    assert info["converted"] == {"bmp": 1, "jpeg": 1, "tiff": 1}
+    by_name = {r["image/filename"].decode(): r for r in records}
+    assert by_name["a/really a png.jpg"]["image/format"] == b"png"
+    cmyk = tf.io.decode_image(by_name["a/cmyk.jpg"]["image/encoded"]).numpy()
+    source = np.asarray(Image.open(root / "a" / "cmyk.jpg").convert("RGB"))
+    np.testing.assert_array_equal(cmyk, source)  # converted with Pillow's colours, losslessly
+    assert "rejected" in result.stdout and "too_many_pixels" in result.stdout
+
+
+def test_dedupe_keeps_the_first_path_across_splits(tmp_path):
+    root = tmp_path / "dups"
+    same = image_bytes("jpeg", seed=42)
+    write(str(root / "train" / "cat" / "b.jpg"), same)
+    write(str(root / "test" / "cat" / "a.jpg"), same)  # sorts first: kept, in test
+    write(str(root / "train" / "cat" / "z.jpg"), same)
+    write(str(root / "train" / "dog" / "c.jpg"), image_bytes("jpeg", seed=1))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--output", str(out), "--dedupe")
+    names = sorted(r["image/filename"].decode() for r in read_records(out))
+    assert names == ["test/cat/a.jpg", "train/dog/c.jpg"]
+    lines = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(os.path.relpath(x["path"], root), x["reason"]) for x in lines] == [
+        ("train/cat/b.jpg", "duplicate"),
+        ("train/cat/z.jpg", "duplicate"),
+    ]
+    assert all("test/cat/a.jpg" in x["detail"] for x in lines)
+    out2 = tmp_path / "out2"
+    convert("--input", str(root), "--output", str(out2))  # without --dedupe every copy is a record
+    assert len(read_records(out2)) == 4
