@@ -55,7 +55,8 @@ _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 
 _BMP_RAWMODE_CHANNELS = {"BGR": 3, "BGRX": 4, "BGRA": 4}
 
 # JPEG segments and PNG chunks that carry metadata, not pixels (--strip-exif).
-_JPEG_METADATA_MARKERS = {0xE1, 0xE2, 0xE3, 0xE4, 0xE5, 0xE6, 0xE7, 0xE8, 0xE9, 0xEA, 0xEB, 0xEC, 0xED, 0xEF, 0xFE}
+# APP2 (ICC profile) and APP14 (Adobe colour transform) stay: they change how pixels decode.
+_JPEG_METADATA_MARKERS = {0xE1, 0xE3, 0xE4, 0xE5, 0xE6, 0xE7, 0xE8, 0xE9, 0xEA, 0xEB, 0xEC, 0xED, 0xEF, 0xFE}
 _PNG_METADATA_CHUNKS = {b"eXIf", b"tEXt", b"iTXt", b"zTXt", b"tIME"}
 
 
