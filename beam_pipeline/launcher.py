@@ -263,8 +263,10 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     """Runs the whole conversion; returns dataset.json's content."""
     from .pipeline import build_pipeline, build_plan_pipeline
 
-    cfg, layout = prepare(cfg)
     options, runner = make_options(beam_args)
+    # gs:// checks before the pipeline use the same options (e.g. --no_auth).
+    FileSystems.set_options(options)
+    cfg, layout = prepare(cfg)
     _LOG.info("input root %s, split source %s, label source %s", layout.root, layout.split_source, layout.label_source)
     wtt_shards = None
     try:
