@@ -22,7 +22,15 @@ from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    TestOptions,
+    WorkerOptions,
+)
 from apache_beam.runners.runner import PipelineState
 
 from . import metadata
@@ -259,15 +267,41 @@ def read_json(path: str) -> dict[str, Any]:
         return json.loads(fh.read().decode("utf-8"))
 
 
+def use_anonymous_gcs_for_emulator() -> bool:
+    """With STORAGE_EMULATOR_HOST set, skip Beam's credential lookup (anonymous client).
+
+    Off Google Cloud and without credentials, Beam retries the lookup for about
+    22 s per process before falling back to an anonymous client; an emulator
+    needs no credentials, so the fallback is taken at once. Beam has no public
+    switch for this (``--no_auth`` does not reach its GCS client in 2.77).
+    """
+    if not os.environ.get("STORAGE_EMULATOR_HOST"):
+        return False
+    try:
+        from apache_beam.internal.gcp import auth
+    except ImportError:
+        return False
+    creds = getattr(auth, "_Credentials", None)
+    if creds is None or not hasattr(creds, "_credentials_init"):
+        return False
+    with creds._credentials_lock:  # noqa: SLF001
+        creds._credentials_init = True  # noqa: SLF001
+        creds._credentials = None  # noqa: SLF001
+    return True
+
+
 def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     """Runs the whole conversion; returns dataset.json's content."""
     from .pipeline import build_pipeline, build_plan_pipeline
 
+    use_anonymous_gcs_for_emulator()
     options, runner = make_options(beam_args)
     # gs:// checks before the pipeline use the same options (e.g. --no_auth).
     FileSystems.set_options(options)
     cfg, layout = prepare(cfg)
     _LOG.info("input root %s, split source %s, label source %s", layout.root, layout.split_source, layout.label_source)
+    if options.view_as(TestOptions).dry_run:
+        return _dry_run(cfg, layout, options, runner)
     wtt_shards = None
     try:
         if cfg.sink == "write_to_tfrecord":
@@ -281,6 +315,37 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     except Exception as e:  # the runner wraps worker errors in assorted types
         raise PipelineError(_last_line(e)) from e
     return _after_pipeline(cfg, layout, beam_args)
+
+
+def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runner: Any) -> dict[str, Any]:
+    """Builds the job (Beam's --dry_run stops before submission) and describes it."""
+    from .pipeline import build_pipeline
+
+    if cfg.sink == "write_to_tfrecord":
+        raise UsageError("--dry_run builds the planned sink only (write_to_tfrecord needs its planning run)")
+    try:
+        pipeline = build_pipeline(cfg, layout, options, runner=runner, wtt_shards=None)
+        result = pipeline.run()
+    except Exception as e:
+        raise PipelineError(f"building the job: {_last_line(e)}") from e
+    gcp = options.view_as(GoogleCloudOptions)
+    worker = options.view_as(WorkerOptions)
+    setup = options.view_as(SetupOptions)
+    job = getattr(result, "job", None)
+    return {
+        "dry_run": True,
+        "runner": options.view_as(StandardOptions).runner or "DirectRunner",
+        "job_name": gcp.job_name or (job.proto.name if job is not None else None),
+        "project": gcp.project,
+        "region": gcp.region,
+        "temp_location": gcp.temp_location,
+        "machine_type": worker.machine_type,
+        "max_num_workers": worker.max_num_workers,
+        "sdk_container_image": worker.sdk_container_image,
+        "setup_file": setup.setup_file,
+        "steps": len(job.proto_pipeline.components.transforms) if job is not None else None,
+        "output": cfg.output,
+    }
 
 
 def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:

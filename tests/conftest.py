@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -103,3 +104,31 @@ def _no_prism():
     prism_runner.PrismRunner.run_pipeline = refuse
     yield
     prism_runner.PrismRunner.run_pipeline = original
+
+
+BUCKET = "beam-pipeline-test"
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """A GCS protocol server on loopback (gcp-storage-emulator); CLI runs inherit its address."""
+    from gcp_storage_emulator.server import create_server
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
+    server.start()
+    old = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"  # inherited by the CLI runs
+    try:
+        yield storage.Client(project="test", credentials=AnonymousCredentials())
+    finally:
+        server.stop()
+        if old is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = old

@@ -2,40 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
-import pytest
-
-from .conftest import convert, load_info
+from .conftest import BUCKET, convert, load_info
 from .imagegen import broken_bytes, image_bytes, write
-
-BUCKET = "beam-pipeline-test"
-
-
-@pytest.fixture(scope="module")
-def gcs():
-    from gcp_storage_emulator.server import create_server
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
-    server.start()
-    old = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"  # inherited by the CLI runs
-    try:
-        yield storage.Client(project="test", credentials=AnonymousCredentials())
-    finally:
-        server.stop()
-        if old is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = old
 
 
 def test_gs_input_and_output_match_a_local_run(gcs, tmp_path):
