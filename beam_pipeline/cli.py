@@ -9,6 +9,7 @@ input mistake (one line; ``-v`` adds the traceback), 3 too many rejects.
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import os
 import re
@@ -47,6 +48,7 @@ CONFIG_KEYS = {
     "sink": str,
     "overwrite": bool,
     "dedupe": bool,
+    "run_date": str,
     "decode_threads": int,
     "max_reject_fraction": float,
     "transform": bool,
@@ -92,6 +94,11 @@ def _convert_parser() -> _Parser:
         dest="max_reject_fraction",
         type=float,
         help="fail (exit 3, nothing published) above this share of rejected inputs (default 1: off)",
+    )
+    p.add_argument(
+        "--run-date",
+        dest="run_date",
+        help="YYYY-MM-DD put where --output says {date} (default: today, UTC); names the Dataflow job too",
     )
     p.add_argument("--dedupe", action="store_true", help="keep one copy of identical files (by sha256)")
     p.add_argument("--overwrite", action="store_true", help="replace a complete dataset in --output")
@@ -193,6 +200,14 @@ def _beam_flags_from_mapping(options: dict[str, Any], path: str = "") -> list[st
     return flags
 
 
+def _with_default_job_name(flags: list[str], name: str, run_date: str) -> list[str]:
+    """A dated run gets a Dataflow job name from the dataset and date, unless one is given."""
+    if any(f == "--job_name" or f.startswith("--job_name=") for f in flags):
+        return flags
+    job = re.sub(r"[^a-z0-9-]", "-", f"{name}-{run_date}".lower()).strip("-")
+    return [*flags, f"--job_name={job}"]
+
+
 def check_beam_flags(flags: Sequence[str]) -> None:
     """Raises UsageError for a flag (or value) that no Beam PipelineOptions class accepts."""
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
@@ -242,6 +257,14 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
     output = settings.get("output")
     if not output:
         raise UsageError("--output is required")
+    run_date = settings.pop("run_date", None) or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", run_date):
+        raise UsageError(f"--run-date {run_date!r}: expected YYYY-MM-DD")
+    if "{date}" in output:
+        output = settings["output"] = output.replace("{date}", run_date)
+        beam_flags = _with_default_job_name(
+            beam_flags, settings.get("name") or dataset_name_from_output(output), run_date
+        )
     if settings.pop("no_transform", False):
         settings["transform"] = False
     if settings.pop("no_tfds_metadata", False):

@@ -1,0 +1,34 @@
+"""Entry point of the Flex Template container: the template's parameters are ``convert``'s settings.
+
+Dataflow's launcher runs ``python flex_main.py --input=gs://... --overwrite=true ...``
+with the parameter names of templates/metadata.json (``_`` for ``-``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from beam_pipeline.cli import CONFIG_KEYS, main
+
+
+def to_cli_args(params: Sequence[str]) -> list[str]:
+    """Template parameters → convert flags; Beam options (``--project=...``) pass as they are."""
+    out: list[str] = []
+    for param in params:
+        key, sep, value = param.partition("=")
+        name = key.lstrip("-")
+        if not key.startswith("--") or name not in CONFIG_KEYS:
+            out.append(param)
+            continue
+        flag = "--" + name.replace("_", "-")
+        if CONFIG_KEYS[name] is bool:
+            if value.strip().lower() in ("", "true", "1", "yes"):
+                out.append(flag)
+            continue
+        out.append(f"{flag}={value}" if sep else flag)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(["convert", *to_cli_args(sys.argv[1:])]))

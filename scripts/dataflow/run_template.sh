@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Launches one run of the Flex Template (what the scheduler does every night).
+#   scripts/dataflow/run_template.sh gs://my-bucket/photos gs://my-bucket/datasets/photos/{date} photos [YYYY-MM-DD]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+: "${GCP_PROJECT:?set GCP_PROJECT}" "${GCP_REGION:?set GCP_REGION}" "${GCS_BUCKET:?set GCS_BUCKET}"
+INPUT="$1" OUTPUT="$2" NAME="$3" RUN_DATE="${4:-$(date -u +%F)}"
+VERSION="$(python3 -c 'import re;print(re.search(r"__version__ = \"([^\"]+)\"", open("beam_pipeline/__init__.py").read()).group(1))')"
+TEMPLATE="gs://${GCS_BUCKET}/beam_pipeline/templates/convert-${VERSION}.json"
+JOB="$(echo "${NAME}-${RUN_DATE}" | tr '[:upper:]_' '[:lower:]-')"
+gcloud dataflow flex-template run "$JOB" \
+  --project "$GCP_PROJECT" --region "$GCP_REGION" --template-file-gcs-location "$TEMPLATE" \
+  --temp-location "gs://${GCS_BUCKET}/beam_pipeline/tmp" \
+  --parameters "input=${INPUT},output=${OUTPUT},name=${NAME},run_date=${RUN_DATE},overwrite=true,max_reject_fraction=0.05"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates (or updates) a Cloud Scheduler job that launches the Flex Template every night at 02:00 UTC.
+# The output is partitioned by run date: OUTPUT should contain {date}; a re-run of a date replaces it safely.
+#   scripts/dataflow/schedule.sh gs://my-bucket/photos 'gs://my-bucket/datasets/photos/{date}' photos
+# Needs a service account allowed to launch Dataflow jobs: SCHEDULER_SA=name@project.iam.gserviceaccount.com
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+: "${GCP_PROJECT:?}" "${GCP_REGION:?}" "${GCS_BUCKET:?}" "${SCHEDULER_SA:?set SCHEDULER_SA}"
+INPUT="$1" OUTPUT="$2" NAME="$3" SCHEDULE="${SCHEDULE:-0 2 * * *}"
+VERSION="$(python3 -c 'import re;print(re.search(r"__version__ = \"([^\"]+)\"", open("beam_pipeline/__init__.py").read()).group(1))')"
+TEMPLATE="gs://${GCS_BUCKET}/beam_pipeline/templates/convert-${VERSION}.json"
+# Cloud Scheduler cannot compute dates: run_date is left out, so the job uses
+# today's date (UTC) for {date} and for its job name.
+BODY=$(cat <<JSON
+{"launchParameter": {"jobName": "$(echo "$NAME" | tr '[:upper:]_' '[:lower:]-')-nightly",
+  "containerSpecGcsPath": "$TEMPLATE",
+  "parameters": {"input": "$INPUT", "output": "$OUTPUT", "name": "$NAME", "overwrite": "true", "max_reject_fraction": "0.05"},
+  "environment": {"tempLocation": "gs://${GCS_BUCKET}/beam_pipeline/tmp"}}}
+JSON
+)
+URI="https://dataflow.googleapis.com/v1b3/projects/${GCP_PROJECT}/locations/${GCP_REGION}/flexTemplates:launch"
+if gcloud scheduler jobs describe "beam-pipeline-${NAME}" --location "$GCP_REGION" --project "$GCP_PROJECT" >/dev/null 2>&1; then
+  verb=update
+else
+  verb=create
+fi
+gcloud scheduler jobs "$verb" http "beam-pipeline-${NAME}" --project "$GCP_PROJECT" --location "$GCP_REGION" \
+  --schedule "$SCHEDULE" --time-zone UTC --http-method POST --uri "$URI" \
+  --oauth-service-account-email "$SCHEDULER_SA" --headers "Content-Type=application/json" --message-body "$BODY"

@@ -1,0 +1,85 @@
+"""What can be checked here of the Dataflow deployment: template parameters, image, scripts, DAG, dates."""
+
+from __future__ import annotations
+
+import json
+import py_compile
+import re
+import subprocess
+
+import pytest
+
+from beam_pipeline.cli import CONFIG_KEYS, parse_convert
+from beam_pipeline.flex_main import to_cli_args
+
+from .conftest import REPO
+
+EXAMPLES = {
+    "input": "gs://b/photos",
+    "manifest": "gs://b/list.csv",
+    "output": "gs://b/datasets/photos/{date}",
+    "name": "photos",
+    "run_date": "2026-11-22",
+    "labels_from": "folder",
+    "label_regex": "_([a-z]+)\\.png$",
+    "labels_file": "gs://b/labels.txt",
+    "split_ratios": "train=0.8,validation=0.1,test=0.1",
+    "seed": "7",
+    "target_shard_mb": "150",
+    "compression": "gzip",
+    "max_reject_fraction": "0.05",
+    "overwrite": "true",
+    "dedupe": "false",
+    "image_size": "224",
+}
+
+
+def test_template_parameters_are_convert_settings_with_working_regexes():
+    meta = json.loads((REPO / "templates" / "metadata.json").read_text())
+    names = [p["name"] for p in meta["parameters"]]
+    assert set(names) == set(EXAMPLES)
+    for param in meta["parameters"]:
+        assert param["name"] in CONFIG_KEYS and param["label"] and param["helpText"]
+        for regex in param["regexes"]:
+            assert re.match(regex, EXAMPLES[param["name"]]), param["name"]
+    required = {p["name"] for p in meta["parameters"] if not p["isOptional"]}
+    assert required == {"output", "name"}
+
+
+def test_template_parameters_reach_convert():
+    params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in ("manifest", "label_regex", "labels_from")]
+    cfg, beam_flags, _ = parse_convert(to_cli_args([*params, "--project=p", "--region=r"]))
+    assert cfg.output == "gs://b/datasets/photos/2026-11-22"
+    assert cfg.overwrite is True and cfg.dedupe is False and cfg.compression == "gzip"
+    assert cfg.split_ratios == (("train", 0.8), ("validation", 0.1), ("test", 0.1))
+    assert "--project=p" in beam_flags and "--job_name=photos-2026-11-22" in beam_flags
+
+
+def test_dated_output_and_job_name():
+    cfg, flags, _ = parse_convert(
+        ["--input", "i", "--output", "out/{date}", "--run-date", "2026-01-31", "--name", "Pets_1"]
+    )
+    assert cfg.output == "out/2026-01-31" and "--job_name=pets-1-2026-01-31" in flags
+    cfg, flags, _ = parse_convert(["--input", "i", "--output", "out/{date}", "--job_name", "mine"])
+    assert re.fullmatch(r"out/\d{4}-\d{2}-\d{2}", cfg.output) and not any(f.startswith("--job_name=") for f in flags)
+    with pytest.raises(Exception, match="run-date"):
+        parse_convert(["--input", "i", "--output", "o/{date}", "--run-date", "22.11.2026"])
+
+
+def test_dockerfile_matches_the_pinned_versions():
+    docker = (REPO / "Dockerfile").read_text()
+    constraints = (REPO / "requirements" / "constraints.txt").read_text()
+    beam = re.search(r"^apache-beam==(\S+)$", constraints, re.M).group(1)
+    assert re.search(rf"ARG BEAM_VERSION={re.escape(beam)}$", docker, re.M)
+    assert "FROM apache/beam_python${PYTHON_VERSION}_sdk:${BEAM_VERSION}" in docker
+    assert re.search(r'pip install .*-c requirements/constraints.txt "\.\[tfds\]"', docker)
+    assert "COPY setup.py" in docker and "FLEX_TEMPLATE_PYTHON_PY_FILE=/template/beam_pipeline/flex_main.py" in docker
+
+
+@pytest.mark.parametrize("script", ["build_template.sh", "run_template.sh", "schedule.sh"])
+def test_deploy_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(REPO / "scripts" / "dataflow" / script)], check=True)
+
+
+def test_airflow_dag_compiles():
+    py_compile.compile(str(REPO / "scripts" / "airflow" / "beam_pipeline_dag.py"), doraise=True)
