@@ -323,8 +323,65 @@ USAGE = f"""beam_pipeline {__version__}: image collections to sharded TFRecord d
 
 usage: python -m beam_pipeline convert --input FOLDER|GLOB --output DIR [options] [beam options]
        python -m beam_pipeline convert --manifest FILE.csv|FILE.jsonl --output DIR [options]
-       python -m beam_pipeline convert --help
+       python -m beam_pipeline plan    (the same input flags as convert; reads no pixels, writes nothing)
+       python -m beam_pipeline inspect OUTPUT [--split S] [--verify] [--contact-sheet FILE.png] [--n 64]
+       python -m beam_pipeline COMMAND --help
 """
+
+
+def _inspect_parser() -> _Parser:
+    p = _Parser(prog="beam_pipeline inspect", allow_abbrev=False)
+    p.add_argument("output", help="a converted dataset folder (local or gs://)")
+    p.add_argument("--split", help="only this split")
+    p.add_argument("--verify", action="store_true", help="read every record: CRCs, parse, decode, counts")
+    p.add_argument("--contact-sheet", dest="contact_sheet", help="write a PNG grid of random examples")
+    p.add_argument("--n", type=int, default=64, help="examples on the contact sheet (64)")
+    p.add_argument("--seed", type=int, default=0, help="which random examples (0)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def run_inspect(argv: Sequence[str]) -> int:
+    from . import inspection
+
+    args = _inspect_parser().parse_args(list(argv))
+    info = inspection.read_info(args.output)
+    if args.split and args.split not in info["splits"]:
+        raise UsageError(f"--split {args.split}: the dataset has {', '.join(info['splits'])}")
+    print(inspection.summary(args.output, info, args.split))
+    if args.contact_sheet:
+        if args.n < 1:
+            raise UsageError("--n must be at least 1")
+        tiles = inspection.contact_sheet(args.output, info, args.contact_sheet, args.n, args.seed, args.split)
+        print(f"contact sheet: {tiles} examples -> {args.contact_sheet}")
+    if args.verify:
+        try:
+            done = inspection.verify(args.output, info, args.split)
+        except inspection.VerifyError as e:
+            print(f"error: verify failed: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"verified {done:,} records: CRCs, Example parse, decoded shapes and counts all match dataset.json")
+    return EXIT_OK
+
+
+def _plan_text(plan: dict[str, Any]) -> str:
+    lines = [f"plan for {plan['output']} (target {plan['target_shard_mb']:g} MB per shard; no pixels read)"]
+    for split, s in plan["splits"].items():
+        sizes = s["shard_bytes"] or [0]
+        lines.append(
+            f"  {split:<12} {s['examples']:>8} examples  {s['num_shards']:>4} shards  "
+            f"~{min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each"
+        )
+        if s["labels"]:
+            lines.append("      " + ", ".join(f"{k} {v}" for k, v in list(s["labels"].items())[:12]))
+        files = s["files"]
+        shown = files if len(files) <= 3 else [files[0], "...", files[-1]]
+        lines.extend(f"      {f}" for f in shown)
+    if plan["rejects"]:
+        lines.append("  rejected while listing: " + ", ".join(f"{k} {v}" for k, v in plan["rejects"].items()))
+    if plan["skipped"]:
+        lines.append("  skipped: " + ", ".join(f"{k} {v}" for k, v in plan["skipped"].items()))
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -337,15 +394,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__version__)
         return EXIT_OK
     command, rest = argv[0], argv[1:]
+    if command in ("-v", "--verbose") and rest:
+        command, rest = rest[0], rest[1:]
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         # Against a GCS emulator no credentials are needed; skip google-auth's
         # metadata-server probe (it retries for ~27 s off Google Cloud).
         os.environ.setdefault("NO_GCE_CHECK", "true")
     try:
-        if command != "convert":
-            raise UsageError(f"unknown command {command!r} (try: convert)")
+        if command not in ("convert", "plan", "inspect"):
+            raise UsageError(f"unknown command {command!r} (try: convert, plan, inspect)")
         _quiet_logs(verbose)
+        if command == "inspect":
+            return run_inspect(rest)
         cfg, beam_flags, verbose = parse_convert(rest)
+        if command == "plan":
+            from .launcher import run_plan
+
+            print(_plan_text(run_plan(cfg, beam_flags)))
+            return EXIT_OK
         from .launcher import run_convert
 
         started = time.monotonic()

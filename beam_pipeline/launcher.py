@@ -172,7 +172,7 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     return out
 
 
-def prepare(cfg: ConvertConfig) -> tuple[ConvertConfig, Layout]:
+def prepare(cfg: ConvertConfig, *, check_output: bool = True) -> tuple[ConvertConfig, Layout]:
     """Resolves paths and input layout; raises UsageError for anything wrong."""
     manifest_format = None
     columns: tuple[str, ...] = ()
@@ -212,7 +212,7 @@ def prepare(cfg: ConvertConfig) -> tuple[ConvertConfig, Layout]:
         label_source = "folder"
 
     labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None
-    output = _check_output(cfg, None if manifest else root)
+    output = _check_output(cfg, None if manifest else root) if check_output else absolute(cfg.output)
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
     cfg = _replace(cfg, output=output, manifest=manifest, input=None if manifest else cfg.input)
     layout = Layout(
@@ -307,7 +307,7 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         if cfg.sink == "write_to_tfrecord":
             plan_path = FileSystems.join(layout.tmp_dir, "plan.json")
             _wait(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
-            wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path).items()}
+            wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path)["splits"].items()}
             options, runner = make_options(beam_args)
         _wait(build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards).run())
     except PipelineError:
@@ -315,6 +315,34 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     except Exception as e:  # the runner wraps worker errors in assorted types
         raise PipelineError(_last_line(e)) from e
     return _after_pipeline(cfg, layout, beam_args)
+
+
+def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
+    """Lists and plans without reading pixels; nothing is written to the output. Returns the plan."""
+    import tempfile
+
+    from .pipeline import build_plan_pipeline
+
+    use_anonymous_gcs_for_emulator()
+    options, runner = make_options(beam_args)
+    FileSystems.set_options(options)
+    cfg, layout = prepare(cfg, check_output=False)
+    with tempfile.TemporaryDirectory(prefix="beam_pipeline-plan-") as work:
+        plan_path = os.path.join(work, "plan.json")
+        try:
+            _wait(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
+        except PipelineError:
+            raise
+        except Exception as e:
+            raise PipelineError(_last_line(e)) from e
+        if not os.path.exists(plan_path):
+            raise PipelineError("the planning run wrote no plan")
+        plan = read_json(plan_path)
+    for split, s in plan["splits"].items():
+        n = s["num_shards"]
+        s["files"] = [metadata.shard_name(cfg.name, split, i, n, cfg.compression) for i in range(n)]
+    plan.update(output=cfg.output, name=cfg.name, target_shard_mb=cfg.target_shard_mb)
+    return plan
 
 
 def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runner: Any) -> dict[str, Any]:

@@ -160,27 +160,69 @@ def _describe_wtt_file(path: str, split: str) -> dict[str, Any]:
 def build_plan_pipeline(
     cfg: ConvertConfig, layout: Layout, options: PipelineOptions, plan_path: str, *, runner: Any = None
 ) -> beam.Pipeline:
-    """Listing and planning only: writes {split: {num_shards, estimated_bytes, ...}} as JSON."""
+    """Listing and planning only (no pixels read): writes the plan as JSON to ``plan_path``.
+
+    {"splits": {split: {num_shards, estimated_bytes, shard_bytes, examples, labels}},
+     "rejects": {reason: n}, "skipped": {reason: n}}
+    """
     p = beam.Pipeline(runner=runner, options=options)
     listed = p | "List" >> ListInputs(cfg, layout)
-    plans = listed["refs"] | "Plan" >> PlanShards(cfg.target_shard_bytes)
-    _ = plans | "WritePlan" >> beam.Map(_write_plan, plan_path)
+    refs = listed["refs"]
+    plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
+    label_counts = (
+        refs
+        | "SplitLabelOf" >> beam.Map(lambda r: ((r.split, r.label or ""), 1))
+        | "CountSplitLabels" >> beam.CombinePerKey(sum)
+        | "AllSplitLabels" >> beam.combiners.ToList()
+    )
+    reject_counts = (
+        listed[REJECTS]
+        | "RejectReason" >> beam.Map(lambda r: r["reason"])
+        | "CountRejects" >> (beam.combiners.Count.PerElement())
+        | "AllRejectCounts" >> beam.combiners.ToList()
+    )
+    skipped_counts = (
+        listed[SKIPPED] | "CountSkipped" >> beam.combiners.Count.PerElement() | "AllSkipped" >> beam.combiners.ToList()
+    )
+    _ = plans | "WritePlan" >> beam.Map(
+        _write_plan,
+        plan_path,
+        beam.pvalue.AsSingleton(label_counts),
+        beam.pvalue.AsSingleton(reject_counts),
+        beam.pvalue.AsSingleton(skipped_counts),
+    )
     return p
 
 
-def plan_summary(plans: Mapping[str, ShardPlan]) -> dict[str, dict[str, Any]]:
+def plan_summary(
+    plans: Mapping[str, ShardPlan],
+    label_counts: list[tuple[tuple[str, str], int]] | None = None,
+    reject_counts: list[tuple[str, int]] | None = None,
+    skipped_counts: list[tuple[str, int]] | None = None,
+) -> dict[str, Any]:
+    splits: dict[str, Any] = {}
+    for split, plan in sorted(plans.items()):
+        labels = {label: n for (s, label), n in sorted(label_counts or []) if s == split}
+        splits[split] = {
+            "num_shards": plan.num_shards,
+            "estimated_bytes": sum(plan.estimated_bytes),
+            "shard_bytes": list(plan.estimated_bytes),
+            "examples": sum(labels.values()),
+            "labels": {k: v for k, v in labels.items() if k},
+        }
     return {
-        split: {"num_shards": plan.num_shards, "estimated_bytes": sum(plan.estimated_bytes)}
-        for split, plan in sorted(plans.items())
+        "splits": splits,
+        "rejects": dict(sorted(reject_counts or [], key=lambda kv: -kv[1])),
+        "skipped": dict(sorted(skipped_counts or [], key=lambda kv: -kv[1])),
     }
 
 
-def _write_plan(plans: Mapping[str, ShardPlan], plan_path: str) -> None:
+def _write_plan(plans: Mapping[str, ShardPlan], plan_path: str, labels: Any, rejects: Any, skipped: Any) -> None:
     import json
 
     from .finalize import write_text
 
-    write_text(plan_path, json.dumps(plan_summary(plans)))
+    write_text(plan_path, json.dumps(plan_summary(plans, labels, rejects, skipped)))
 
 
 __all__ = ["build_pipeline", "build_plan_pipeline", "metadata"]
