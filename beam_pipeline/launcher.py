@@ -256,6 +256,44 @@ def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
     return options, None
 
 
+class LiveProgress:
+    """Prints images done, rate and shards written on one updating stderr line (terminals only)."""
+
+    def __init__(self, stream: Any = None, interval: float = 0.5) -> None:
+        import sys
+        import threading
+
+        self._stream = stream or sys.stderr
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LiveProgress:
+        if self._stream.isatty():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+            self._stream.write("\r" + " " * 79 + "\r")
+            self._stream.flush()
+
+    def _run(self) -> None:
+        from .writing import PROGRESS
+
+        started = time.monotonic()
+        base = PROGRESS.snapshot()
+        while not self._stop.wait(self._interval):
+            images, rejected, shards = (a - b for a, b in zip(PROGRESS.snapshot(), base, strict=True))
+            elapsed = time.monotonic() - started
+            rate = images / elapsed if elapsed > 0 else 0.0
+            line = f"converting: {images:,} images ({rate:,.0f}/s), {rejected:,} rejected, {shards:,} shards written"
+            self._stream.write("\r" + line[:79].ljust(79))
+            self._stream.flush()
+
+
 def _wait(result: Any) -> None:
     state = result.wait_until_finish()
     if state not in (PipelineState.DONE, None):
@@ -309,7 +347,8 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
             _wait(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
             wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path)["splits"].items()}
             options, runner = make_options(beam_args)
-        _wait(build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards).run())
+        with LiveProgress():
+            _wait(build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards).run())
     except PipelineError:
         raise
     except Exception as e:  # the runner wraps worker errors in assorted types

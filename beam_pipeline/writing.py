@@ -17,6 +17,7 @@ import collections
 import hashlib
 import itertools
 import os
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +33,33 @@ from .images import MISSING, UNREADABLE, ImageOptions, Prepared, Rejected, prepa
 from .listing import REJECTS, Ref, coerce, reject
 
 NAMESPACE = "beam_pipeline"
+
+
+class Progress:
+    """Counts the shard writers of this process update, for the launcher's live progress line.
+
+    Only in-process runners (the local default) share it with the launcher;
+    elsewhere it stays at zero and no progress is shown.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.images = 0
+        self.rejected = 0
+        self.shards = 0
+
+    def add(self, images: int = 0, rejected: int = 0, shards: int = 0) -> None:
+        with self._lock:
+            self.images += images
+            self.rejected += rejected
+            self.shards += shards
+
+    def snapshot(self) -> tuple[int, int, int]:
+        with self._lock:
+            return self.images, self.rejected, self.shards
+
+
+PROGRESS = Progress()
 
 # Images decoded ahead of the writer, per decode thread.
 PREFETCH_PER_THREAD = 2
@@ -156,8 +184,10 @@ class WriteShardFn(beam.DoFn):
             ):
                 if isinstance(result, Rejected):
                     self._rejected.inc()
+                    PROGRESS.add(rejected=1)
                     yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
                     continue
+                PROGRESS.add(images=1)
                 record, prepared = result
                 _TFRecordUtil.write_record(out, record)
                 records += 1
@@ -167,6 +197,7 @@ class WriteShardFn(beam.DoFn):
                     converted[prepared.converted_from] += 1
         self._records.inc(records)
         self._shards.inc()
+        PROGRESS.add(shards=1)
         size = FileSystems.match([tmp_path])[0].metadata_list[0].size_in_bytes
         yield {
             "split": split,

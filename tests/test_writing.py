@@ -150,3 +150,25 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     [again] = list(FinalizeFn(cfg, layout).process(None, first + second, [], [], ["cat"], {}, {}))
     assert again["examples"] == 5
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_live_progress_line_on_a_terminal():
+    import io
+    import time
+
+    from beam_pipeline.launcher import LiveProgress
+    from beam_pipeline.writing import PROGRESS
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    with LiveProgress(screen, interval=0.02):
+        PROGRESS.add(images=5, rejected=1, shards=2)
+        time.sleep(0.2)
+    assert "converting: 5 images" in screen.getvalue() and "1 rejected, 2 shards written" in screen.getvalue()
+    quiet = io.StringIO()  # not a terminal: no progress line in logs or pipes
+    with LiveProgress(quiet, interval=0.02):
+        time.sleep(0.05)
+    assert quiet.getvalue() == ""
