@@ -343,7 +343,9 @@ def _inspect_parser() -> _Parser:
 
 def run_inspect(argv: Sequence[str]) -> int:
     from . import inspection
+    from .launcher import use_anonymous_gcs_for_emulator
 
+    use_anonymous_gcs_for_emulator()
     args = _inspect_parser().parse_args(list(argv))
     info = inspection.read_info(args.output)
     if args.split and args.split not in info["splits"]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .conftest import BUCKET, convert, load_info
+from .conftest import BUCKET, convert, load_info, run_cli
 from .imagegen import broken_bytes, image_bytes, write
 
 
@@ -41,3 +41,11 @@ def test_gs_input_and_output_match_a_local_run(gcs, tmp_path):
     assert b"truncated" in remote["rejects.jsonl"].download_as_bytes()
     remote_labels = remote["labels.txt"].download_as_bytes()
     assert remote_labels == Path(local / "labels.txt").read_bytes()
+
+    # inspect works on the bucket too: summary, full verification, contact sheet written back to gs://
+    result = run_cli(
+        "inspect", f"gs://{BUCKET}/out", "--verify", "--contact-sheet", f"gs://{BUCKET}/sheet.png", "--n", "4"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "verified 12 records" in result.stdout
+    assert gcs.bucket(BUCKET).blob("sheet.png").download_as_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
