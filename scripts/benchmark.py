@@ -1,0 +1,228 @@
+"""Benchmark: beam_pipeline against the tutorial loop, the textbook Beam pipeline and the decode floor.
+
+    .venv/bin/python scripts/benchmark.py --make-gb 2 --data bench-data   # generate, then measure
+    .venv/bin/python scripts/benchmark.py --data bench-data               # measure an existing folder
+
+Everything runs on the same files in one invocation, so ratios are comparable
+even on a noisy machine. Each contender runs as its own process; peak RSS is
+of its whole process tree (scripts/measure_run.py). Start-up (imports, worker
+start, TFT graph tracing) is separated from steady-state throughput by also
+running on a small prefix of the input: steady rate = (N_big - N_small) /
+(t_big - t_small). Writes results JSON and a PNG bar chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_run import measure  # noqa: E402
+
+TUTORIAL = r"""
+import io, sys, glob, os
+import tensorflow as tf
+from PIL import Image
+files = [l.strip() for l in open(sys.argv[1])]
+with tf.io.TFRecordWriter(sys.argv[2]) as w:
+    for path in files:
+        data = open(path, "rb").read()
+        img = Image.open(io.BytesIO(data)); img.load()
+        label = os.path.basename(os.path.dirname(path))
+        ex = tf.train.Example(features=tf.train.Features(feature={
+            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+            "image/height": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.height])),
+            "image/width": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.width])),
+            "image/class/text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[label.encode()])),
+        }))
+        w.write(ex.SerializeToString())
+"""
+
+TEXTBOOK = r"""
+import io, os, sys
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from PIL import Image
+import tensorflow as tf
+def to_example(readable):
+    data = readable.read()
+    img = Image.open(io.BytesIO(data)); img.load()
+    label = os.path.basename(os.path.dirname(readable.metadata.path))
+    return tf.train.Example(features=tf.train.Features(feature={
+        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+        "image/height": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.height])),
+        "image/width": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.width])),
+        "image/class/text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[label.encode()])),
+    })).SerializeToString()
+files = [l.strip() for l in open(sys.argv[1])]
+with beam.Pipeline(runner=FnApiRunner()) as p:
+    (p | beam.Create(files) | fileio.MatchAll() | fileio.ReadMatches() | beam.Map(to_example)
+       | beam.io.WriteToTFRecord(sys.argv[2], num_shards=int(sys.argv[3])))
+"""
+
+
+def list_images(root: Path) -> list[str]:
+    exts = {".jpg", ".jpeg", ".png"}
+    return sorted(str(p) for p in root.rglob("*") if p.suffix.lower() in exts and p.is_file())
+
+
+def decode_floor(files: list[str], threads: int) -> dict[str, float]:
+    """Pillow full decode of preloaded bytes on one thread per core: the validation floor."""
+    import io
+
+    from PIL import Image
+
+    blobs = [open(f, "rb").read() for f in files]
+
+    def decode(data: bytes) -> None:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(decode, blobs))
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "images": len(blobs), "bytes": sum(map(len, blobs)), "peak_rss_mb": None}
+
+
+def run(name: str, command: list[str], images: int, nbytes: int) -> dict[str, object]:
+    print(f"  {name}: {images} images ...", flush=True)
+    result = measure(command)
+    if result["returncode"] != 0:
+        print(f"    failed ({result['returncode']})", flush=True)
+    return {"seconds": result["seconds"], "peak_rss_mb": result["peak_rss_mb"], "images": images, "bytes": nbytes,
+            "ok": result["returncode"] == 0}  # fmt: skip
+
+
+def steady(big: dict, small: dict) -> float:
+    dt = big["seconds"] - small["seconds"]
+    return (big["images"] - small["images"]) / dt if dt > 0 else float("nan")
+
+
+def chart(results: dict[str, dict], path: Path) -> None:
+    from PIL import Image, ImageDraw
+
+    rows = [(k, v["steady_images_per_s"]) for k, v in results.items() if v.get("steady_images_per_s", 0) > 0]
+    top = max(r for _, r in rows) if rows else 1
+    img = Image.new("RGB", (760, 40 + 30 * len(rows)), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((10, 10), "steady-state images/s (same files, same run)", fill="black")
+    for i, (name, rate) in enumerate(rows):
+        y = 40 + 30 * i
+        draw.text((10, y + 6), name[:34], fill="black")
+        width = int(420 * rate / top) if rate == rate else 0
+        draw.rectangle((260, y + 4, 260 + width, y + 22), fill=(70, 120, 200))
+        draw.text((265 + width, y + 6), f"{rate:,.0f}", fill="black")
+    img.save(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="bench-data", help="folder of class folders of JPEGs")
+    p.add_argument("--make-gb", type=float, default=0, help="generate about this many GB of 640x480 JPEGs first")
+    p.add_argument("--small", type=int, default=400, help="images in the start-up run")
+    p.add_argument("--textbook-images", type=int, default=3000, help="subset for the textbook pipeline (~7.5x RAM)")
+    p.add_argument("--out", default="bench-out", help="folder for outputs, results.json and chart.png")
+    args = p.parse_args(argv)
+
+    data, out = Path(args.data), Path(args.out)
+    repo = Path(__file__).resolve().parent.parent
+    py = sys.executable
+    if args.make_gb:
+        per_class = int(args.make_gb * 1e9 / 138_000 / 3)
+        subprocess.run([py, str(repo / "scripts" / "make_sample_images.py"), str(data), "--per-class", str(per_class),
+                        "--size", "640x480", "--no-corrupt", "--jpeg-only"], check=True)  # fmt: skip
+    files = list_images(data)
+    if not files:
+        sys.exit(f"error: no images under {data}")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-", dir=out))
+    cores = os.cpu_count() or 1
+    total_bytes = sum(os.path.getsize(f) for f in files)
+    print(f"{len(files)} images, {total_bytes / 1e9:.2f} GB, {cores} cores")
+
+    def listing(name: str, subset: list[str]) -> str:
+        path = work / f"{name}.txt"
+        path.write_text("\n".join(subset) + "\n")
+        return str(path)
+
+    def subset_folder(name: str, subset: list[str]) -> str:
+        folder = work / name
+        for f in subset:
+            dest = folder / Path(f).parent.name / Path(f).name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(f, dest)
+        return str(folder)
+
+    small = files[: args.small]
+    sub = files[: args.textbook_images]
+    sizes = {"all": (len(files), total_bytes), "small": (len(small), sum(os.path.getsize(f) for f in small)),
+             "sub": (len(sub), sum(os.path.getsize(f) for f in sub))}  # fmt: skip
+    folders = {"all": str(data), "small": subset_folder("small", small), "sub": subset_folder("sub", sub)}
+    lists = {"all": listing("all", files), "small": listing("small", small), "sub": listing("sub", sub)}
+
+    def convert(tag: str, which: str, *flags: str) -> dict:
+        dest = work / f"out-{tag}-{which}"
+        cmd = [py, "-m", "beam_pipeline", "convert", "--input", folders[which], "--output", str(dest), *flags]
+        result = run(f"{tag} ({which})", cmd, *sizes[which])
+        shutil.rmtree(dest, ignore_errors=True)
+        return result
+
+    contenders = {
+        "tutorial loop": lambda w: run(
+            f"tutorial ({w})", [py, "-c", TUTORIAL, lists[w], str(work / "t.tfrecord")], *sizes[w]
+        ),
+        "convert (defaults)": lambda w: convert("defaults", w),
+        "convert, 1 decode thread": lambda w: convert("1thread", w, "--decode-threads", "1"),
+        "convert, no TFT": lambda w: convert("notft", w, "--no-transform", "--no-tfds-metadata"),
+    }
+    results: dict[str, dict] = {}
+    for name, fn in contenders.items():
+        big, little = fn("all"), fn("small")
+        results[name] = {"big": big, "small": little, "steady_images_per_s": steady(big, little)}
+    # Memory-hungry contenders on the subset (their ratio to the full-size runs is stated in the table).
+    sub_contenders = {
+        "textbook Beam (subset)": lambda w: run(
+            f"textbook ({w})", [py, "-c", TEXTBOOK, lists[w], str(work / "tb"), "3"], *sizes[w]
+        ),
+        "convert --sink write_to_tfrecord (subset)": lambda w: convert("wtt", w, "--sink", "write_to_tfrecord"),
+    }
+    for name, fn in sub_contenders.items():
+        big, little = fn("sub"), fn("small")
+        results[name] = {"big": big, "small": little, "steady_images_per_s": steady(big, little)}
+    floor = decode_floor(files, cores)
+    results["decode floor (Pillow, preloaded)"] = {
+        "big": floor,
+        "steady_images_per_s": floor["images"] / floor["seconds"],
+    }
+
+    base = results["tutorial loop"]["steady_images_per_s"]
+    floor_rate = results["decode floor (Pillow, preloaded)"]["steady_images_per_s"]
+    mean_image = total_bytes / len(files)
+    print(f"\n{'contender':<44}{'img/s':>8}{'MB/s':>8}{'startup s':>10}{'peak MB':>9}{'/loop':>7}{'/floor':>7}")
+    for name, r in results.items():
+        rate = r["steady_images_per_s"]
+        startup = r["small"]["seconds"] - r["small"]["images"] / rate if "small" in r and rate == rate else 0.0
+        r.update(ratio_to_loop=rate / base, ratio_to_floor=rate / floor_rate, startup_seconds=startup)
+        rss = r["big"].get("peak_rss_mb")
+        print(f"{name:<44}{rate:>8,.0f}{rate * mean_image / 1e6:>8,.1f}{startup:>10.1f}"
+              f"{(rss or 0):>9,.0f}{rate / base:>7.2f}{rate / floor_rate:>7.2f}")  # fmt: skip
+    meta = {"images": len(files), "bytes": total_bytes, "cores": cores, "subset_images": len(sub)}
+    (out / "results.json").write_text(json.dumps({"dataset": meta, "results": results}, indent=2))
+    chart(results, out / "chart.png")
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"\nwrote {out / 'results.json'} and {out / 'chart.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
