@@ -8,7 +8,8 @@ even on a noisy machine. Each contender runs as its own process; peak RSS is
 of its whole process tree (scripts/measure_run.py). Start-up (imports, worker
 start, TFT graph tracing) is separated from steady-state throughput by also
 running on a small prefix of the input: steady rate = (N_big - N_small) /
-(t_big - t_small). Writes results JSON and a PNG bar chart.
+(t_big - t_small), each time the median of ``--repeat`` runs. Writes
+results JSON and a PNG bar chart.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,13 +96,19 @@ def decode_floor(files: list[str], threads: int) -> dict[str, float]:
     return {"seconds": seconds, "images": len(blobs), "bytes": sum(map(len, blobs)), "peak_rss_mb": None}
 
 
+REPEAT = 1
+
+
 def run(name: str, command: list[str], images: int, nbytes: int) -> dict[str, object]:
-    print(f"  {name}: {images} images ...", flush=True)
-    result = measure(command)
-    if result["returncode"] != 0:
-        print(f"    failed ({result['returncode']})", flush=True)
-    return {"seconds": result["seconds"], "peak_rss_mb": result["peak_rss_mb"], "images": images, "bytes": nbytes,
-            "ok": result["returncode"] == 0}  # fmt: skip
+    """Median wall time and largest peak RSS over REPEAT runs of ``command``."""
+    print(f"  {name}: {images} images x{REPEAT} ...", flush=True)
+    runs = [measure(command) for _ in range(REPEAT)]
+    failed = [r["returncode"] for r in runs if r["returncode"] != 0]
+    if failed:
+        print(f"    failed ({failed[0]})", flush=True)
+    seconds = statistics.median(r["seconds"] for r in runs)
+    return {"seconds": seconds, "all_seconds": [r["seconds"] for r in runs], "images": images, "bytes": nbytes,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "ok": not failed}  # fmt: skip
 
 
 def steady(big: dict, small: dict) -> float:
@@ -132,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=400, help="images in the start-up run")
     p.add_argument("--textbook-images", type=int, default=3000, help="subset for the textbook pipeline (~7.5x RAM)")
     p.add_argument("--out", default="bench-out", help="folder for outputs, results.json and chart.png")
+    p.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median time counts (3)")
     args = p.parse_args(argv)
+    global REPEAT
+    REPEAT = max(1, args.repeat)
 
     data, out = Path(args.data), Path(args.out)
     repo = Path(__file__).resolve().parent.parent
