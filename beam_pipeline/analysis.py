@@ -35,6 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import examples
 from .examples import parse_example
+from .finalize import delete_tree
 
 TRANSFORM_FN = "transform_fn"
 TRANSFORMED_METADATA = "transformed_metadata"
@@ -152,12 +153,6 @@ def copy_tree(src_dir: str, dest: str) -> None:
             shutil.copyfileobj(fh, out)
 
 
-def _delete_tree(path: str) -> None:
-    from .finalize import delete_tree
-
-    delete_tree(path)
-
-
 def run_analysis(
     output_dir: str,
     info: dict[str, Any],
@@ -229,12 +224,12 @@ def run_analysis(
             result.update(_stats(local_out, stats_split_files[0], compression))
         for name in (TRANSFORM_FN, TRANSFORMED_METADATA):
             dest = FileSystems.join(output_dir, name)
-            _delete_tree(dest)
+            delete_tree(dest)
             copy_tree(FileSystems.join(local_out, name), dest)
         return result
     finally:
         if "://" in work:
-            _delete_tree(work)
+            delete_tree(work)
         else:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -53,11 +53,7 @@ def delete_quietly(paths: Sequence[str]) -> None:
 
 def delete_tree(path: str) -> None:
     """Deletes a scratch folder and everything under it."""
-    try:
-        files = [m.path for m in FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list]
-    except Exception:  # noqa: BLE001
-        files = []
-    delete_quietly(files)
+    delete_quietly(_files_under(path))
     if "://" not in path:
         delete_quietly([path])
 
@@ -152,19 +148,14 @@ def publish(staging: str, out_dir: str) -> None:
     ``_SUCCESS``; running it again finishes the job (moves are idempotent).
     """
     success = FileSystems.join(out_dir, metadata.SUCCESS)
-    if FileSystems.exists(success):
-        delete_quietly([success])
+    delete_quietly([success])
     prefix = staging.rstrip("/") + "/"
-    new_top = set()
-    for path in _files_under(staging):
-        rel = path[len(prefix) :]
-        new_top.add(rel.split("/", 1)[0])
+    new_files = [path[len(prefix) :] for path in _files_under(staging)]
+    new_top = {rel.split("/", 1)[0] for rel in new_files}
     for name in PUBLISHED_DIRS:  # whole folders are replaced, never merged
-        if name in new_top or FileSystems.exists(FileSystems.join(out_dir, name)):
-            delete_tree(FileSystems.join(out_dir, name))
-    for path in _files_under(staging):
-        rel = path[len(prefix) :]
-        rename_idempotent(path, FileSystems.join(out_dir, rel))
+        delete_tree(FileSystems.join(out_dir, name))
+    for rel in new_files:
+        rename_idempotent(prefix + rel, FileSystems.join(out_dir, rel))
     stale = [
         p
         for p in list_dir(out_dir)

@@ -16,7 +16,6 @@ import apache_beam as beam
 from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from . import metadata
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn
@@ -225,4 +224,4 @@ def _write_plan(plans: Mapping[str, ShardPlan], plan_path: str, labels: Any, rej
     write_text(plan_path, json.dumps(plan_summary(plans, labels, rejects, skipped)))
 
 
-__all__ = ["build_pipeline", "build_plan_pipeline", "metadata"]
+__all__ = ["build_pipeline", "build_plan_pipeline"]

@@ -93,7 +93,8 @@ def make_plans(split_bucket_bytes: Iterable[tuple[tuple[str, int], int]], target
     """((split, bucket), bytes) pairs → {split: ShardPlan}."""
     by_split: dict[str, dict[int, int]] = {}
     for (split, bucket), size in split_bucket_bytes:
-        by_split.setdefault(split, {})[bucket] = by_split.setdefault(split, {}).get(bucket, 0) + size
+        buckets = by_split.setdefault(split, {})
+        buckets[bucket] = buckets.get(bucket, 0) + size
     return {
         split: cut_buckets(buckets, shard_count(sum(buckets.values()), target))
         for split, buckets in sorted(by_split.items())

@@ -216,10 +216,12 @@ class DecodeFn(beam.DoFn):
     def __init__(self, image_options: ImageOptions | None = None) -> None:
         self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
         self._image_options = image_options or ImageOptions()
+        self._label_ids: tuple[Sequence[str] | None, dict[str, int]] = (None, {})
 
     def process(self, ref: Ref, labels: Sequence[str], extra_types: Mapping[str, str]) -> Iterator[Any]:
-        label_ids = {label: i for i, label in enumerate(labels)}
-        result = convert_one(ref, label_ids, extra_types, self._image_options)
+        if self._label_ids[0] is not labels:  # the side input: build the id map once, not per image
+            self._label_ids = (labels, {label: i for i, label in enumerate(labels)})
+        result = convert_one(ref, self._label_ids[1], extra_types, self._image_options)
         if isinstance(result, Rejected):
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
