@@ -32,6 +32,12 @@ def write_text(path: str, text: str) -> None:
         fh.write(text.encode("utf-8"))
 
 
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON file (local or gs://), e.g. dataset.json."""
+    with FileSystems.open(path, compression_type="uncompressed") as fh:
+        return json.loads(fh.read().decode("utf-8"))
+
+
 def list_dir(path: str) -> list[str]:
     """Full paths of the files directly inside ``path`` (local or gs://)."""
     pattern = FileSystems.join(path, "*")
@@ -256,8 +262,7 @@ class FinalizeFn(beam.DoFn):
         info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
         if not self._layout.run_id or not FileSystems.exists(info_path):
             return None
-        with FileSystems.open(info_path, compression_type="uncompressed") as fh:
-            info = json.loads(fh.read().decode("utf-8"))
+        info = read_json(info_path)
         if info.get("run_id") != self._layout.run_id or info.get("status") != OK:
             return None
         if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)) and _files_under(staging):

@@ -10,7 +10,6 @@ Works on local folders and gs:// (Beam FileSystems).
 from __future__ import annotations
 
 import io
-import json
 import math
 import random
 import struct
@@ -25,6 +24,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 from . import examples, metadata
 from .errors import UsageError
 from .examples import parse_example
+from .finalize import read_json
 
 WIDTH = 80
 
@@ -37,8 +37,7 @@ def read_info(output: str) -> dict[str, Any]:
     path = FileSystems.join(output, metadata.DATASET_JSON)
     if not FileSystems.exists(path):
         raise UsageError(f"{output}: no dataset.json (not a beam_pipeline output, or an unfinished run)")
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-        return json.loads(fh.read().decode("utf-8"))
+    return read_json(path)
 
 
 def _mb(n: float) -> str:

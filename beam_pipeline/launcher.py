@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
@@ -36,6 +35,7 @@ from apache_beam.runners.runner import PipelineState
 from . import metadata
 from .config import SPLIT_FOLDERS, ConvertConfig, Layout
 from .errors import PipelineError, RejectsError, UsageError
+from .finalize import read_json
 from .listing import LABEL_COLUMN, PATH_COLUMN, SPLIT_COLUMN, open_text, read_manifest_rows
 
 _LOG = logging.getLogger(__name__)
@@ -298,11 +298,6 @@ def _wait(result: Any) -> None:
     state = result.wait_until_finish()
     if state not in (PipelineState.DONE, None):
         raise PipelineError(f"the pipeline ended in state {state}")
-
-
-def read_json(path: str) -> dict[str, Any]:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-        return json.loads(fh.read().decode("utf-8"))
 
 
 def use_anonymous_gcs_for_emulator() -> bool:
