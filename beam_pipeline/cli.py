@@ -64,6 +64,8 @@ CONFIG_KEYS = {
     "reencode": str,
     "on_unsupported": str,
     "no_tfds_metadata": bool,
+    "post_steps": str,
+    "detach": bool,
 }
 
 
@@ -93,7 +95,7 @@ def _convert_parser() -> _Parser:
         "--max-reject-fraction",
         dest="max_reject_fraction",
         type=float,
-        help="fail (exit 3, nothing published) above this share of rejected inputs (default 1: off)",
+        help="above this share of rejected inputs (default 0.05) the run exits 3 and writes no _SUCCESS",
     )
     p.add_argument(
         "--run-date",
@@ -121,6 +123,15 @@ def _convert_parser() -> _Parser:
     tft.add_argument("--image-stats", dest="image_stats", action="store_true", help="per-channel mean/std (train)")
     p.add_argument(
         "--no-tfds-metadata", dest="no_tfds_metadata", action="store_true", help="skip TFDS dataset_info.json"
+    )
+    p.add_argument(
+        "--post-steps",
+        dest="post_steps",
+        choices=("auto", "launcher", "job"),
+        help="where TFT analysis, TFDS metadata and publishing run (auto: job on remote runners)",
+    )
+    p.add_argument(
+        "--detach", action="store_true", help="remote runners: submit the job and exit; the job writes _SUCCESS"
     )
     p.add_argument("--config", help="YAML file: long flag names with _ for -, plus pipeline_options:")
     p.add_argument("-v", "--verbose", action="store_true", help="show logs and tracebacks")
@@ -423,6 +434,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print("dry run: job built, not submitted")
             print(json.dumps(info, indent=2))
+            return EXIT_OK
+        if info.get("template_location"):
+            print(f"job request written to {info['template_location']} (not submitted)")
+            return EXIT_OK
+        if info.get("detached"):
+            print(f"submitted job {info['job_id']}; it writes {cfg.output}/_SUCCESS when the dataset is complete")
             return EXIT_OK
         print(_summary(info, cfg.output, time.monotonic() - started))
         return EXIT_OK

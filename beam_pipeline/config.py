@@ -52,7 +52,7 @@ class ConvertConfig:
     decode_threads: int = 0  # 0: one per core
     # Of listed inputs; above it nothing is published (exit 3). 1.0 = publish
     # whatever converted (a run that converts nothing still fails).
-    max_reject_fraction: float = 1.0
+    max_reject_fraction: float = 0.05
     transform: bool = True  # tensorflow-transform analysis after the shards
     image_size: int = 224
     image_stats: bool = False
@@ -65,10 +65,14 @@ class ConvertConfig:
     reencode: str | None = None  # "jpeg:QUALITY"
     on_unsupported: str = "convert"  # convert | reject
     tfds_metadata: bool = True  # written when tensorflow-datasets is installed and shards are uncompressed
+    # Where TFT analysis, TFDS metadata and publishing run (poststeps.py):
+    # auto = in the launching process for local runs, in the job for remote ones.
+    post_steps: str = "auto"  # auto | launcher | job
+    detach: bool = False  # submit a remote job and return without waiting (Flex Template launcher)
 
     @property
     def needs_post_steps(self) -> bool:
-        """Whether the launcher, not finalize, writes _SUCCESS (after TFT artifacts / TFDS metadata)."""
+        """Whether the post-steps, not finalize, write _SUCCESS (after TFT artifacts / TFDS metadata)."""
         return self.transform or self.tfds_metadata
 
     @property
@@ -202,6 +206,8 @@ def validate(cfg: ConvertConfig) -> None:
     parse_reencode(cfg.reencode)
     if cfg.on_unsupported not in ("convert", "reject"):
         raise UsageError("--on-unsupported must be convert or reject")
+    if cfg.post_steps not in ("auto", "launcher", "job"):
+        raise UsageError("--post-steps must be auto, launcher or job")
     for flag, value in (
         ("--max-pixels", cfg.max_pixels),
         ("--min-size", cfg.min_size),

@@ -16,3 +16,10 @@ class PipelineError(Exception):
 
 class RejectsError(Exception):
     """The job ran, but too many inputs (or all of them) were rejected: exit 3, nothing published."""
+
+
+def last_line(e: BaseException) -> str:
+    """The last non-empty line of an exception's message (runners wrap worker errors in long texts)."""
+    text = str(e).strip() or type(e).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__

@@ -6,7 +6,9 @@ older run go, then ``labels.txt``, ``rejects.jsonl``, ``dataset.json`` and
 ``_SUCCESS`` last.  Every step can be repeated: a retried finalize finds
 shards already renamed and goes on, and a retried writer's extra temp file is
 never picked (finalize takes one result per shard, from committed bundles).
-A run that converts no image leaves an existing dataset untouched.
+A run that may not publish (nothing converted, more rejects than
+``--max-reject-fraction``) leaves an existing dataset untouched; into an
+empty folder it writes its files without ``_SUCCESS``.
 """
 
 from __future__ import annotations
@@ -146,12 +148,14 @@ def _files_under(path: str) -> list[str]:
         return []
 
 
-def publish(staging: str, out_dir: str) -> None:
-    """Moves a complete run from its staging folder into ``out_dir``; ``_SUCCESS`` last.
+def publish(staging: str, out_dir: str, complete: bool = True) -> None:
+    """Moves a run from its staging folder into ``out_dir``; ``_SUCCESS`` last.
 
     Until this starts, an older dataset in ``out_dir`` is untouched. Its
     ``_SUCCESS`` goes first, so a publish that dies half-way leaves no
     ``_SUCCESS``; running it again finishes the job (moves are idempotent).
+    ``complete=False`` (a run over its reject budget) moves the files but
+    writes no ``_SUCCESS``.
     """
     success = FileSystems.join(out_dir, metadata.SUCCESS)
     delete_quietly([success])
@@ -172,7 +176,8 @@ def publish(staging: str, out_dir: str) -> None:
     delete_tree(staging)
     for stale_tmp in stale_tmp_dirs(out_dir):  # left by killed runs
         delete_tree(stale_tmp)
-    write_text(success, "")
+    if complete:
+        write_text(success, "")
 
 
 class FinalizeFn(beam.DoFn):
@@ -250,9 +255,11 @@ class FinalizeFn(beam.DoFn):
 
         if info["status"] != OK:
             if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
-                # Nothing to protect: put the explanation where the user looks.
-                write_text(FileSystems.join(out_dir, metadata.REJECTS_JSONL), rejects_text)
-                write_text(FileSystems.join(out_dir, metadata.DATASET_JSON), info_text)
+                # Nothing to protect: the shards, rejects.jsonl and dataset.json
+                # (which names the status) go where the user looks, but no
+                # _SUCCESS marks them complete. An existing dataset stays
+                # untouched and this run stays in its staging folder.
+                publish(staging, out_dir, complete=False)
         elif not cfg.needs_post_steps:
             publish(staging, out_dir)
         yield info
@@ -263,8 +270,10 @@ class FinalizeFn(beam.DoFn):
         if not self._layout.run_id or not FileSystems.exists(info_path):
             return None
         info = read_json(info_path)
-        if info.get("run_id") != self._layout.run_id or info.get("status") != OK:
+        if info.get("run_id") != self._layout.run_id:
             return None
+        if info.get("status") != OK:  # published over budget already: nothing more to do
+            return info
         if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)) and _files_under(staging):
             publish(staging, out_dir)
         return info

@@ -1,7 +1,9 @@
 """Entry point of the Flex Template container: the template's parameters are ``convert``'s settings.
 
 Dataflow's launcher runs ``python flex_main.py --input=gs://... --overwrite=true ...``
-with the parameter names of templates/metadata.json (``_`` for ``-``).
+with the parameter names of templates/metadata.json (``_`` for ``-``). The
+launcher submits the job and exits (``--detach``): the job's own last step
+runs the TFT analysis, writes the TFDS metadata and publishes ``_SUCCESS``.
 """
 
 from __future__ import annotations
@@ -30,5 +32,13 @@ def to_cli_args(params: Sequence[str]) -> list[str]:
     return out
 
 
+def convert_args(params: Sequence[str]) -> list[str]:
+    """The whole ``convert`` command line the launcher runs."""
+    args = to_cli_args(params)
+    if "--detach" not in args:
+        args.append("--detach")
+    return ["convert", *args]
+
+
 if __name__ == "__main__":
-    sys.exit(main(["convert", *to_cli_args(sys.argv[1:])]))
+    sys.exit(main(convert_args(sys.argv[1:])))

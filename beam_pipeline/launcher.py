@@ -10,7 +10,7 @@ starts, and raised as ``UsageError`` naming the flag or file.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 import posixpath
@@ -34,7 +34,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import metadata
 from .config import SPLIT_FOLDERS, ConvertConfig, Layout
-from .errors import PipelineError, RejectsError, UsageError
+from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import read_json
 from .listing import LABEL_COLUMN, PATH_COLUMN, SPLIT_COLUMN, open_text, read_manifest_rows
 
@@ -132,9 +132,14 @@ def _read_labels_file(path: str) -> tuple[str, ...]:
 
 
 def _is_own_file(basename: str) -> bool:
+    """A top-level name a run of this tool publishes (shards, metadata, TFT/TFDS artifacts, scratch)."""
+    from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
+
     return (
         metadata.is_shard_file(basename)
-        or basename in (metadata.DATASET_JSON, metadata.LABELS_TXT, metadata.REJECTS_JSONL, metadata.SUCCESS)
+        or basename in PUBLISHED_FILES
+        or basename in PUBLISHED_DIRS
+        or basename == metadata.SUCCESS
         or basename.startswith(metadata.TMP_PREFIX)
     )
 
@@ -333,6 +338,10 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     FileSystems.set_options(options)
     cfg, layout = prepare(cfg)
     _LOG.info("input root %s, split source %s, label source %s", layout.root, layout.split_source, layout.label_source)
+    if cfg.post_steps == "auto":
+        cfg = dataclasses.replace(cfg, post_steps="launcher" if runner is not None else "job")
+    if cfg.detach and (runner is not None or cfg.post_steps != "job"):
+        raise UsageError("--detach needs a remote runner (e.g. --runner DataflowRunner) and --post-steps job")
     if options.view_as(TestOptions).dry_run:
         return _dry_run(cfg, layout, options, runner)
     wtt_shards = None
@@ -342,12 +351,22 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
             _wait(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
             wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path)["splits"].items()}
             options, runner = make_options(beam_args)
+        pipeline = build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards)
+        template = options.view_as(GoogleCloudOptions).template_location
+        if template and runner is None:
+            # Dataflow writes the full job request there instead of submitting it.
+            pipeline.run()
+            return {"template_location": template, "output": cfg.output}
+        if cfg.detach:
+            result = pipeline.run()
+            job_id = getattr(result, "job_id", None)
+            return {"detached": True, "job_id": job_id() if callable(job_id) else job_id, "output": cfg.output}
         with LiveProgress():
-            _wait(build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards).run())
+            _wait(pipeline.run())
     except PipelineError:
         raise
     except Exception as e:  # the runner wraps worker errors in assorted types
-        raise PipelineError(_last_line(e)) from e
+        raise PipelineError(last_line(e)) from e
     return _after_pipeline(cfg, layout, beam_args)
 
 
@@ -368,7 +387,7 @@ def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         except PipelineError:
             raise
         except Exception as e:
-            raise PipelineError(_last_line(e)) from e
+            raise PipelineError(last_line(e)) from e
         if not os.path.exists(plan_path):
             raise PipelineError("the planning run wrote no plan")
         plan = read_json(plan_path)
@@ -389,7 +408,7 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
         pipeline = build_pipeline(cfg, layout, options, runner=runner, wtt_shards=None)
         result = pipeline.run()
     except Exception as e:
-        raise PipelineError(f"building the job: {_last_line(e)}") from e
+        raise PipelineError(f"building the job: {last_line(e)}") from e
     gcp = options.view_as(GoogleCloudOptions)
     worker = options.view_as(WorkerOptions)
     setup = options.view_as(SetupOptions)
@@ -406,32 +425,49 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
         "sdk_container_image": worker.sdk_container_image,
         "setup_file": setup.setup_file,
         "steps": len(job.proto_pipeline.components.transforms) if job is not None else None,
+        "post_steps": cfg.post_steps,
+        "step_names": sorted(
+            {t.unique_name.split("/")[0] for t in job.proto_pipeline.components.transforms.values()}
+            if job is not None
+            else []
+        ),
         "output": cfg.output,
     }
 
 
 def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
-    """Reads finalize's verdict, runs the post-steps on the staging folder, publishes."""
-    from . import tfds_metadata
-    from .finalize import NOTHING_CONVERTED, OK, TOO_MANY_REJECTS, publish, write_text
+    """Reads finalize's verdict; runs the post-steps on the staging folder and publishes, unless the job did."""
+    from .finalize import NOTHING_CONVERTED, OK, TOO_MANY_REJECTS
+    from .poststeps import run_post_steps
 
     staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
     success = FileSystems.join(cfg.output, metadata.SUCCESS)
-    if not FileSystems.exists(staging_info):
-        if FileSystems.exists(success):  # finalize published already (no post-steps)
-            return read_json(FileSystems.join(cfg.output, metadata.DATASET_JSON))
+    published_info = FileSystems.join(cfg.output, metadata.DATASET_JSON)
+    if FileSystems.exists(staging_info):
+        info, kept_old = read_json(staging_info), FileSystems.exists(success)
+    elif FileSystems.exists(published_info):  # finalize published already (no post-steps, or a failed run)
+        info, kept_old = read_json(published_info), False
+        if info.get("run_id") != layout.run_id and not FileSystems.exists(success):
+            raise PipelineError("the pipeline ended before finalize (dataset.json is an older run's)")
+    else:
         raise PipelineError("the pipeline ended before finalize (no dataset.json)")
-    info = read_json(staging_info)
     status = info.get("status", OK)
+    if status == OK and not FileSystems.exists(staging_info):
+        return info
     if status != OK:
-        rejects_at = cfg.output if not FileSystems.exists(success) else layout.tmp_dir
+        rejects_at = layout.tmp_dir if kept_old else cfg.output
         reasons = ", ".join(f"{k} {v}" for k, v in list(info["rejects"]["by_reason"].items())[:3])
         total = info["rejects"]["total"]
         listed = total + info["examples"]
         if status == TOO_MANY_REJECTS:
+            where = (
+                f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
+                if kept_old
+                else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
+            )
             raise RejectsError(
                 f"{total} of {listed} inputs rejected ({reasons}), more than --max-reject-fraction "
-                f"{cfg.max_reject_fraction:g}; nothing published, see {rejects_at}/rejects.jsonl"
+                f"{cfg.max_reject_fraction:g}; {where}"
             )
         if status == NOTHING_CONVERTED:
             raise RejectsError(f"no image was converted ({total} rejected: {reasons}; see {rejects_at}/rejects.jsonl)")
@@ -439,34 +475,6 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
         where = cfg.manifest or cfg.input
         raise UsageError(f"no images to convert in {where} (skipped: {skipped})")
 
-    if cfg.transform:
-        from apache_beam.options.pipeline_options import GoogleCloudOptions
-
-        from .analysis import run_analysis
-
-        options, runner = make_options(beam_args)
-        remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
-        try:
-            info["transform"] = run_analysis(
-                layout.tmp_dir,
-                info,
-                image_size=cfg.image_size,
-                image_stats=cfg.image_stats,
-                options=options,
-                runner=runner,
-                temp_root=remote_temp,
-            )
-        except Exception as e:
-            raise PipelineError(f"tensorflow-transform analysis: {_last_line(e)}") from e
-    if cfg.tfds_metadata:
-        why_not = tfds_metadata.skip_reason(info)
-        info["tfds"] = {"files": tfds_metadata.write(layout.tmp_dir, info)} if why_not is None else {"skipped": why_not}
-    write_text(staging_info, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
-    publish(layout.tmp_dir, cfg.output)
-    return info
-
-
-def _last_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else type(e).__name__
+    options, runner = make_options(beam_args)
+    remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
+    return run_post_steps(cfg, layout, info, options=options, runner=runner, temp_root=remote_temp)

@@ -130,7 +130,7 @@ def build_pipeline(
         )
 
     rejects = (listing_rejects, write_rejects) | "AllRejects" >> beam.Flatten()
-    _ = (
+    finalized = (
         p
         | "Once" >> beam.Create([None])
         | "Finalize"
@@ -144,6 +144,10 @@ def build_pipeline(
             beam.pvalue.AsSingleton(split_label_counts),
         )
     )
+    if cfg.needs_post_steps and cfg.post_steps == "job":
+        from .poststeps import PostStepsFn
+
+        _ = finalized | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout))
     return p
 
 

@@ -99,16 +99,20 @@ def decode_floor(files: list[str], threads: int) -> dict[str, float]:
 REPEAT = 1
 
 
-def run(name: str, command: list[str], images: int, nbytes: int) -> dict[str, object]:
-    """Median wall time and largest peak RSS over REPEAT runs of ``command``."""
+def run(name: str, command: list[str], images: int, nbytes: int, clean: Path | None = None) -> dict[str, object]:
+    """Median wall time and largest peak RSS over REPEAT runs of ``command`` (``clean`` is removed before each)."""
     print(f"  {name}: {images} images x{REPEAT} ...", flush=True)
-    runs = [measure(command) for _ in range(REPEAT)]
+    runs = []
+    for _ in range(REPEAT):
+        if clean is not None:
+            shutil.rmtree(clean, ignore_errors=True)
+        runs.append(measure(command))
     failed = [r["returncode"] for r in runs if r["returncode"] != 0]
-    if failed:
-        print(f"    failed ({failed[0]})", flush=True)
+    if failed:  # a contender that did not finish has no throughput to compare
+        sys.exit(f"error: {name} failed (exit {failed[0]}): {' '.join(command)}")
     seconds = statistics.median(r["seconds"] for r in runs)
     return {"seconds": seconds, "all_seconds": [r["seconds"] for r in runs], "images": images, "bytes": nbytes,
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "ok": not failed}  # fmt: skip
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}  # fmt: skip
 
 
 def steady(big: dict, small: dict) -> float:
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     def convert(tag: str, which: str, *flags: str) -> dict:
         dest = work / f"out-{tag}-{which}"
         cmd = [py, "-m", "beam_pipeline", "convert", "--input", folders[which], "--output", str(dest), *flags]
-        result = run(f"{tag} ({which})", cmd, *sizes[which])
+        result = run(f"{tag} ({which})", cmd, *sizes[which], clean=dest)
         shutil.rmtree(dest, ignore_errors=True)
         return result
 

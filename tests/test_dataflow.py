@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -33,8 +34,42 @@ def test_dataflow_job_builds_offline_with_the_configured_options(gcs, monkeypatc
     assert (job["machine_type"], job["max_num_workers"]) == ("n2-standard-4", 20)
     assert job["setup_file"] == "./setup.py"
     assert job["steps"] > 20
+    # The job analyses and publishes itself: a Flex Template launcher does not wait for it.
+    assert job["post_steps"] == "job" and "PostSteps" in job["step_names"]
     assert elapsed < 90, elapsed  # seconds, not a credential time-out
     assert not list(gcs.list_blobs(BUCKET, prefix="dry/out/"))  # nothing ran
+
+
+def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
+    """--template_location: the DataflowRunner stages the package and writes the whole job request, unsubmitted."""
+    gcs.bucket(BUCKET).blob("tl/in/cat/a.jpg").upload_from_string(image_bytes("jpeg"))
+    for key, value in DATAFLOW_ENV.items():
+        monkeypatch.setenv(key, value)
+    template = f"gs://{BUCKET}/tl/templates/pets.json"
+    result = run_cli(
+        "convert", "--config", "configs/dataflow.yaml", "--input", f"gs://{BUCKET}/tl/in",
+        "--output", f"gs://{BUCKET}/tl/out", "--name", "pets", "--template_location", template, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"job request written to {template}" in result.stdout
+    request = json.loads(gcs.bucket(BUCKET).blob("tl/templates/pets.json").download_as_bytes())
+    assert request["type"] == "JOB_TYPE_BATCH"
+    env = request["environment"]
+    [pool] = env["workerPools"]
+    assert (pool["machineType"], pool["diskSizeGb"], pool["autoscalingSettings"]["maxNumWorkers"]) == (
+        "n2-standard-4", 50, 20,
+    )  # fmt: skip
+    assert "use_runner_v2" in env["experiments"]
+    assert env["sdkPipelineOptions"]["options"]["project"] == "my-project"
+    staged = {p["name"]: p["location"] for p in pool["packages"]}
+    assert "workflow.tar.gz" in staged  # the sdist of setup.py that workers install
+    prefix = f"storage.googleapis.com/{BUCKET}/"
+    sdist = gcs.bucket(BUCKET).blob(staged["workflow.tar.gz"][len(prefix) :]).download_as_bytes()
+    with tarfile.open(fileobj=io.BytesIO(sdist)) as tar:
+        assert any(n.endswith("beam_pipeline/poststeps.py") for n in tar.getnames())
+    graph = gcs.bucket(BUCKET).blob(staged["pickled_main_session"][len(prefix) :].rsplit("/", 1)[0] + "/pipeline.pb")
+    assert b"PostSteps" in graph.download_as_bytes()  # the job analyses and publishes itself
+    assert not list(gcs.list_blobs(BUCKET, prefix="tl/out/"))  # nothing ran
 
 
 def test_dataflow_config_names_a_missing_environment_variable(monkeypatch):

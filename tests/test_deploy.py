@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from beam_pipeline.cli import CONFIG_KEYS, parse_convert
-from beam_pipeline.flex_main import to_cli_args
+from beam_pipeline.flex_main import convert_args
 
 from .conftest import REPO
 
@@ -48,7 +48,10 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 
 def test_template_parameters_reach_convert():
     params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in ("manifest", "label_regex", "labels_from")]
-    cfg, beam_flags, _ = parse_convert(to_cli_args([*params, "--project=p", "--region=r"]))
+    command, *args = convert_args([*params, "--project=p", "--region=r"])
+    cfg, beam_flags, _ = parse_convert(args)
+    assert command == "convert"
+    assert cfg.detach is True  # the template launcher submits and leaves; the job publishes itself
     assert cfg.output == "gs://b/datasets/photos/2026-11-22"
     assert cfg.overwrite is True and cfg.dedupe is False and cfg.compression == "gzip"
     assert cfg.split_ratios == (("train", 0.8), ("validation", 0.1), ("test", 0.1))

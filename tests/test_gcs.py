@@ -22,7 +22,8 @@ def test_gs_input_and_output_match_a_local_run(gcs, tmp_path):
         if path.is_file():
             bucket.blob(f"in/{path.relative_to(root)}").upload_from_filename(str(path))
 
-    args = ["--name", "pets", "--seed", "5", "--split-ratios", "train=0.5,test=0.5", "--target-shard-mb", "0.004"]
+    args = ["--name", "pets", "--seed", "5", "--split-ratios", "train=0.5,test=0.5", "--target-shard-mb", "0.004",
+            "--max-reject-fraction", "0.1"]  # fmt: skip
     local = tmp_path / "local"
     convert("--input", str(root), "--output", str(local), *args, transform=True)
     convert("--input", f"gs://{BUCKET}/in", "--output", f"gs://{BUCKET}/out", "--no_auth", *args, transform=True)

@@ -110,3 +110,46 @@ def test_no_transform_writes_no_tft_artifacts(tmp_path):
     result = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o2"), "--no-transform",
                      "--image-stats")  # fmt: skip
     assert result.returncode == 2 and "--image-stats" in result.stderr
+
+
+def test_post_steps_in_the_job_match_the_launcher_and_publish_from_the_job(dataset, tmp_path):
+    """--post-steps job (the default on Dataflow): the job's last step analyses, writes TFDS metadata, publishes."""
+    manifest = dataset.parent / "m.csv"
+    out = tmp_path / "in-job"
+    convert(
+        "--manifest", str(manifest), "--output", str(out), "--image-size", str(SIZE), "--image-stats",
+        "--post-steps", "job", transform=True, tfds=True,
+    )  # fmt: skip
+    info, launcher_info = load_info(out), load_info(dataset)
+    assert info["config"]["post_steps"] == "job" and launcher_info["config"]["post_steps"] == "launcher"
+    assert info["transform"] == launcher_info["transform"]
+    assert info["tfds"]["files"] and (out / "dataset_info.json").exists()
+    assert (out / "_SUCCESS").exists() and (out / "transform_fn" / "saved_model.pb").exists()
+    vocab = (out / "transform_fn" / "assets" / "label").read_text()
+    assert vocab == (dataset / "transform_fn" / "assets" / "label").read_text()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert len(list(reader.load(str(out), "validation", transformed=True))) == info["splits"]["validation"]["examples"]
+    # TFT and TFDS files are this tool's own: a second run is told about the dataset, not about foreign files.
+    again = run_cli("convert", "--manifest", str(manifest), "--output", str(out))
+    assert again.returncode == 2 and "holds a complete dataset; pass --overwrite" in again.stderr, again.stderr
+
+
+def test_a_failing_post_step_in_the_job_keeps_the_old_dataset(tmp_path):
+    root = tmp_path / "in"
+    for i in range(3):
+        write(str(root / "test" / "cat" / f"{i}.png"), image_bytes("png", seed=i))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--output", str(out))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    # --image-stats needs a train split: the job's analysis step fails after the shards are written.
+    result = run_cli("convert", "--input", str(root), "--output", str(out), "--overwrite", "--seed", "4",
+                     "--image-stats", "--post-steps", "job", "--no-tfds-metadata")  # fmt: skip
+    assert result.returncode == 1 and "train split" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_detach_is_for_remote_runners_only(tmp_path):
+    write(str(tmp_path / "in" / "cat" / "a.jpg"), image_bytes("jpeg"))
+    result = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o"), "--detach")
+    assert result.returncode == 2 and "--detach needs a remote runner" in result.stderr

@@ -1,0 +1,88 @@
+"""The steps after finalize: TFT analysis, TFDS metadata, then publish with ``_SUCCESS`` last.
+
+They run where ``--post-steps`` says:
+
+- ``launcher`` (the default for local runs): the process that ran the
+  pipeline does them after it finished, with the same runner;
+- ``job`` (the default for remote runners such as Dataflow): one more step
+  of the job itself, after finalize. A Flex Template launcher submits the
+  job and leaves (``--detach``), so only the job can write ``_SUCCESS``.
+  The analysis then runs on that one worker, in process: without
+  ``--image-stats`` it reads no image (the label vocabulary comes from the
+  label list), with it the worker re-reads the train split.
+
+Either way the steps read and write the run's staging folder only, so a
+failure leaves an older dataset in the output untouched, and a retried step
+finds the run published and stops.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from . import metadata
+from .config import ConvertConfig, Layout
+from .errors import PipelineError, last_line
+from .finalize import OK, publish, read_json, write_text
+
+
+def run_post_steps(
+    cfg: ConvertConfig, layout: Layout, info: dict[str, Any], *, options: Any, runner: Any, temp_root: str | None
+) -> dict[str, Any]:
+    """TFT artifacts and TFDS metadata into the staging folder, then publish. Returns dataset.json's content."""
+    from . import tfds_metadata
+
+    staging = layout.tmp_dir
+    if cfg.transform:
+        from .analysis import run_analysis
+
+        try:
+            info["transform"] = run_analysis(
+                staging,
+                info,
+                image_size=cfg.image_size,
+                image_stats=cfg.image_stats,
+                options=options,
+                runner=runner,
+                temp_root=temp_root,
+            )
+        except Exception as e:
+            raise PipelineError(f"tensorflow-transform analysis: {last_line(e)}") from e
+    if cfg.tfds_metadata:
+        why_not = tfds_metadata.skip_reason(info)
+        info["tfds"] = {"files": tfds_metadata.write(staging, info)} if why_not is None else {"skipped": why_not}
+    write_text(FileSystems.join(staging, metadata.DATASET_JSON), json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+    publish(staging, cfg.output)
+    return info
+
+
+class PostStepsFn(beam.DoFn):
+    """The post-steps as the job's last step (``--post-steps job``); yields dataset.json's content."""
+
+    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
+        self._cfg = cfg
+        self._layout = layout
+
+    def process(self, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        cfg, layout = self._cfg, self._layout
+        if info.get("status", OK) != OK:  # finalize decided: nothing to analyse or publish
+            yield info
+            return
+        published = FileSystems.join(cfg.output, metadata.DATASET_JSON)
+        staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
+        if not FileSystems.exists(staging_info) and FileSystems.exists(published):
+            done = read_json(published)
+            if done.get("run_id") == layout.run_id:  # a retry of a step that published, or began to
+                if not FileSystems.exists(FileSystems.join(cfg.output, metadata.SUCCESS)):
+                    publish(layout.tmp_dir, cfg.output)
+                yield done
+                return
+        from .launcher import make_options
+
+        options, runner = make_options(["--runner=DirectRunner"])
+        yield run_post_steps(cfg, layout, read_json(staging_info), options=options, runner=runner, temp_root=None)
