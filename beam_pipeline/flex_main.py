@@ -35,6 +35,8 @@ def to_cli_args(params: Sequence[str]) -> list[str]:
 def convert_args(params: Sequence[str]) -> list[str]:
     """The whole ``convert`` command line the launcher runs."""
     args = to_cli_args(params)
+    if not any(a == "--runner" or a.startswith("--runner=") for a in args):
+        args.append("--runner=DataflowRunner")  # this container only ever launches Dataflow jobs
     if "--detach" not in args:
         args.append("--detach")
     return ["convert", *args]

@@ -8,8 +8,9 @@ even on a noisy machine. Each contender runs as its own process; peak RSS is
 of its whole process tree (scripts/measure_run.py). Start-up (imports, worker
 start, TFT graph tracing) is separated from steady-state throughput by also
 running on a small prefix of the input: steady rate = (N_big - N_small) /
-(t_big - t_small), each time the median of ``--repeat`` runs. Writes
-results JSON and a PNG bar chart.
+(t_big - t_small), each time the median of ``--repeat`` rounds; every
+round runs every contender once, so a slow spell of a shared machine hits
+them alike. Writes results JSON and a PNG bar chart.
 """
 
 from __future__ import annotations
@@ -77,13 +78,11 @@ def list_images(root: Path) -> list[str]:
     return sorted(str(p) for p in root.rglob("*") if p.suffix.lower() in exts and p.is_file())
 
 
-def decode_floor(files: list[str], threads: int) -> dict[str, float]:
+def decode_floor(blobs: list[bytes], threads: int) -> dict[str, object]:
     """Pillow full decode of preloaded bytes on one thread per core: the validation floor."""
     import io
 
     from PIL import Image
-
-    blobs = [open(f, "rb").read() for f in files]
 
     def decode(data: bytes) -> None:
         img = Image.open(io.BytesIO(data))
@@ -92,27 +91,24 @@ def decode_floor(files: list[str], threads: int) -> dict[str, float]:
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(decode, blobs))
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "images": len(blobs), "bytes": sum(map(len, blobs)), "peak_rss_mb": None}
+    return {"seconds": time.perf_counter() - started, "peak_rss_mb": None}
 
 
-REPEAT = 1
+def measure_once(name: str, command: list[str], clean: Path | None = None) -> dict[str, object]:
+    """Wall time and peak RSS of one run of ``command`` (``clean`` is removed first); exits if it fails."""
+    if clean is not None:
+        shutil.rmtree(clean, ignore_errors=True)
+    result = measure(command)
+    if result["returncode"] != 0:  # a contender that did not finish has no throughput to compare
+        sys.exit(f"error: {name} failed (exit {result['returncode']}): {' '.join(command)}")
+    return result
 
 
-def run(name: str, command: list[str], images: int, nbytes: int, clean: Path | None = None) -> dict[str, object]:
-    """Median wall time and largest peak RSS over REPEAT runs of ``command`` (``clean`` is removed before each)."""
-    print(f"  {name}: {images} images x{REPEAT} ...", flush=True)
-    runs = []
-    for _ in range(REPEAT):
-        if clean is not None:
-            shutil.rmtree(clean, ignore_errors=True)
-        runs.append(measure(command))
-    failed = [r["returncode"] for r in runs if r["returncode"] != 0]
-    if failed:  # a contender that did not finish has no throughput to compare
-        sys.exit(f"error: {name} failed (exit {failed[0]}): {' '.join(command)}")
+def summarize(runs: list[dict[str, object]], images: int, nbytes: int) -> dict[str, object]:
+    """Median wall time and largest peak RSS over the rounds."""
     seconds = statistics.median(r["seconds"] for r in runs)
     return {"seconds": seconds, "all_seconds": [r["seconds"] for r in runs], "images": images, "bytes": nbytes,
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}  # fmt: skip
+            "peak_rss_mb": max((r["peak_rss_mb"] or 0) for r in runs) or None}  # fmt: skip
 
 
 def steady(big: dict, small: dict) -> float:
@@ -144,10 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=400, help="images in the start-up run")
     p.add_argument("--textbook-images", type=int, default=3000, help="subset for the textbook pipeline (~7.5x RAM)")
     p.add_argument("--out", default="bench-out", help="folder for outputs, results.json and chart.png")
-    p.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median time counts (3)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds (each runs every contender once); the median counts (3)")
     args = p.parse_args(argv)
-    global REPEAT
-    REPEAT = max(1, args.repeat)
+    rounds = max(1, args.repeat)
 
     data, out = Path(args.data), Path(args.out)
     repo = Path(__file__).resolve().parent.parent
@@ -185,40 +180,44 @@ def main(argv: list[str] | None = None) -> int:
     folders = {"all": str(data), "small": subset_folder("small", small), "sub": subset_folder("sub", sub)}
     lists = {"all": listing("all", files), "small": listing("small", small), "sub": listing("sub", sub)}
 
-    def convert(tag: str, which: str, *flags: str) -> dict:
+    def convert(tag: str, which: str, *flags: str) -> tuple[list[str], Path]:
         dest = work / f"out-{tag}-{which}"
-        cmd = [py, "-m", "beam_pipeline", "convert", "--input", folders[which], "--output", str(dest), *flags]
-        result = run(f"{tag} ({which})", cmd, *sizes[which], clean=dest)
-        shutil.rmtree(dest, ignore_errors=True)
-        return result
+        return [py, "-m", "beam_pipeline", "convert", "--input", folders[which], "--output", str(dest), *flags], dest
 
-    contenders = {
-        "tutorial loop": lambda w: run(
-            f"tutorial ({w})", [py, "-c", TUTORIAL, lists[w], str(work / "t.tfrecord")], *sizes[w]
-        ),
-        "convert (defaults)": lambda w: convert("defaults", w),
-        "convert, 1 decode thread": lambda w: convert("1thread", w, "--decode-threads", "1"),
-        "convert, no TFT": lambda w: convert("notft", w, "--no-transform", "--no-tfds-metadata"),
-    }
+    # (contender, input) → (command, output to clean). Memory-hungry contenders run on the subset.
+    jobs: dict[tuple[str, str], tuple[list[str], Path | None]] = {}
+    for which in ("all", "small"):
+        jobs["tutorial loop", which] = ([py, "-c", TUTORIAL, lists[which], str(work / "t.tfrecord")], None)
+        jobs["convert (defaults)", which] = convert("defaults", which)
+        jobs["convert, 1 decode thread", which] = convert("1thread", which, "--decode-threads", "1")
+        jobs["convert, no TFT", which] = convert("notft", which, "--no-transform", "--no-tfds-metadata")
+    for which in ("sub", "small"):
+        jobs["textbook Beam (subset)", which] = ([py, "-c", TEXTBOOK, lists[which], str(work / "tb"), "3"], None)
+        jobs["convert --sink write_to_tfrecord (subset)", which] = convert("wtt", which, "--sink", "write_to_tfrecord")
+    floor_name = "decode floor (Pillow, preloaded)"
+    blobs = [Path(f).read_bytes() for f in files]
+
+    # Rounds: every contender once per round, so a slow spell of a shared
+    # machine hits all of them alike; the median round counts.
+    runs: dict[tuple[str, str], list[dict[str, object]]] = {key: [] for key in jobs}
+    runs[floor_name, "all"] = []
+    for round_no in range(1, rounds + 1):
+        print(f"round {round_no}/{rounds}", flush=True)
+        for (name, which), (command, clean) in jobs.items():
+            print(f"  {name} ({which}, {sizes[which][0]} images)", flush=True)
+            runs[name, which].append(measure_once(f"{name} ({which})", command, clean))
+        print(f"  {floor_name}", flush=True)
+        runs[floor_name, "all"].append(decode_floor(blobs, cores))
+    del blobs
     results: dict[str, dict] = {}
-    for name, fn in contenders.items():
-        big, little = fn("all"), fn("small")
-        results[name] = {"big": big, "small": little, "steady_images_per_s": steady(big, little)}
-    # Memory-hungry contenders on the subset (their ratio to the full-size runs is stated in the table).
-    sub_contenders = {
-        "textbook Beam (subset)": lambda w: run(
-            f"textbook ({w})", [py, "-c", TEXTBOOK, lists[w], str(work / "tb"), "3"], *sizes[w]
-        ),
-        "convert --sink write_to_tfrecord (subset)": lambda w: convert("wtt", w, "--sink", "write_to_tfrecord"),
-    }
-    for name, fn in sub_contenders.items():
-        big, little = fn("sub"), fn("small")
-        results[name] = {"big": big, "small": little, "steady_images_per_s": steady(big, little)}
-    floor = decode_floor(files, cores)
-    results["decode floor (Pillow, preloaded)"] = {
-        "big": floor,
-        "steady_images_per_s": floor["images"] / floor["seconds"],
-    }
+    for name in dict.fromkeys(name for name, _ in runs):
+        big_which = "sub" if (name, "sub") in runs else "all"
+        big = summarize(runs[name, big_which], *sizes[big_which])
+        if (name, "small") in runs:
+            little = summarize(runs[name, "small"], *sizes["small"])
+            results[name] = {"big": big, "small": little, "steady_images_per_s": steady(big, little)}
+        else:  # no start-up to remove
+            results[name] = {"big": big, "steady_images_per_s": big["images"] / big["seconds"]}
 
     base = results["tutorial loop"]["steady_images_per_s"]
     floor_rate = results["decode floor (Pillow, preloaded)"]["steady_images_per_s"]

@@ -52,6 +52,7 @@ def test_template_parameters_reach_convert():
     cfg, beam_flags, _ = parse_convert(args)
     assert command == "convert"
     assert cfg.detach is True  # the template launcher submits and leaves; the job publishes itself
+    assert "--runner=DataflowRunner" in beam_flags
     assert cfg.output == "gs://b/datasets/photos/2026-11-22"
     assert cfg.overwrite is True and cfg.dedupe is False and cfg.compression == "gzip"
     assert cfg.split_ratios == (("train", 0.8), ("validation", 0.1), ("test", 0.1))
