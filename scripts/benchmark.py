@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=int, default=400, help="images in the start-up run")
     p.add_argument("--textbook-images", type=int, default=3000, help="subset for the textbook pipeline (~7.5x RAM)")
     p.add_argument("--out", default="bench-out", help="folder for outputs, results.json and chart.png")
-    p.add_argument("--repeat", type=int, default=3, help="rounds (each runs every contender once); the median counts (3)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds, each running every contender once (3)")
     args = p.parse_args(argv)
     rounds = max(1, args.repeat)
 
