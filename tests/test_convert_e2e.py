@@ -367,17 +367,20 @@ def test_over_the_default_reject_budget_exit_3_without_success_and_keep_the_old_
     assert {k: v for k, v in after.items() if not k.startswith(".")} == before  # yesterday's dataset, intact
 
 
-def test_a_failed_overwrite_keeps_the_old_dataset(tmp_path):
+@pytest.mark.parametrize("post_steps", ["launcher", "job"])
+def test_a_failed_overwrite_keeps_the_old_dataset(tmp_path, post_steps):
     root = tmp_path / "in"
     for i in range(4):
         write(str(root / "test" / "cat" / f"{i}.png"), image_bytes("png", seed=i))
     out = tmp_path / "out"
     convert("--input", str(root), "--output", str(out))
     before = _snapshot(out)
-    # --image-stats needs a train split: the analysis step fails after the shards are written.
+    # --image-stats needs a train split: the analysis step (in the launcher, or the
+    # job's own last step) fails after the shards are written.
     result = run_cli("convert", "--input", str(root), "--output", str(out), "--overwrite", "--seed", "3",
-                     "--image-stats", "--no-tfds-metadata")  # fmt: skip
-    assert result.returncode == 1 and "train split" in result.stderr
+                     "--image-stats", "--no-tfds-metadata", "--post-steps", post_steps)  # fmt: skip
+    assert result.returncode == 1 and "train split" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
     assert {k: v for k, v in _snapshot(out).items() if not k.startswith(".")} == before
 
 
