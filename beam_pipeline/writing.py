@@ -29,7 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples
-from .images import MISSING, UNREADABLE, ImageOptions, Prepared, Rejected, prepare_image
+from .images import DECODE_ERROR, MISSING, UNREADABLE, ImageOptions, Prepared, Rejected, prepare_image
 from .listing import REJECTS, Ref, coerce, reject
 
 NAMESPACE = "beam_pipeline"
@@ -119,11 +119,18 @@ def convert_one(
     extra_types: Mapping[str, str],
     image_options: ImageOptions | None = None,
 ) -> tuple[bytes, Prepared] | Rejected:
-    """Reads and converts one ref; a Rejected is returned (not raised) for the writer to route."""
+    """Reads and converts one ref; a Rejected is returned (not raised) for the writer to route.
+
+    An error nobody foresaw (a Pillow plugin failing in a new way on a hostile
+    file) rejects that one input as ``decode_error`` with the exception in the
+    detail: one odd file must not fail the job.
+    """
     try:
         return build_record(ref, read_bytes(ref.path), label_ids, extra_types, image_options)
     except Rejected as r:
         return r
+    except Exception as e:  # noqa: BLE001 - see above
+        return Rejected(DECODE_ERROR, f"unexpected {type(e).__name__}: {e}")
 
 
 def ordered_map(pool: ThreadPoolExecutor, fn: Any, items: Iterable[Any], window: int) -> Iterator[tuple[Any, Any]]:

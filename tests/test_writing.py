@@ -7,12 +7,12 @@ import hashlib
 import apache_beam as beam
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_pipeline import hashing
+from beam_pipeline import hashing, writing
 from beam_pipeline.examples import parse_example
 from beam_pipeline.finalize import choose_results, final_layout, rename_idempotent
 from beam_pipeline.listing import REJECTS, Ref
 from beam_pipeline.planning import PlanShards
-from beam_pipeline.writing import WriteShardFn, count_records, ordered_map
+from beam_pipeline.writing import WriteShardFn, convert_one, count_records, ordered_map
 
 from .conftest import local_pipeline
 from .imagegen import broken_bytes, image_bytes, write
@@ -75,6 +75,20 @@ def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
             assert ex["image/class/label"] == [0]
     good = [r for r in refs if r.path != bad]
     assert names == [r.relpath for r in sorted(good, key=lambda r: r.key)]
+
+
+def test_an_unforeseen_error_on_one_image_is_a_reject_not_a_crash(tmp_path, monkeypatch):
+    path = tmp_path / "odd.png"
+    write(str(path), image_bytes("png"))
+    ref = Ref(path=str(path), relpath="odd.png", size=1, split="train", label=None, key=1)
+    assert not isinstance(convert_one(ref, {}, {}), Exception)  # a good file converts
+
+    def plugin_bug(data, options=None):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(writing, "prepare_image", plugin_bug)
+    result = convert_one(ref, {}, {})
+    assert result.reason == "decode_error" and "IndexError: tuple index out of range" in result.detail
 
 
 def test_plan_shards_transform():
