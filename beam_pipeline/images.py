@@ -41,6 +41,7 @@ NO_LABEL = "no_label"
 UNKNOWN_LABEL = "unknown_label"
 NO_SPLIT = "no_split"
 DUPLICATE = "duplicate"
+BAD_FILENAME = "bad_filename"
 
 # The pixel limit is enforced here, from the header, before decoding
 # (ImageOptions.max_pixels); Pillow's own global check would stop at its default.

@@ -31,7 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import hashing
 from .config import IMAGE_EXTENSIONS, OS_FILES, SPLIT_FOLDERS, ConvertConfig, Layout
-from .images import MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL, UNREADABLE
+from .images import BAD_FILENAME, MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL, UNREADABLE
 
 REJECTS = "rejects"
 SKIPPED = "skipped"
@@ -54,8 +54,17 @@ class Ref:
     extras: tuple[tuple[str, Any], ...] = ()
 
 
+def printable_path(path: str) -> str:
+    """``path`` as valid UTF-8 text: bytes of a local name that are not UTF-8 become ``\\xNN``."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:  # Python keeps such bytes as lone surrogates
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def reject(path: str, reason: str, detail: str = "") -> dict[str, str]:
-    return {"path": path, "reason": reason, "detail": detail}
+    return {"path": printable_path(path), "reason": reason, "detail": detail}
 
 
 def relative_path(path: str, root: str) -> str:
@@ -114,6 +123,8 @@ def make_ref(
     extras: tuple[tuple[str, Any], ...] = (),
 ) -> Ref | dict[str, str]:
     """A Ref for a listed file, or a reject dict saying why it cannot be one."""
+    if printable_path(relpath) != relpath:
+        return reject(path, BAD_FILENAME, "the file name is not valid UTF-8 (records store it as text)")
     if layout.split_source == "manifest":
         split = SPLIT_FOLDERS.get((split_value or "").strip(), (split_value or "").strip())
         if not split:

@@ -99,3 +99,16 @@ def test_dedupe_keeps_the_first_path_across_splits(tmp_path):
     out2 = tmp_path / "out2"
     convert("--input", str(root), "--output", str(out2))  # without --dedupe every copy is a record
     assert len(read_records(out2)) == 4
+
+
+def test_a_file_name_that_is_not_utf8_is_a_reject_not_a_crash(tmp_path):
+    root = tmp_path / "names"
+    for i in range(30):
+        write(str(root / "cat" / f"{i}.jpg"), image_bytes("jpeg", seed=i))
+    odd = os.fsdecode(str(root / "cat").encode() + b"/caf\xe9.jpg")  # Latin-1 bytes from an old archive
+    write(odd, image_bytes("jpeg", seed=99))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--output", str(out))
+    assert len(read_records(out)) == 30
+    [line] = [json.loads(x) for x in (out / "rejects.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert line["reason"] == "bad_filename" and line["path"].endswith("cat/caf\\xe9.jpg")
