@@ -47,10 +47,11 @@ def _mb(n: float) -> str:
 def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
     """The dataset at a glance, fitted to 80 columns."""
     complete = FileSystems.exists(FileSystems.join(output, metadata.SUCCESS))
-    lines = [
-        f"{info['name']}  ({output})",
-        f"status: {'complete (_SUCCESS)' if complete else 'INCOMPLETE: no _SUCCESS'}",
-    ]
+    status = "complete (_SUCCESS)" if complete else "INCOMPLETE: no _SUCCESS"
+    if not complete and info.get("status") == "too_many_rejects":
+        fraction = (info.get("config") or {}).get("max_reject_fraction")
+        status += f" (more rejects than --max-reject-fraction {fraction:g})" if fraction is not None else ""
+    lines = [f"{info['name']}  ({output})", f"status: {status}"]
     lines.append(
         f"{info['examples']:,} examples, {_mb(info['bytes'])}, compression {info['compression']}, seed {info['seed']}"
     )

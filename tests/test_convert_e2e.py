@@ -354,6 +354,8 @@ def test_over_the_default_reject_budget_exit_3_without_success_and_keep_the_old_
     assert not (out / "_SUCCESS").exists()
     assert load_info(out)["status"] == "too_many_rejects"
     assert len(read_records(out)) == 18
+    shown = run_cli("inspect", str(out))
+    assert "INCOMPLETE: no _SUCCESS (more rejects than --max-reject-fraction 0.05)" in shown.stdout
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
     # A larger budget takes the incomplete run over.
