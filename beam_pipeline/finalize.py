@@ -180,6 +180,25 @@ def publish(staging: str, out_dir: str, complete: bool = True) -> None:
         write_text(success, "")
 
 
+def published_run(out_dir: str, staging: str, run_id: str) -> dict[str, Any] | None:
+    """dataset.json of run ``run_id`` if it is already in ``out_dir`` (a retried step), else None.
+
+    A publish that stopped half-way is finished (only while the staging
+    folder still holds files: publishing an empty one would delete the run).
+    """
+    info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
+    if not run_id or not FileSystems.exists(info_path):
+        return None
+    info = read_json(info_path)
+    if info.get("run_id") != run_id:
+        return None
+    # Over budget the run was published without _SUCCESS on purpose: nothing more to do.
+    if info.get("status") == OK and not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
+        if _files_under(staging):
+            publish(staging, out_dir)
+    return info
+
+
 class FinalizeFn(beam.DoFn):
     """Runs once: names the shards, writes the metadata into the staging folder, publishes.
 
@@ -203,7 +222,7 @@ class FinalizeFn(beam.DoFn):
         split_label_counts: Mapping[str, Mapping[str, int]],
     ) -> Iterator[dict[str, Any]]:
         cfg, out_dir, staging = self._cfg, self._cfg.output, self._layout.tmp_dir
-        done = self._already_done(out_dir, staging)
+        done = published_run(out_dir, staging, self._layout.run_id)
         if done is not None:
             yield done
             return
@@ -263,17 +282,3 @@ class FinalizeFn(beam.DoFn):
         elif not cfg.needs_post_steps:
             publish(staging, out_dir)
         yield info
-
-    def _already_done(self, out_dir: str, staging: str) -> dict[str, Any] | None:
-        """A retried finalize of a run that already published (or began to): finish, don't redo."""
-        info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
-        if not self._layout.run_id or not FileSystems.exists(info_path):
-            return None
-        info = read_json(info_path)
-        if info.get("run_id") != self._layout.run_id:
-            return None
-        if info.get("status") != OK:  # published over budget already: nothing more to do
-            return info
-        if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)) and _files_under(staging):
-            publish(staging, out_dir)
-        return info

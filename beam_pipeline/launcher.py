@@ -35,7 +35,7 @@ from apache_beam.runners.runner import PipelineState
 from . import metadata
 from .config import SPLIT_FOLDERS, ConvertConfig, Layout
 from .errors import PipelineError, RejectsError, UsageError, last_line
-from .finalize import read_json
+from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, read_json
 from .listing import LABEL_COLUMN, PATH_COLUMN, SPLIT_COLUMN, open_text, read_manifest_rows
 
 _LOG = logging.getLogger(__name__)
@@ -133,8 +133,6 @@ def _read_labels_file(path: str) -> tuple[str, ...]:
 
 def _is_own_file(basename: str) -> bool:
     """A top-level name a run of this tool publishes (shards, metadata, TFT/TFDS artifacts, scratch)."""
-    from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
-
     return (
         metadata.is_shard_file(basename)
         or basename in PUBLISHED_FILES
@@ -443,7 +441,8 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
     staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
     success = FileSystems.join(cfg.output, metadata.SUCCESS)
     published_info = FileSystems.join(cfg.output, metadata.DATASET_JSON)
-    if FileSystems.exists(staging_info):
+    staged = FileSystems.exists(staging_info)
+    if staged:
         info, kept_old = read_json(staging_info), FileSystems.exists(success)
     elif FileSystems.exists(published_info):  # finalize published already (no post-steps, or a failed run)
         info, kept_old = read_json(published_info), False
@@ -452,7 +451,7 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
     else:
         raise PipelineError("the pipeline ended before finalize (no dataset.json)")
     status = info.get("status", OK)
-    if status == OK and not FileSystems.exists(staging_info):
+    if status == OK and not staged:  # published by finalize or by the job's own post-steps
         return info
     if status != OK:
         rejects_at = layout.tmp_dir if kept_old else cfg.output

@@ -28,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from . import metadata
 from .config import ConvertConfig, Layout
 from .errors import PipelineError, last_line
-from .finalize import OK, publish, read_json, write_text
+from .finalize import OK, publish, published_run, read_json, write_text
 
 
 def run_post_steps(
@@ -73,16 +73,12 @@ class PostStepsFn(beam.DoFn):
         if info.get("status", OK) != OK:  # finalize decided: nothing to analyse or publish
             yield info
             return
-        published = FileSystems.join(cfg.output, metadata.DATASET_JSON)
-        staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
-        if not FileSystems.exists(staging_info) and FileSystems.exists(published):
-            done = read_json(published)
-            if done.get("run_id") == layout.run_id:  # a retry of a step that published, or began to
-                if not FileSystems.exists(FileSystems.join(cfg.output, metadata.SUCCESS)):
-                    publish(layout.tmp_dir, cfg.output)
-                yield done
-                return
+        done = published_run(cfg.output, layout.tmp_dir, layout.run_id)  # a retry of a step that published
+        if done is not None:
+            yield done
+            return
         from .launcher import make_options
 
         options, runner = make_options(["--runner=DirectRunner"])
+        staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
         yield run_post_steps(cfg, layout, read_json(staging_info), options=options, runner=runner, temp_root=None)
