@@ -122,7 +122,12 @@ def test_post_steps_in_the_job_match_the_launcher_and_publish_from_the_job(datas
     )  # fmt: skip
     info, launcher_info = load_info(out), load_info(dataset)
     assert info["config"]["post_steps"] == "job" and launcher_info["config"]["post_steps"] == "launcher"
-    assert info["transform"] == launcher_info["transform"]
+    stats = ("image_mean", "image_std")  # float sums whose order differs run to run: equal to ~1e-6
+    assert {k: v for k, v in info["transform"].items() if k not in stats} == {
+        k: v for k, v in launcher_info["transform"].items() if k not in stats
+    }
+    for key in stats:
+        assert info["transform"][key] == pytest.approx(launcher_info["transform"][key], abs=1e-5)
     assert info["tfds"]["files"] and (out / "dataset_info.json").exists()
     assert (out / "_SUCCESS").exists() and (out / "transform_fn" / "saved_model.pb").exists()
     vocab = (out / "transform_fn" / "assets" / "label").read_text()
