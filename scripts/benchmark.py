@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from measure_run import measure  # noqa: E402
 
 TUTORIAL = r"""
@@ -78,16 +79,24 @@ def list_images(root: Path) -> list[str]:
     return sorted(str(p) for p in root.rglob("*") if p.suffix.lower() in exts and p.is_file())
 
 
-def decode_floor(blobs: list[bytes], threads: int) -> dict[str, object]:
-    """Pillow full decode of preloaded bytes on one thread per core: the validation floor."""
+def full_decode(data: bytes) -> None:
+    """The issue's floor: Pillow's full decode (``Image.load()``)."""
     import io
 
     from PIL import Image
 
-    def decode(data: bytes) -> None:
-        img = Image.open(io.BytesIO(data))
-        img.load()
+    Image.open(io.BytesIO(data)).load()
 
+
+def validation_decode(data: bytes) -> None:
+    """The check ``convert`` runs per image (``prepare_image``: a JPEG kept as it is decodes at 1/8 scale)."""
+    from beam_pipeline.images import prepare_image
+
+    prepare_image(data)
+
+
+def decode_floor(blobs: list[bytes], threads: int, decode) -> dict[str, object]:
+    """``decode`` of preloaded bytes on one thread per core: no reading, hashing, Examples or writing."""
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(decode, blobs))
@@ -194,20 +203,22 @@ def main(argv: list[str] | None = None) -> int:
     for which in ("sub", "small"):
         jobs["textbook Beam (subset)", which] = ([py, "-c", TEXTBOOK, lists[which], str(work / "tb"), "3"], None)
         jobs["convert --sink write_to_tfrecord (subset)", which] = convert("wtt", which, "--sink", "write_to_tfrecord")
-    floor_name = "decode floor (Pillow, preloaded)"
+    floors = {"decode floor (Pillow full decode, preloaded)": full_decode,
+              "check floor (convert's decode check, preloaded)": validation_decode}  # fmt: skip
     blobs = [Path(f).read_bytes() for f in files]
 
     # Rounds: every contender once per round, so a slow spell of a shared
     # machine hits all of them alike; the median round counts.
     runs: dict[tuple[str, str], list[dict[str, object]]] = {key: [] for key in jobs}
-    runs[floor_name, "all"] = []
+    runs.update({(name, "all"): [] for name in floors})
     for round_no in range(1, rounds + 1):
         print(f"round {round_no}/{rounds}", flush=True)
         for (name, which), (command, clean) in jobs.items():
             print(f"  {name} ({which}, {sizes[which][0]} images)", flush=True)
             runs[name, which].append(measure_once(f"{name} ({which})", command, clean))
-        print(f"  {floor_name}", flush=True)
-        runs[floor_name, "all"].append(decode_floor(blobs, cores))
+        for name, decode in floors.items():
+            print(f"  {name}", flush=True)
+            runs[name, "all"].append(decode_floor(blobs, cores, decode))
     del blobs
     results: dict[str, dict] = {}
     for name in dict.fromkeys(name for name, _ in runs):
@@ -220,16 +231,18 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {"big": big, "steady_images_per_s": big["images"] / big["seconds"]}
 
     base = results["tutorial loop"]["steady_images_per_s"]
-    floor_rate = results["decode floor (Pillow, preloaded)"]["steady_images_per_s"]
+    floor_rate, check_rate = (results[name]["steady_images_per_s"] for name in floors)
     mean_image = total_bytes / len(files)
-    print(f"\n{'contender':<44}{'img/s':>8}{'MB/s':>8}{'startup s':>10}{'peak MB':>9}{'/loop':>7}{'/floor':>7}")
+    print(f"\n{'contender':<48}{'img/s':>8}{'MB/s':>8}{'startup s':>10}{'peak MB':>9}"
+          f"{'/loop':>7}{'/floor':>7}{'/check':>7}")  # fmt: skip
     for name, r in results.items():
         rate = r["steady_images_per_s"]
         startup = r["small"]["seconds"] - r["small"]["images"] / rate if "small" in r and rate == rate else 0.0
-        r.update(ratio_to_loop=rate / base, ratio_to_floor=rate / floor_rate, startup_seconds=startup)
+        r.update(ratio_to_loop=rate / base, ratio_to_floor=rate / floor_rate, ratio_to_check=rate / check_rate,
+                 startup_seconds=startup)  # fmt: skip
         rss = r["big"].get("peak_rss_mb")
-        print(f"{name:<44}{rate:>8,.0f}{rate * mean_image / 1e6:>8,.1f}{startup:>10.1f}"
-              f"{(rss or 0):>9,.0f}{rate / base:>7.2f}{rate / floor_rate:>7.2f}")  # fmt: skip
+        print(f"{name:<48}{rate:>8,.0f}{rate * mean_image / 1e6:>8,.1f}{startup:>10.1f}{(rss or 0):>9,.0f}"
+              f"{rate / base:>7.2f}{rate / floor_rate:>7.2f}{rate / check_rate:>7.2f}")  # fmt: skip
     meta = {"images": len(files), "bytes": total_bytes, "cores": cores, "subset_images": len(sub)}
     (out / "results.json").write_text(json.dumps({"dataset": meta, "results": results}, indent=2))
     chart(results, out / "chart.png")

@@ -72,6 +72,7 @@ def test_truncated_png_is_truncated_not_accepted():
 
 # ---- conversion policy (prepare_image) ---------------------------------------
 
+import collections  # noqa: E402
 import io  # noqa: E402
 import struct  # noqa: E402
 import zlib  # noqa: E402
@@ -205,3 +206,68 @@ def test_sixteen_bit_png_converted_keeps_tensorflow_scaling(tf):
     converted = prepare_image(data, ImageOptions(reencode_quality=95))
     assert converted.info.channels == 1
     _tf_shape_matches(converted, tf)
+
+
+# ---- the validate-only JPEG decode (1/8 scale) -------------------------------
+
+
+def _jpeg_variants():
+    rgb = Image.fromarray(pixels(96, 128, 11), "RGB")
+    return {
+        "baseline_420": encode(rgb, "JPEG", quality=90),
+        "baseline_444": encode(rgb, "JPEG", quality=90, subsampling=0),
+        "gray": encode(rgb.convert("L"), "JPEG", quality=85),
+        "progressive": encode(rgb, "JPEG", quality=90, progressive=True),
+        "optimized": encode(rgb, "JPEG", quality=75, optimize=True),
+        "restart_markers": encode(rgb, "JPEG", quality=90, restart_marker_blocks=4),
+        "odd_size": encode(rgb.crop((0, 0, 101, 77)), "JPEG", quality=80),
+    }
+
+
+def _corruptions(data: bytes, rng):
+    """(kind, bytes): truncations, bit flips, overwritten runs and deleted runs of ``data``."""
+    for cut in range(0, len(data), max(1, len(data) // 60)):
+        yield "cut", data[:cut]
+    for _ in range(150):
+        x = bytearray(data)
+        x[rng.integers(len(x))] ^= 1 << int(rng.integers(8))
+        yield "flip", bytes(x)
+    for _ in range(100):
+        x = bytearray(data)
+        at, n = int(rng.integers(len(x))), int(rng.integers(1, 64))
+        x[at : at + n] = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        yield "overwrite", bytes(x)
+    for _ in range(50):
+        x = bytearray(data)
+        at = int(rng.integers(len(x)))
+        del x[at : at + int(rng.integers(1, 200))]
+        yield "delete", bytes(x)
+
+
+def _verdict(data: bytes, options: ImageOptions) -> str:
+    try:
+        prepare_image(data, options)
+        return "ok"
+    except Rejected as r:
+        return r.reason
+
+
+def test_validate_only_jpeg_decode_rejects_the_same_files_as_a_full_decode():
+    # A JPEG kept as it is is only decoded at 1/8 scale; --reencode needs every
+    # pixel, so the same file goes through Pillow's full decode. Both must agree
+    # on every corrupted file: same accept/reject, same reason.
+    rng = np.random.default_rng(7)
+    full = ImageOptions(reencode_quality=90)
+    differ, seen = [], collections.Counter()
+    for name, data in _jpeg_variants().items():
+        for kind, broken in _corruptions(data, rng):
+            quick, thorough = _verdict(broken, ImageOptions()), _verdict(broken, full)
+            seen[kind, thorough] += 1
+            if quick != thorough:
+                differ.append((name, kind, len(broken), quick, thorough))
+    assert not differ, differ[:10]
+    # The corpus must hold many files both decodes reject, also with the damage
+    # inside the data (not only cut short), or agreeing proves nothing.
+    rejected_inside = sum(n for (kind, verdict), n in seen.items() if kind != "cut" and verdict != "ok")
+    assert rejected_inside >= 100 and seen["cut", "truncated"] >= 300, seen
+    assert sum(n for (_, verdict), n in seen.items() if verdict == "ok") >= 1000, seen
