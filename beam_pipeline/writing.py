@@ -90,7 +90,7 @@ def build_record(
     extra_types: Mapping[str, str],
     image_options: ImageOptions | None = None,
 ) -> tuple[bytes, Prepared]:
-    """Validates ``data`` (full decode), converts it if the policy says so; (Example bytes, Prepared)."""
+    """Validates ``data`` (prepare_image decodes it), converts it if the policy says so; (Example bytes, Prepared)."""
     prepared = prepare_image(data, image_options)
     info = prepared.info
     features: dict[str, Any] = {
