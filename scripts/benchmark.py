@@ -1,4 +1,4 @@
-"""Benchmark: beam_pipeline against the tutorial loop, the textbook Beam pipeline and the decode floor.
+"""Benchmark: beam_pipeline against the tutorial loop, the textbook Beam pipeline and two decode floors.
 
     .venv/bin/python scripts/benchmark.py --make-gb 2 --data bench-data   # generate, then measure
     .venv/bin/python scripts/benchmark.py --data bench-data               # measure an existing folder
@@ -130,15 +130,15 @@ def chart(results: dict[str, dict], path: Path) -> None:
 
     rows = [(k, v["steady_images_per_s"]) for k, v in results.items() if v.get("steady_images_per_s", 0) > 0]
     top = max(r for _, r in rows) if rows else 1
-    img = Image.new("RGB", (760, 40 + 30 * len(rows)), "white")
+    img = Image.new("RGB", (880, 40 + 30 * len(rows)), "white")
     draw = ImageDraw.Draw(img)
     draw.text((10, 10), "steady-state images/s (same files, same run)", fill="black")
     for i, (name, rate) in enumerate(rows):
         y = 40 + 30 * i
-        draw.text((10, y + 6), name[:34], fill="black")
+        draw.text((10, y + 6), name[:52], fill="black")
         width = int(420 * rate / top) if rate == rate else 0
-        draw.rectangle((260, y + 4, 260 + width, y + 22), fill=(70, 120, 200))
-        draw.text((265 + width, y + 6), f"{rate:,.0f}", fill="black")
+        draw.rectangle((380, y + 4, 380 + width, y + 22), fill=(70, 120, 200))
+        draw.text((385 + width, y + 6), f"{rate:,.0f}", fill="black")
     img.save(path)
 
 
