@@ -16,6 +16,7 @@ them alike. Writes results JSON and a PNG bar chart.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -27,9 +28,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from PIL import Image, ImageDraw
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from measure_run import measure  # noqa: E402
+
+from beam_pipeline.images import prepare_image  # noqa: E402
 
 TUTORIAL = r"""
 import io, sys, glob, os
@@ -81,17 +86,11 @@ def list_images(root: Path) -> list[str]:
 
 def full_decode(data: bytes) -> None:
     """The issue's floor: Pillow's full decode (``Image.load()``)."""
-    import io
-
-    from PIL import Image
-
     Image.open(io.BytesIO(data)).load()
 
 
 def validation_decode(data: bytes) -> None:
     """The check ``convert`` runs per image (``prepare_image``: a JPEG kept as it is decodes at 1/8 scale)."""
-    from beam_pipeline.images import prepare_image
-
     prepare_image(data)
 
 
@@ -133,8 +132,6 @@ def steady(big: dict, small: dict) -> float:
 
 
 def chart(results: dict[str, dict], path: Path) -> None:
-    from PIL import Image, ImageDraw
-
     rows = [(k, v["steady_images_per_s"]) for k, v in results.items() if v.get("steady_images_per_s", 0) > 0]
     top = max(r for _, r in rows) if rows else 1
     img = Image.new("RGB", (880, 40 + 30 * len(rows)), "white")
