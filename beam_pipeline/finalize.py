@@ -1,32 +1,69 @@
-"""Finalize: runs once, after every shard is written, and makes the run visible.
+"""Finalize and publish: make a run visible, correctly even when a step is run twice.
 
-Order matters: the old ``_SUCCESS`` goes first, temp shards get their final
-names (dropping empty shards and numbering the rest), stale shards of an
-older run go, then ``labels.txt``, ``rejects.jsonl``, ``dataset.json`` and
-``_SUCCESS`` last.  Every step can be repeated: a retried finalize finds
-shards already renamed and goes on, and a retried writer's extra temp file is
-never picked (finalize takes one result per shard, from committed bundles).
+Finalize runs once, after every shard is written: temp shards get their final
+names inside the run's staging folder (empty shards dropped, the rest
+numbered), the rejects parts are streamed into one ``rejects.jsonl``, then
+``labels.txt`` and ``dataset.json``.  Publish then moves the staging folder
+into the output.
+
+Every step may run again with the same inputs (Dataflow retries a bundle
+that failed half-way, and re-runs a step whose output was lost):
+
+- finalize's renames are "source gone and destination present = done", and
+  what an earlier attempt wrote is rewritten the same;
+- publish first writes a **manifest** into the staging folder (the run's
+  files with their sizes, and the files of an older run to remove), then
+  works only from it: a retry finds the manifest and finishes the same
+  plan. The old ``_SUCCESS`` goes right before the first change, the run's
+  files move in, the older run's files go, ``dataset.json`` moves last, every
+  manifest entry is checked present with its size, and only then is
+  ``_SUCCESS`` written;
+- ``published_run()`` tells a retried step that its run is in the output
+  already (``dataset.json`` names the run id) or half-published (the
+  manifest exists): it finishes the publish instead of redoing the step.
+
 A run that may not publish (nothing converted, more rejects than
 ``--max-reject-fraction``) leaves an existing dataset untouched; into an
 empty folder it writes its files without ``_SUCCESS``.
+
+Renames and deletes on GCS go in batches of ``BATCH`` (one HTTP batch call
+each for the copies and the deletes) through one client per process; what
+exists is learnt from one listing of the staging folder and one of the
+output, not one request per file.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
+import shutil
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import metadata
+from . import failpoints, metadata
 from .config import ConvertConfig, Layout
 
 _LOG = logging.getLogger(__name__)
+
+# Inside the staging folder, never published: the publish plan, and the
+# rejects as part files (one per hash bucket of the path) until finalize
+# streams them into rejects.jsonl.
+PUBLISH_MANIFEST = "_publish.json"
+REJECT_PARTS = "_rejects"
+REJECT_BUCKETS = 256
+# Renames/deletes per GCS batch request (Beam's gcsio allows at most 100).
+BATCH = 100
+# Scratch folders of other runs are removed only when their run started this
+# long ago: a younger one may belong to a run still going on the same output.
+STALE_TMP_AGE_S = 3 * 24 * 3600
 
 
 def write_text(path: str, text: str) -> None:
@@ -51,6 +88,100 @@ def list_dir(path: str) -> list[str]:
     return sorted(m.path for m in found if "/" not in m.path[len(prefix) :])
 
 
+def _sizes_under(path: str) -> dict[str, int]:
+    """{relative path: size} of every file under ``path`` (one listing; hidden folders not entered locally)."""
+    prefix = path.rstrip("/") + "/"
+    try:
+        found = FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list
+    except Exception:  # noqa: BLE001 - nothing there
+        return {}
+    return {m.path[len(prefix) :]: m.size_in_bytes for m in found if m.path.startswith(prefix)}
+
+
+def _files_under(path: str) -> list[str]:
+    prefix = path.rstrip("/") + "/"
+    return sorted(prefix + rel for rel in _sizes_under(path))
+
+
+# --- batched file operations -------------------------------------------------
+
+_gcs_lock = threading.Lock()
+_gcs_client: list[Any] = []
+
+
+def _gcs() -> Any:
+    """One Beam GcsIO (one storage client and HTTP session) per process, made on first use."""
+    with _gcs_lock:
+        if not _gcs_client:
+            from apache_beam.io.gcp import gcsio
+
+            _gcs_client.append(gcsio.GcsIO(pipeline_options=FileSystems._pipeline_options))  # noqa: SLF001
+        return _gcs_client[0]
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def move_files(pairs: Sequence[tuple[str, str]], existing: set[str], point: str) -> None:
+    """Renames each (src, dst); a pair whose src is gone and dst present is done already.
+
+    ``existing`` holds the paths known to exist (from listings made just
+    before), so no request per file asks. A pair with neither side present
+    raises FileNotFoundError: a file of the run is lost.
+    """
+    todo = []
+    for src, dst in pairs:
+        if src in existing:
+            todo.append((src, dst))
+        elif dst not in existing:
+            raise FileNotFoundError(f"{src}: gone, and {dst} is not there either")
+    remote = [p for p in todo if "://" in p[0]]
+    for src, dst in todo:
+        if "://" in src:
+            continue
+        failpoints.hit(point)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.replace(src, dst)
+    for chunk in _chunks(remote, BATCH):
+        for _ in chunk:
+            failpoints.hit(point)
+        gcs = _gcs()
+        failed = [(s, d, e) for s, d, e in gcs.copy_batch(list(chunk)) if e is not None]
+        if failed:
+            raise OSError(f"copying {failed[0][0]} to {failed[0][1]}: {failed[0][2]} ({len(failed)} failed)")
+        failed_deletes = [(p, e) for p, e in gcs.delete_batch([s for s, _ in chunk]) if e is not None]
+        if failed_deletes and not all(_not_found(e) for _, e in failed_deletes):
+            raise OSError(f"deleting {failed_deletes[0][0]}: {failed_deletes[0][1]}")
+
+
+def _not_found(error: Any) -> bool:
+    return "404" in str(error) or "Not Found" in str(error) or "NotFound" in type(error).__name__
+
+
+def delete_files(paths: Sequence[str], point: str | None = None) -> None:
+    """Deletes files (batched on GCS); one already gone is fine."""
+    local = [p for p in paths if "://" not in p]
+    remote = [p for p in paths if "://" in p]
+    for path in local:
+        if point:
+            failpoints.hit(point)
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(path, ignore_errors=True)
+    for chunk in _chunks(remote, BATCH):
+        if point:
+            for _ in chunk:
+                failpoints.hit(point)
+        failed = [(p, e) for p, e in _gcs().delete_batch(list(chunk)) if e is not None and not _not_found(e)]
+        if failed:
+            raise OSError(f"deleting {failed[0][0]}: {failed[0][1]}")
+
+
 def delete_quietly(paths: Sequence[str]) -> None:
     for path in paths:
         try:
@@ -61,20 +192,53 @@ def delete_quietly(paths: Sequence[str]) -> None:
 
 def delete_tree(path: str) -> None:
     """Deletes a scratch folder and everything under it."""
-    delete_quietly(_files_under(path))
+    delete_files(_files_under(path))
     if "://" not in path:
-        delete_quietly([path])
+        shutil.rmtree(path, ignore_errors=True)
 
 
-def stale_tmp_dirs(out_dir: str) -> list[str]:
-    """Scratch folders of earlier runs of this tool in ``out_dir``."""
+def _remove_empty_dirs(root: str) -> None:
+    """Local only: folders left empty under ``root`` (after moving or deleting their files) go."""
+    if "://" in root or not os.path.isdir(root):
+        return
+    for dirpath, _, _ in sorted(os.walk(root), key=lambda t: -len(t[0])):
+        try:
+            os.rmdir(dirpath)  # only succeeds when empty
+        except OSError:
+            pass
+
+
+def _run_started(folder_name: str) -> float | None:
+    """Seconds since the epoch when the run of a scratch folder started (from its run id), or None."""
+    stamp = folder_name[len(metadata.TMP_PREFIX) :][:15]
+    try:
+        return time.mktime(time.strptime(stamp, "%Y%m%d-%H%M%S"))
+    except ValueError:
+        return None
+
+
+def stale_tmp_dirs(out_dir: str, keep: str = "", now: float | None = None) -> list[str]:
+    """Scratch folders of runs of this tool in ``out_dir`` that started over STALE_TMP_AGE_S ago.
+
+    A younger one may be a run still going (two runs on one output): it is
+    left alone. ``keep`` (this run's own) is never listed.
+    """
     pattern = FileSystems.join(out_dir, metadata.TMP_PREFIX + "*")
     prefix = FileSystems.join(out_dir, metadata.TMP_PREFIX)
     try:
         found = FileSystems.match([pattern + "/**"])[0].metadata_list
     except Exception:  # noqa: BLE001 - nothing there
         return []
-    return sorted({prefix + m.path[len(prefix) :].split("/", 1)[0] for m in found})
+    now = time.time() if now is None else now
+    out = []
+    for folder in sorted({prefix + m.path[len(prefix) :].split("/", 1)[0] for m in found}):
+        started = _run_started(folder.rsplit("/", 1)[-1])
+        if folder.rstrip("/") != keep.rstrip("/") and started is not None and now - started > STALE_TMP_AGE_S:
+            out.append(folder)
+    return out
+
+
+# --- finalize ------------------------------------------------------------------
 
 
 def choose_results(results: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Mapping[str, Any]]:
@@ -103,11 +267,8 @@ def final_layout(
 
 def rename_idempotent(src: str, dst: str) -> None:
     """Renames src → dst; a retry that finds src gone and dst present is done already."""
-    if not FileSystems.exists(src) and FileSystems.exists(dst):
-        return
-    if "://" not in dst:  # a local rename needs the destination folder
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-    FileSystems.rename([src], [dst])
+    existing = {p for p in (src, dst) if FileSystems.exists(p)}
+    move_files([(src, dst)], existing, "finalize.rename")
 
 
 def merge_counts(dicts: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -115,6 +276,38 @@ def merge_counts(dicts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     for d in dicts:
         total.update(d)
     return dict(sorted(total.items()))
+
+
+def reject_bucket(path: str) -> int:
+    """Which rejects part a reject goes to (a hash of its path: the same on every attempt)."""
+    return int.from_bytes(hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()[:4], "big") % REJECT_BUCKETS
+
+
+class WriteRejectPartFn(beam.DoFn):
+    """(bucket, [reject]) → one part file of rejects.jsonl in the staging folder; yields its path.
+
+    The part's name depends on the bucket only and its lines are sorted, so a
+    retried bundle rewrites the same bytes. Memory: one bucket's rejects
+    (1/REJECT_BUCKETS of them).
+    """
+
+    def __init__(self, staging: str) -> None:
+        self._staging = staging
+
+    def process(self, element: tuple[int, Iterable[Mapping[str, str]]]) -> Iterator[str]:
+        bucket, rejects = element
+        path = FileSystems.join(self._staging, REJECT_PARTS, f"part-{bucket:05d}.jsonl")
+        failpoints.hit("rejects.write")
+        write_text(path, metadata.rejects_jsonl(rejects))
+        yield path
+
+
+def concat_files(parts: Sequence[str], dest: str) -> None:
+    """Streams the parts, in order, into one file (never more than a buffer in memory)."""
+    with FileSystems.create(dest, compression_type="uncompressed") as out:
+        for part in parts:
+            with FileSystems.open(part, compression_type="uncompressed") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
 
 
 # Files and folders a run publishes besides the shards; anything of these an
@@ -141,61 +334,137 @@ def outcome(examples: int, rejects: int, max_reject_fraction: float) -> str:
     return OK
 
 
-def _files_under(path: str) -> list[str]:
+# --- publish -------------------------------------------------------------------
+
+
+def _is_published_name(rel: str) -> bool:
+    """A path (relative to the output) of a file a run of this tool publishes (not _SUCCESS, not scratch)."""
+    top = rel.split("/", 1)[0]
+    if "/" in rel:
+        return top in PUBLISHED_DIRS
+    return metadata.is_shard_file(rel) or rel in PUBLISHED_FILES
+
+
+def _output_sizes(out_dir: str) -> dict[str, int]:
+    """{relative path: size} in the output, scratch folders left out (GCS lists them, local globs do not)."""
+    return {rel: size for rel, size in _sizes_under(out_dir).items() if not rel.startswith(metadata.TMP_PREFIX)}
+
+
+def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]:
+    staged = {
+        rel: size
+        for rel, size in _sizes_under(staging).items()
+        if not rel.startswith((PUBLISH_MANIFEST, REJECT_PARTS + "/"))
+    }
+    if metadata.DATASET_JSON not in staged:
+        raise FileNotFoundError(f"{staging}: no {metadata.DATASET_JSON} to publish")
+    old = _output_sizes(out_dir)
+    stale = sorted(rel for rel in old if _is_published_name(rel) and rel not in staged)
+    return {"files": dict(sorted(staged.items())), "stale": stale, "complete": complete}
+
+
+def _read_manifest(staging: str) -> dict[str, Any] | None:
+    path = FileSystems.join(staging, PUBLISH_MANIFEST)
     try:
-        return sorted(m.path for m in FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list)
-    except Exception:  # noqa: BLE001 - nothing there
-        return []
+        manifest = read_json(path)
+    except Exception:  # noqa: BLE001 - absent, or cut short by a crash before any move (then remade)
+        return None
+    return manifest if isinstance(manifest, dict) and "files" in manifest else None
+
+
+def _write_manifest(staging: str, manifest: Mapping[str, Any]) -> None:
+    """Written whole or not at all: a GCS object appears complete; locally a rename makes it so."""
+    failpoints.hit("publish.manifest")
+    path = FileSystems.join(staging, PUBLISH_MANIFEST)
+    text = json.dumps(manifest, indent=1) + "\n"
+    if "://" in path:
+        write_text(path, text)
+    else:
+        write_text(path + ".part", text)
+        os.replace(path + ".part", path)
 
 
 def publish(staging: str, out_dir: str, complete: bool = True) -> None:
-    """Moves a run from its staging folder into ``out_dir``; ``_SUCCESS`` last.
+    """Moves a run from its staging folder into ``out_dir``; ``_SUCCESS`` last. Safe to run again.
 
-    Until this starts, an older dataset in ``out_dir`` is untouched. Its
-    ``_SUCCESS`` goes first, so a publish that dies half-way leaves no
-    ``_SUCCESS``; running it again finishes the job (moves are idempotent).
-    ``complete=False`` (a run over its reject budget) moves the files but
-    writes no ``_SUCCESS``.
+    Until this starts, an older dataset in ``out_dir`` is untouched; its
+    ``_SUCCESS`` goes right before the first change. A publish that dies at
+    any point leaves no ``_SUCCESS``, and running it again (same staging
+    folder) finishes it from the manifest. ``complete=False`` (a run over its
+    reject budget) moves the files but writes no ``_SUCCESS``; a resumed
+    publish keeps what the manifest says.
     """
-    success = FileSystems.join(out_dir, metadata.SUCCESS)
-    delete_quietly([success])
-    prefix = staging.rstrip("/") + "/"
-    new_files = [path[len(prefix) :] for path in _files_under(staging)]
-    new_top = {rel.split("/", 1)[0] for rel in new_files}
-    for name in PUBLISHED_DIRS:  # whole folders are replaced, never merged
-        delete_tree(FileSystems.join(out_dir, name))
-    for rel in new_files:
-        rename_idempotent(prefix + rel, FileSystems.join(out_dir, rel))
-    stale = [
-        p
-        for p in list_dir(out_dir)
-        if p.rsplit("/", 1)[-1] not in new_top
-        and (metadata.is_shard_file(p.rsplit("/", 1)[-1]) or p.rsplit("/", 1)[-1] in PUBLISHED_FILES)
-    ]
-    delete_quietly(stale)
-    delete_tree(staging)
-    for stale_tmp in stale_tmp_dirs(out_dir):  # left by killed runs
-        delete_tree(stale_tmp)
-    if complete:
+    manifest = _read_manifest(staging)
+    if manifest is None:
+        manifest = _make_manifest(staging, out_dir, complete)
+        _write_manifest(staging, manifest)
+    files: dict[str, int] = manifest["files"]
+    stale: list[str] = manifest["stale"]
+    src = staging.rstrip("/") + "/"
+    dst = out_dir.rstrip("/") + "/"
+
+    in_staging = {src + rel for rel in _sizes_under(staging)}
+    in_output = {dst + rel for rel in _output_sizes(out_dir)}
+    existing = in_staging | in_output
+    success = dst + metadata.SUCCESS
+    pending_moves = [rel for rel in files if src + rel in in_staging]
+    pending_stale = [rel for rel in stale if dst + rel in in_output]
+    if (pending_moves or pending_stale) and success in in_output:
+        delete_files([success], "publish.delete")
+
+    # The run's files, dataset.json last; then the older run's files go.
+    order = sorted(files, key=lambda rel: (rel == metadata.DATASET_JSON, rel))
+    body = [rel for rel in order if rel != metadata.DATASET_JSON]
+    move_files([(src + rel, dst + rel) for rel in body], existing, "publish.move")
+    delete_files([dst + rel for rel in pending_stale], "publish.delete")
+    for name in PUBLISHED_DIRS:
+        _remove_empty_dirs(dst + name)
+    move_files([(src + metadata.DATASET_JSON, dst + metadata.DATASET_JSON)], existing, "publish.move")
+
+    now = _output_sizes(out_dir)
+    missing = [rel for rel, size in files.items() if now.get(rel) != size]
+    left = [rel for rel in stale if rel in now]
+    if missing or left:
+        raise OSError(
+            f"publish into {out_dir} did not check out: {len(missing)} files missing or of another size "
+            f"({(missing or left)[0]}), {len(left)} old files still there"
+        )
+    if manifest.get("complete", True):
+        failpoints.hit("publish.success")
         write_text(success, "")
+    cleanup_staging(staging, out_dir)
+
+
+def cleanup_staging(staging: str, out_dir: str) -> None:
+    """Deletes this run's staging folder (the manifest last) and scratch of long-dead runs."""
+    manifest = FileSystems.join(staging, PUBLISH_MANIFEST)
+    delete_files([p for p in _files_under(staging) if p != manifest])
+    delete_files([manifest])
+    if "://" not in staging:
+        shutil.rmtree(staging, ignore_errors=True)
+    for stale_tmp in stale_tmp_dirs(out_dir, keep=staging):  # left by killed runs, days ago
+        delete_tree(stale_tmp)
 
 
 def published_run(out_dir: str, staging: str, run_id: str) -> dict[str, Any] | None:
-    """dataset.json of run ``run_id`` if it is already in ``out_dir`` (a retried step), else None.
+    """dataset.json of run ``run_id`` if a step already published it (a retried step), else None.
 
-    A publish that stopped half-way is finished (only while the staging
-    folder still holds files: publishing an empty one would delete the run).
+    A publish that stopped half-way (its manifest is in the staging folder)
+    is finished first. A staging folder without a manifest was never
+    published from, so None sends the caller through its step again.
     """
+    if not run_id:
+        return None
     info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
-    if not run_id or not FileSystems.exists(info_path):
+    if _read_manifest(staging) is not None:
+        publish(staging, out_dir)
+        return read_json(info_path)
+    if not FileSystems.exists(info_path):
         return None
     info = read_json(info_path)
     if info.get("run_id") != run_id:
         return None
-    # Over budget the run was published without _SUCCESS on purpose: nothing more to do.
-    if info.get("status") == OK and not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
-        if _files_under(staging):
-            publish(staging, out_dir)
+    cleanup_staging(staging, out_dir)  # the manifest goes last: a cleanup cut short is redone here
     return info
 
 
@@ -203,8 +472,11 @@ class FinalizeFn(beam.DoFn):
     """Runs once: names the shards, writes the metadata into the staging folder, publishes.
 
     Yields the dataset.json dict. With post-steps (TFT analysis, TFDS
-    metadata) the launcher publishes after them; a run that may not publish
-    (too many rejects, nothing converted) leaves an older dataset untouched.
+    metadata) those publish after them; a run that may not publish (too many
+    rejects, nothing converted) leaves an older dataset untouched.
+
+    Side inputs stay small whatever the input size: one result per shard,
+    one rejects part path per non-empty hash bucket, counts per reason.
     """
 
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
@@ -215,8 +487,9 @@ class FinalizeFn(beam.DoFn):
         self,
         _: Any,
         results: Sequence[Mapping[str, Any]],
-        rejects: Sequence[Mapping[str, str]],
-        skipped: Sequence[str],
+        reject_parts: Sequence[str],
+        reject_counts: Sequence[tuple[str, int]],
+        skipped_counts: Sequence[tuple[str, int]],
         labels: Sequence[str],
         extra_types: Mapping[str, str],
         split_label_counts: Mapping[str, Mapping[str, int]],
@@ -240,6 +513,7 @@ class FinalizeFn(beam.DoFn):
                 "shards": [{"file": f, "records": r["records"], "bytes": r["bytes"]} for f, r in files],
                 "labels": dict(label_counts) if labelled else None,
             }
+        rejects_by_reason = dict(sorted(reject_counts, key=lambda kv: (-kv[1], kv[0])))
         info = metadata.dataset_json(
             name=cfg.name,
             splits=splits,
@@ -248,28 +522,36 @@ class FinalizeFn(beam.DoFn):
             compression=cfg.compression,
             seed=cfg.seed,
             config=cfg.as_dict(),
-            rejects=metadata.count_by(r["reason"] for r in rejects),
-            skipped=metadata.count_by(skipped),
+            rejects=rejects_by_reason,
+            skipped=dict(sorted(skipped_counts, key=lambda kv: (-kv[1], kv[0]))),
             sink=cfg.sink,
         )
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
-        info["status"] = outcome(info["examples"], len(rejects), cfg.max_reject_fraction)
+        info["status"] = outcome(info["examples"], sum(rejects_by_reason.values()), cfg.max_reject_fraction)
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
-        rejects_text = metadata.rejects_jsonl(rejects)
 
-        # Temp shards get their final names inside the staging folder; what a
-        # retried or empty writer left there goes.
-        final_paths = set()
-        for files in layout.values():
-            for final, result in files:
-                final_path = FileSystems.join(staging, final)
-                rename_idempotent(result["tmp_path"], final_path)
-                final_paths.add(final_path)
-        delete_quietly([p for p in _files_under(staging) if p not in final_paths])
+        # Temp shards get their final names inside the staging folder (one
+        # listing, batched renames); what a retried or empty writer left there
+        # goes. The rejects parts stay until the staging folder is removed.
+        prefix = staging.rstrip("/") + "/"
+        in_staging = set(_files_under(staging))
+        pairs = [
+            (result["tmp_path"], FileSystems.join(staging, final))
+            for files in layout.values()
+            for final, result in files
+        ]
+        move_files(pairs, in_staging, "finalize.rename")
+        keep = {dst for _, dst in pairs}
+        delete_files(
+            [p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(REJECT_PARTS + "/")]
+        )
+        failpoints.hit("finalize.write")
+        concat_files(sorted(set(reject_parts)), FileSystems.join(staging, metadata.REJECTS_JSONL))
         if labelled:
+            failpoints.hit("finalize.write")
             write_text(FileSystems.join(staging, metadata.LABELS_TXT), "".join(f"{label}\n" for label in labels))
-        write_text(FileSystems.join(staging, metadata.REJECTS_JSONL), rejects_text)
+        failpoints.hit("finalize.write")
         write_text(FileSystems.join(staging, metadata.DATASET_JSON), info_text)
 
         if info["status"] != OK:

@@ -1,7 +1,7 @@
 """The conversion pipeline, built but not run (tests and the launcher drive it).
 
-list ──► refs ──► plan shards ──► group refs by shard ──► write shard ──► finalize
-              └─► labels, extra-column types (side inputs)        └─► rejects
+list ──► refs ──► plan shards ──► group refs by shard ──► write shard ──► finalize ─(reshuffle)─► post-steps
+              └─► labels, extra-column types (side inputs)        └─► rejects ──► counts, part files
 
 p = build_pipeline(cfg, layout, options)   # beam.Pipeline, nothing run yet
 p.run().wait_until_finish()
@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
-from .finalize import FinalizeFn
+from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
 from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs
 from .planning import PlanShards, ShardPlan, assign_shard
 from .writing import DecodeFn, WriteShardFn, compression_type, count_records
@@ -130,6 +130,21 @@ def build_pipeline(
         )
 
     rejects = (listing_rejects, write_rejects) | "AllRejects" >> beam.Flatten()
+    # Finalize's side inputs stay small at any scale: rejects are counted by
+    # reason here and written as sorted part files (one per hash bucket of the
+    # path) that finalize streams into rejects.jsonl; only the part paths reach it.
+    reject_counts = (
+        rejects
+        | "RejectReasonOf" >> beam.Map(lambda r: r["reason"])
+        | "CountRejectReasons" >> beam.combiners.Count.PerElement()
+    )
+    reject_parts = (
+        rejects
+        | "RejectBucketOf" >> beam.Map(lambda r: (reject_bucket(r["path"]), r))
+        | "GroupRejectBuckets" >> beam.GroupByKey()
+        | "WriteRejectParts" >> beam.ParDo(WriteRejectPartFn(layout.tmp_dir))
+    )
+    skipped_counts = listed[SKIPPED] | "CountSkipReasons" >> beam.combiners.Count.PerElement()
     finalized = (
         p
         | "Once" >> beam.Create([None])
@@ -137,8 +152,9 @@ def build_pipeline(
         >> beam.ParDo(
             FinalizeFn(cfg, layout),
             beam.pvalue.AsList(results),
-            beam.pvalue.AsList(rejects),
-            beam.pvalue.AsList(listed[SKIPPED]),
+            beam.pvalue.AsList(reject_parts),
+            beam.pvalue.AsList(reject_counts),
+            beam.pvalue.AsList(skipped_counts),
             beam.pvalue.AsSingleton(labels),
             beam.pvalue.AsSingleton(extra_types),
             beam.pvalue.AsSingleton(split_label_counts),
@@ -147,7 +163,9 @@ def build_pipeline(
     if cfg.needs_post_steps and cfg.post_steps == "job":
         from .poststeps import PostStepsFn
 
-        _ = finalized | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout))
+        # The Reshuffle commits finalize's output before the post-steps start:
+        # a failed (retried) post-step does not run finalize again.
+        _ = finalized | "AfterFinalize" >> beam.Reshuffle() | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout))
     return p
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import metadata
+from . import failpoints, metadata
 from .config import ConvertConfig, Layout
 from .errors import PipelineError, last_line
 from .finalize import OK, publish, published_run, read_json, write_text
@@ -39,6 +39,7 @@ def run_post_steps(
 
     staging = layout.tmp_dir
     if cfg.transform:
+        failpoints.hit("poststeps.step")
         from .analysis import run_analysis
 
         try:
@@ -54,8 +55,10 @@ def run_post_steps(
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {last_line(e)}") from e
     if cfg.tfds_metadata:
+        failpoints.hit("poststeps.step")
         why_not = tfds_metadata.skip_reason(info)
         info["tfds"] = {"files": tfds_metadata.write(staging, info)} if why_not is None else {"skipped": why_not}
+    failpoints.hit("poststeps.step")
     write_text(FileSystems.join(staging, metadata.DATASET_JSON), json.dumps(info, indent=2, ensure_ascii=False) + "\n")
     publish(staging, cfg.output)
     return info

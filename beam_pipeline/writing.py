@@ -28,7 +28,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from . import examples
+from . import examples, failpoints
 from .images import DECODE_ERROR, MISSING, UNREADABLE, ImageOptions, Prepared, Rejected, prepare_image
 from .listing import REJECTS, Ref, coerce, reject
 
@@ -196,6 +196,7 @@ class WriteShardFn(beam.DoFn):
                     continue
                 PROGRESS.add(images=1)
                 record, prepared = result
+                failpoints.hit("writer.record")
                 _TFRecordUtil.write_record(out, record)
                 records += 1
                 if ref.label is not None:
@@ -206,6 +207,7 @@ class WriteShardFn(beam.DoFn):
         self._shards.inc()
         PROGRESS.add(shards=1)
         size = FileSystems.match([tmp_path])[0].metadata_list[0].size_in_bytes
+        failpoints.hit("writer.result")
         yield {
             "split": split,
             "shard": shard,

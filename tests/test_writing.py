@@ -153,7 +153,7 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
         root=str(tmp_path / "in"), pattern=None, manifest=None, manifest_format=None, tmp_dir=staging, run_id="r1"
     )
     finalize = FinalizeFn(cfg, layout)
-    [info] = list(finalize.process(None, first + second, [], [], ["cat"], {}, {}))
+    [info] = list(finalize.process(None, first + second, [], [], [], ["cat"], {}, {}))
     assert info["examples"] == 5
     shards = sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name)
     assert shards == ["ds-train.tfrecord-00000-of-00001"]
@@ -161,7 +161,7 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     assert (out / "_SUCCESS").exists() and not (out / ".beam_pipeline-tmp-test").exists()
     # A retried finalize (same side inputs) finds the run published and leaves it as it is.
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    [again] = list(FinalizeFn(cfg, layout).process(None, first + second, [], [], ["cat"], {}, {}))
+    [again] = list(FinalizeFn(cfg, layout).process(None, first + second, [], [], [], ["cat"], {}, {}))
     assert again["examples"] == 5
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 

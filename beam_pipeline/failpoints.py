@@ -1,0 +1,83 @@
+"""Named failpoints: make a step crash at a chosen operation, to test what a retry does.
+
+    BEAM_PIPELINE_FAILPOINTS="publish.move:3,finalize.rename:2" python -m beam_pipeline convert ...
+
+Each entry is ``point:k``: the k-th time this process reaches ``point`` it
+raises ``FailpointError`` (before doing that operation), once; later hits of
+the point, in this process, pass. "Once" is per process: a runner that starts
+a fresh worker process for the retry (or several worker processes) counts
+again from zero in each, and an in-process retry (a test calling the step a
+second time) passes unless ``reset()`` is called in between. Without the
+variable every ``hit`` is a dictionary lookup and returns.
+
+Points (each hit comes before the operation it names):
+
+- ``writer.record``: each record a shard writer writes;
+- ``writer.result``: a shard writer about to emit its shard's result;
+- ``rejects.write``: each rejects part file written;
+- ``finalize.rename``: each temp shard renamed to its final name in staging;
+- ``finalize.write``: each metadata file finalize writes (rejects.jsonl, labels.txt, dataset.json);
+- ``poststeps.step``: each post-step (TFT analysis, TFDS metadata, dataset.json);
+- ``publish.manifest``: writing the publish manifest;
+- ``publish.move``: each file moved from staging into the output;
+- ``publish.delete``: each file of an older run deleted from the output (``_SUCCESS`` included);
+- ``publish.success``: writing ``_SUCCESS``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+ENV = "BEAM_PIPELINE_FAILPOINTS"
+
+
+class FailpointError(RuntimeError):
+    """Raised by an armed failpoint (never caught by this package)."""
+
+
+_lock = threading.Lock()
+_counts: dict[str, int] = {}
+_parsed: tuple[str, dict[str, int]] = ("", {})
+
+
+def parse(spec: str) -> dict[str, int]:
+    """``"a.b:3,c.d:1"`` → {"a.b": 3, "c.d": 1}; a malformed entry raises ValueError naming it."""
+    out: dict[str, int] = {}
+    for entry in spec.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, sep, k = entry.rpartition(":")
+        if not sep or not name or not k.isdigit() or int(k) < 1:
+            raise ValueError(f"{ENV}: bad entry {entry!r} (expected point:k with k >= 1)")
+        out[name] = int(k)
+    return out
+
+
+def _armed() -> dict[str, int]:
+    global _parsed
+    spec = os.environ.get(ENV, "")
+    if spec != _parsed[0]:
+        _parsed = (spec, parse(spec))
+    return _parsed[1]
+
+
+def hit(point: str) -> None:
+    """Counts one operation of ``point``; raises FailpointError at the armed k-th one."""
+    if not os.environ.get(ENV):
+        return
+    k = _armed().get(point)
+    if k is None:
+        return
+    with _lock:
+        n = _counts.get(point, 0) + 1
+        _counts[point] = n
+    if n == k:
+        raise FailpointError(f"failpoint {point} at operation {k}")
+
+
+def reset() -> None:
+    """Forgets the counts of this process (tests: arm the same points again)."""
+    with _lock:
+        _counts.clear()
