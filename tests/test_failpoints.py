@@ -242,7 +242,7 @@ def test_sweep_every_point_without_post_steps(tmp_path, armed):
             shutil.copytree(base, out)
             crashed = []
 
-            def after_crash(out=out, point=point, crashed=crashed) -> None:
+            def after_crash(out=out, point=point, k=k, crashed=crashed) -> None:
                 crashed.append(True)
                 now = snapshot(out, raw=True)
                 if point in BEFORE_PUBLISH or point == "publish.manifest":
@@ -308,7 +308,7 @@ def test_sweep_post_steps_and_publish_with_tft_and_tfds(tmp_path, armed):
             here = _at(job, out)
             crashed = []
 
-            def after_crash(out=out, point=point, crashed=crashed) -> None:
+            def after_crash(out=out, point=point, k=k, crashed=crashed) -> None:
                 crashed.append(True)
                 now = snapshot(out, raw=True)
                 if point in ("poststeps.step", "publish.manifest"):
