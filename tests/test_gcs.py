@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from .conftest import BUCKET, convert, load_info, run_cli
@@ -50,3 +52,50 @@ def test_gs_input_and_output_match_a_local_run(gcs, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "verified 12 records" in result.stdout
     assert gcs.bucket(BUCKET).blob("sheet.png").download_as_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_multi_process_runner_with_post_steps_in_the_job_matches_an_in_process_run(gcs, tmp_path, monkeypatch):
+    """Two worker processes (fresh interpreters: the emulator address reaches them through the
+    environment), the post-steps as the job's last step, publishing onto the bucket; shards
+    byte for byte those of a local in-process run."""
+    site = Path(__file__).parent / "emulator_site"  # skips each worker's credential lookup
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    root = tmp_path / "photos"
+    for i in range(16):
+        label = ["cat", "dog"][i % 2]
+        write(str(root / label / f"{i}.{['jpg', 'png'][i % 3 == 0]}"), image_bytes(["jpeg", "png"][i % 3 == 0], seed=i))
+    write(str(root / "dog" / "broken.jpg"), broken_bytes("text"))
+    bucket = gcs.bucket(BUCKET)
+    for path in root.rglob("*"):
+        if path.is_file():
+            bucket.blob(f"mp-in/{path.relative_to(root)}").upload_from_filename(str(path))
+    # An older dataset in the output, with a shard name the new run does not make.
+    bucket.blob("mp-out/mp-train.tfrecord-00000-of-00009").upload_from_string(b"old shard")
+    bucket.blob("mp-out/dataset.json").upload_from_string(b'{"run_id": "old"}')
+    bucket.blob("mp-out/_SUCCESS").upload_from_string(b"")
+
+    args = ["--name", "mp", "--seed", "3", "--split-ratios", "train=0.7,test=0.3", "--target-shard-mb", "0.005",
+            "--max-reject-fraction", "0.1"]  # fmt: skip
+    local = tmp_path / "local"
+    convert("--input", str(root), "--output", str(local), *args, tfds=True)
+    convert(
+        "--input", f"gs://{BUCKET}/mp-in", "--output", f"gs://{BUCKET}/mp-out", "--overwrite", *args,
+        "--direct_running_mode", "multi_processing", "--direct_num_workers", "2", "--post-steps", "job",
+        tfds=True, timeout=600,
+    )  # fmt: skip
+
+    remote = {b.name[len("mp-out/") :]: b.download_as_bytes() for b in gcs.list_blobs(BUCKET, prefix="mp-out/")}
+    info = load_info(local)
+    shard_files = sorted(s["file"] for split in info["splits"].values() for s in split["shards"])
+    assert len(shard_files) > 2
+    assert sorted(n for n in remote if ".tfrecord-" in n) == shard_files  # the old shard is gone
+    for name in shard_files:
+        assert remote[name] == (local / name).read_bytes(), name
+    for name in ("labels.txt", "features.json"):
+        assert remote[name] == (local / name).read_bytes(), name
+    reasons = [(json.loads(line)["path"].rsplit("/", 1)[1], json.loads(line)["reason"]) for line in
+               remote["rejects.jsonl"].decode().splitlines()]  # fmt: skip
+    assert reasons == [("broken.jpg", "not_an_image")]
+    remote_info = json.loads(remote["dataset.json"])
+    assert remote_info["splits"] == info["splits"] and remote_info["rejects"] == info["rejects"]
+    assert "_SUCCESS" in remote and not any(n.startswith(".beam_pipeline-tmp-") for n in remote)
