@@ -99,3 +99,55 @@ def test_multi_process_runner_with_post_steps_in_the_job_matches_an_in_process_r
     remote_info = json.loads(remote["dataset.json"])
     assert remote_info["splits"] == info["splits"] and remote_info["rejects"] == info["rejects"]
     assert "_SUCCESS" in remote and not any(n.startswith(".beam_pipeline-tmp-") for n in remote)
+
+
+def test_publish_on_gcs_finishes_after_a_crash_at_any_batch(gcs, monkeypatch):
+    """Batched renames and deletes (2 per batch here) on the emulator: a crash before any batch,
+    then the retried step's published_run(), ends with exactly the new dataset."""
+    from beam_pipeline import failpoints, finalize
+    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+
+    use_anonymous_gcs_for_emulator()
+    monkeypatch.setattr(finalize, "BATCH", 2)
+    run = "20991231-000000-feedf00d"
+    old = {f"ds-train.tfrecord-0000{i}-of-00003": b"old %d" % i for i in range(3)}
+    old |= {"dataset.json": b'{"run_id": "old"}', "labels.txt": b"a\n", "_SUCCESS": b""}
+    old |= {"transform_fn/saved_model.pb": b"old graph", "transform_fn/assets/label": b"a\n"}
+    new = {f"ds-train.tfrecord-0000{i}-of-00002": b"new %d" % i for i in range(2)}
+    new |= {"dataset.json": json.dumps({"run_id": run, "status": "ok"}).encode(), "labels.txt": b"a\nb\n"}
+    new |= {"rejects.jsonl": b"", "transform_fn/saved_model.pb": b"new graph", "transform_fn/variables/v": b"v"}
+    bucket = gcs.bucket(BUCKET)
+
+    def contents(prefix: str) -> dict[str, bytes]:
+        return {
+            b.name[len(prefix) :]: b.download_as_bytes()
+            for b in gcs.list_blobs(BUCKET, prefix=prefix)
+            if not b.name[len(prefix) :].startswith(".beam_pipeline-tmp-")
+        }
+
+    swept = {}
+    for point in ("publish.move", "publish.delete", "publish.success"):
+        for k in range(1, 30):
+            prefix = f"sweep-{point}-{k}/"
+            out, staging = f"gs://{BUCKET}/{prefix[:-1]}", f"gs://{BUCKET}/{prefix}.beam_pipeline-tmp-{run}"
+            for name, data in old.items():
+                bucket.blob(prefix + name).upload_from_string(data)
+            for name, data in new.items():
+                bucket.blob(f"{prefix}.beam_pipeline-tmp-{run}/{name}").upload_from_string(data)
+            monkeypatch.setenv(failpoints.ENV, f"{point}:{k}")
+            failpoints.reset()
+            try:
+                finalize.publish(staging, out)
+                crashed = False
+            except failpoints.FailpointError:
+                crashed = True
+                now = contents(prefix)
+                assert "_SUCCESS" not in now or now in (old, {**new, "_SUCCESS": b""}), (point, k)
+            monkeypatch.delenv(failpoints.ENV)
+            assert finalize.published_run(out, staging, run)["run_id"] == run  # the retried step
+            assert contents(prefix) == {**new, "_SUCCESS": b""}, (point, k)
+            assert not list(gcs.list_blobs(BUCKET, prefix=f"{prefix}.beam_pipeline-tmp-"))
+            if not crashed:
+                break
+            swept[point] = k
+    assert swept == {"publish.move": 7, "publish.delete": 5, "publish.success": 1}
