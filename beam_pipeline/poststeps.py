@@ -12,8 +12,11 @@ They run where ``--post-steps`` says:
   label list), with it the worker re-reads the train split.
 
 Either way the steps read and write the run's staging folder only, so a
-failure leaves an older dataset in the output untouched, and a retried step
-finds the run published and stops.
+failure leaves an older dataset in the output untouched. In the job, a
+Reshuffle separates them from finalize (a failed post-step is retried
+alone), and a retried step finds the run published (and stops) or its
+publish half done (and finishes it from the manifest); otherwise it does its
+work again, over what a failed attempt left in the staging folder.
 """
 
 from __future__ import annotations
