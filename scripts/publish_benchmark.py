@@ -115,7 +115,9 @@ def sequential_publish(staging: str, out_dir: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=1000, help="shards in the new and in the old dataset")
+    parser.add_argument("--variants", default="sequential,batched", help="comma-separated: sequential, batched")
     args = parser.parse_args()
+    chosen = args.variants.split(",")
 
     server = _start_emulator()
     from google.auth.credentials import AnonymousCredentials
@@ -133,16 +135,17 @@ def main() -> None:
     run = "20991231-000000-bench000"
     try:
         for variant, fn in (("sequential", sequential_publish), ("batched", finalize.publish)):
+            if variant not in chosen:
+                continue
             prefix = f"{variant}"
             _fill(client, prefix, args.files, run)
             out, staging = f"gs://{BUCKET}/{prefix}", f"gs://{BUCKET}/{prefix}/.beam_pipeline-tmp-{run}"
             gone: list[float] = []
             watcher_stop = threading.Event()
-            bucket = client.bucket(BUCKET)
 
             def watch(prefix: str = prefix, gone: list[float] = gone, stop: threading.Event = watcher_stop) -> None:
                 while not stop.is_set():  # when did _SUCCESS go, when did it come back
-                    present = bucket.blob(f"{prefix}/_SUCCESS").exists()
+                    present = client.bucket(BUCKET).blob(f"{prefix}/_SUCCESS").exists()
                     if not present and not gone:
                         gone.append(time.perf_counter())
                     if present and gone and len(gone) == 1:
