@@ -366,3 +366,25 @@ def test_a_retried_finalize_after_publish_changes_nothing(tmp_path):
     again = run_until_finalized(job, lambda: pytest.fail("no crash expected"))
     assert again == info and snapshot(out) == before
     assert not [p for p in os.listdir(out) if p.startswith(".")]
+
+
+def test_the_cli_honours_the_variable_and_the_next_run_takes_over(tmp_path, monkeypatch):
+    """The local runner does not retry: the crash fails the run (exit 1, one line, no _SUCCESS),
+    and the next run publishes over what it left."""
+    from .conftest import convert, read_records, run_cli
+
+    root = tmp_path / "in"
+    for i in range(6):
+        write(str(root / LABELS[i % 2] / f"{i}.png"), image_bytes("png", seed=i))
+    out = tmp_path / "out"
+    flags = ("--input", str(root), "--output", str(out), "--target-shard-mb", "0.001", "--overwrite")
+    convert(*flags)
+    monkeypatch.setenv(failpoints.ENV, "publish.move:2")
+    failed = run_cli("convert", *flags, "--seed", "4", "--no-transform", "--no-tfds-metadata")
+    assert failed.returncode == 1 and "failpoint publish.move at operation 2" in failed.stderr, failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1
+    assert not (out / "_SUCCESS").exists()
+    monkeypatch.delenv(failpoints.ENV)
+    convert(*flags, "--seed", "4")
+    assert (out / "_SUCCESS").exists() and len(read_records(out)) == 6
+    assert json.loads((out / "dataset.json").read_text())["seed"] == 4
