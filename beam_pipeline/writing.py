@@ -177,7 +177,12 @@ def _read_gcs(path: str, size: int, options: ImageOptions | None) -> bytes:
         verdict = check_header(head, options)
         if verdict is not None:
             raise verdict
-        return head + blob.download_as_bytes(start=HEADER_BYTES, raw_download=True, retry=retry)
+        try:
+            return head + blob.download_as_bytes(start=HEADER_BYTES, raw_download=True, retry=retry)
+        except Exception as e:
+            if getattr(e, "code", None) == 416:  # shrank since it was listed: the head is all of it
+                return head
+            raise
     return blob.download_as_bytes(raw_download=True, retry=retry)
 
 

@@ -154,10 +154,10 @@ def test_a_real_memory_error_fails_instead_of_rejecting(tmp_path):
 # ---- the whole conversion ----------------------------------------------------------------------
 
 
-def make_hostile_folder(root: Path, big: int = 4) -> tuple[set[str], dict[str, str]]:
+def make_hostile_folder(root: Path, big: int = 5, ordinary: int = 8) -> tuple[set[str], dict[str, str]]:
     """(relpaths that must become records, {relpath: reason} for the rest)."""
     legal = {}
-    for i in range(20):
+    for i in range(ordinary):
         legal[f"ok/{i:02d}.jpg"] = image_bytes("jpeg", 120, 160, seed=i)
     legal["ok/anim.gif"] = hostile.many_frame_gif(60, 128, 128)
     legal["ok/stream_bomb.png"] = hostile.png_stream_bomb(64, 64, 300_000_000)
@@ -219,9 +219,10 @@ def test_hostile_files_beside_large_legal_ones_convert_with_bounded_memory(tmp_p
     root = tmp_path / "in"
     legal, reasons = make_hostile_folder(root)
     out = tmp_path / "out"
-    # 4 decode threads: without the memory budget, four 676 MB decodes at once would pass 2.5 GB.
+    # 5 decode threads and few small files: without the memory budget the five 676 MB decodes overlap
+    # and the tree passes 2.5 GB (measured: 2.9 GB; with it ~1 GB).
     code, err, peak = run_measured(
-        ["convert", "--input", str(root), "--output", str(out), "--labels-from", "none", "--decode-threads", "4",
+        ["convert", "--input", str(root), "--output", str(out), "--labels-from", "none", "--decode-threads", "5",
          "--max-reject-fraction", "1", "--no-transform", "--no-tfds-metadata"]
     )  # fmt: skip
     assert code == 0, err
@@ -326,3 +327,21 @@ def test_gcs_reads_on_the_emulator(gcs, tmp_path):
     first = writing._gcs()  # noqa: SLF001
     writing.read_bytes(f"gs://{BUCKET}/reads/small.jpg", len(small), options)
     assert writing._gcs() is first  # noqa: SLF001
+
+
+def test_limit_flags_reach_the_image_options_and_bad_values_are_usage_errors(tmp_path):
+    from beam_pipeline.cli import parse_convert
+    from beam_pipeline.errors import UsageError
+
+    base = ["--input", str(tmp_path), "--output", str(tmp_path / "out")]
+    cfg, _, _ = parse_convert(
+        [*base, "--max-frames", "7", "--max-total-pixels", "1000", "--max-file-mb", "1.5", "--image-memory-mb", "64"]
+    )
+    options = cfg.image_options
+    assert (options.max_frames, options.max_total_pixels, options.max_file_bytes) == (7, 1000, 1_500_000)
+    assert options.memory_budget_bytes == 64_000_000
+    defaults = parse_convert(base)[0].image_options
+    assert defaults == ImageOptions()  # the flags' defaults are the library's
+    for flag, value in (("--max-frames", "-1"), ("--max-file-mb", "-2"), ("--image-memory-mb", "0")):
+        with pytest.raises(UsageError, match=flag):
+            parse_convert([*base, flag, value])
