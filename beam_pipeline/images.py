@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -52,6 +53,7 @@ DECODE_ERROR = "decode_error"
 TOO_MANY_PIXELS = "too_many_pixels"
 TOO_MANY_FRAMES = "too_many_frames"
 TOO_MANY_SCANS = "too_many_scans"
+TOO_MANY_CHUNKS = "too_many_chunks"
 TOO_LARGE = "too_large"
 TOO_SMALL = "too_small"
 NO_LABEL = "no_label"
@@ -79,6 +81,11 @@ DEFAULT_MAX_FILE_BYTES = 256 * 1_000_000
 # 32 scans of the largest legal image (~6 s), far above any encoder's output.
 MAX_JPEG_SCANS = 256
 MAX_JPEG_SCAN_PIXELS = 32 * DEFAULT_MAX_PIXELS
+# Steps of Pillow's pure-Python header parsers: PNG chunks (~15 µs each,
+# measured), JPEG segments and stray padding bytes (1-5 µs each). A 10 MB file of
+# empty chunks or fill bytes takes 12 s there; 100,000 steps take at most ~1.5 s,
+# and a 256 MB PNG written in libpng's 8 KB IDAT chunks has ~31,000.
+MAX_HEADER_STEPS = 100_000
 # Memory for images in flight per machine (writing.py splits it between file
 # bytes read ahead and decoded pixels, and among a worker VM's SDK processes).
 DEFAULT_MEMORY_BUDGET_BYTES = 1024 * 1_000_000
@@ -300,9 +307,61 @@ def _gif_cost(data: bytes, max_frames: int) -> Cost | None:
     return Cost(frames, biggest, total) if frames else None
 
 
+_NOT_FF = re.compile(rb"[^\xff]")
+
+
+def _header_steps(data: bytes, cap: int = MAX_HEADER_STEPS) -> int:
+    """Steps Pillow's Python header loop would take on this PNG or JPEG (0 for other formats); counts to cap + 1.
+
+    PNG: every chunk (Pillow reads them one by one, IDAT included). JPEG: every
+    marker segment before the first scan, and every padding or stray byte
+    between them (Pillow skips those one byte at a time). Runs of such bytes
+    are measured with C-speed searches, so this costs one Python step per
+    segment or chunk, stopping after ``cap``.
+    """
+    n = len(data)
+    steps = 0
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        pos = 8
+        while pos + 8 <= n and steps <= cap:
+            length = int.from_bytes(data[pos : pos + 4], "big")
+            steps += 1
+            if data[pos + 4 : pos + 8] == b"IEND":
+                break
+            pos += 12 + length
+        return steps
+    if data[:3] != b"\xff\xd8\xff":  # what Pillow takes for a JPEG
+        return 0
+    pos = 2
+    while pos < n and steps <= cap:
+        if data[pos] != 0xFF:  # stray bytes up to the next FF
+            nxt = data.find(b"\xff", pos)
+            nxt = n if nxt < 0 else nxt
+            steps += nxt - pos
+            pos = nxt
+            continue
+        code_at = _NOT_FF.search(data, pos)
+        if code_at is None:
+            break
+        steps += code_at.start() - pos  # FF padding before the marker code
+        pos = code_at.start() + 1
+        code = data[pos - 1]
+        if code == 0xDA:  # start of scan: libjpeg (C) takes over
+            break
+        if code == 0x00 or code == 0x01 or 0xD0 <= code <= 0xD9:  # no length field
+            continue
+        if pos + 2 > n:
+            break
+        pos += (data[pos] << 8) | data[pos + 1]
+    return steps
+
+
+_SOS = re.compile(rb"\xff\xda")
+
+
 def _jpeg_scans(data: bytes) -> int:
     """Start-of-scan markers; an upper bound on the scans (entropy-coded data never holds FF DA)."""
-    return data.count(b"\xff\xda")
+    return len(_SOS.findall(data))
 
 
 def measure(img: Image.Image, data: bytes, options: ImageOptions) -> Cost:
@@ -359,6 +418,11 @@ def _open(data: bytes, options: ImageOptions) -> tuple[Image.Image, int | None, 
     if not data:
         raise Rejected(EMPTY, "zero bytes")
     with _reasons():
+        steps = _header_steps(data)
+        if steps > MAX_HEADER_STEPS:
+            raise Rejected(
+                TOO_MANY_CHUNKS, f"over {MAX_HEADER_STEPS} chunks, segments or padding bytes around the pixel data"
+            )
         gif = _gif_cost(data, options.max_frames)
         if gif is None and data[:6] in (b"GIF87a", b"GIF89a"):
             raise Rejected(TRUNCATED, "no complete frame in the GIF")
@@ -370,7 +434,9 @@ def _open(data: bytes, options: ImageOptions) -> tuple[Image.Image, int | None, 
             raise Rejected(DECODE_ERROR, f"image has size {width}x{height}")
         if options.max_pixels and width * height > options.max_pixels:
             raise Rejected(TOO_MANY_PIXELS, f"{width}x{height} is over --max-pixels {options.max_pixels}")
-        if img.format in ("JPEG", "MPO"):
+        if img.format in ("JPEG", "MPO") and img.info.get("progressive"):
+            # Only progressive scans each revisit the whole image: libjpeg
+            # stops a sequential file at its first scan too many.
             scans = _jpeg_scans(data)
             if scans > MAX_JPEG_SCANS or scans * width * height > MAX_JPEG_SCAN_PIXELS:
                 raise Rejected(
@@ -394,7 +460,7 @@ def check_header(prefix: bytes, options: ImageOptions) -> Rejected | None:
     try:
         _open(prefix, options)
     except Rejected as r:
-        if r.reason in (TOO_MANY_PIXELS, TOO_MANY_FRAMES, TOO_MANY_SCANS):
+        if r.reason in (TOO_MANY_PIXELS, TOO_MANY_FRAMES, TOO_MANY_SCANS, TOO_MANY_CHUNKS):
             return r
     except Exception:  # noqa: BLE001 - a cut-off header proves nothing either way
         return None

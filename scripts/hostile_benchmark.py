@@ -7,7 +7,8 @@ Builds (in ``--work``) a folder of ordinary JPEGs, large legal images
 (13,000 × 13,000 PNGs, 676 MB each decoded), and files that are cheap to
 store and costly to decode (tests/hostile.py: GIF frames declaring huge
 extents, a 4,000-frame GIF, a 600-page TIFF, a PNG claiming 20,000 × 20,000,
-a 3,000-scan JPEG, a 4 GB sparse ``.jpg``, a zlib stream expanding to 300 MB),
+a 3,000-scan JPEG, a PNG of a million empty chunks, a JPEG of 10 MB of
+padding bytes, a 4 GB sparse ``.jpg``, a zlib stream expanding to 300 MB),
 then runs ``convert`` on it with default settings (TFT analysis included; only
 ``--max-reject-fraction 1`` and ``--labels-from none``, as in the real-world run
 that was OOM-killed) and prints wall time, peak RSS of the whole process tree,
@@ -49,6 +50,8 @@ def build(root: Path, ordinary: int, big: int) -> tuple[set[str], set[str]]:
         "hostile/600_pages.tiff": hostile.many_page_tiff(600),
         "hostile/claims_20k.png": hostile.zero_png(20000, 20000, "L"),
         "hostile/3000_scans.jpg": hostile.jpeg_scan_bomb(3000, 1024, 1024),
+        "hostile/1m_chunks.png": hostile.png_many_chunks(1_000_000),
+        "hostile/10mb_padding.jpg": hostile.jpeg_padding(10_000_000),
     }
     for rel, data in {**legal, **bad}.items():
         write(str(root / rel), data)

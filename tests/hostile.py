@@ -122,3 +122,19 @@ def sparse_file(path: str, size: int) -> str:
         pass
     os.truncate(path, size)
     return path
+
+
+def png_many_chunks(chunks: int = 400_000) -> bytes:
+    """A 64 x 64 PNG with ``chunks`` empty private chunks before its pixels (Pillow reads each in Python)."""
+    good = io.BytesIO()
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(good, "PNG")
+    data = good.getvalue()
+    return data[:33] + _png_chunk(b"abCd", b"") * chunks + data[33:]
+
+
+def jpeg_padding(nbytes: int = 4_000_000) -> bytes:
+    """A 64 x 64 JPEG with ``nbytes`` of 0xFF fill bytes before a marker (Pillow skips them one at a time)."""
+    good = io.BytesIO()
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(good, "JPEG")
+    data = good.getvalue()
+    return data[:2] + b"\xff" * nbytes + data[2:]

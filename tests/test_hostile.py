@@ -71,6 +71,13 @@ def test_jpeg_scan_bombs_are_refused_by_scan_count():
     assert _reason(hostile.jpeg_scan_bomb(200, 256, 256)) == "ok"
 
 
+def test_headers_that_cost_pillow_one_python_step_per_byte_or_chunk_are_refused():
+    assert _reason(hostile.png_many_chunks(400_000)) == "too_many_chunks"  # 4.8 MB, ~6 s in Pillow
+    assert _reason(hostile.jpeg_padding(4_000_000)) == "too_many_chunks"  # 4 MB, ~5 s in Pillow
+    assert _reason(hostile.png_many_chunks(5_000)) == "ok"
+    assert _reason(hostile.jpeg_padding(5_000)) == "ok"
+
+
 def test_a_header_prefix_is_enough_to_refuse():
     claim = _png_claiming(60_000, 60_000)
     verdict = check_header(claim[:64], ImageOptions())
@@ -173,6 +180,8 @@ def make_hostile_folder(root: Path, big: int = 5, ordinary: int = 8) -> tuple[se
         "bad/pages.tiff": ("too_many_frames", hostile.many_page_tiff(600)),
         "bad/claims.png": ("too_many_pixels", hostile.zero_png(20000, 20000, "L")),
         "bad/scans.jpg": ("too_many_scans", hostile.jpeg_scan_bomb(3000, 512, 512)),
+        "bad/chunks.png": ("too_many_chunks", hostile.png_many_chunks(400_000)),
+        "bad/padding.jpg": ("too_many_chunks", hostile.jpeg_padding(4_000_000)),
     }
     for rel, data in legal.items():
         write(str(root / rel), data)
