@@ -86,6 +86,8 @@ MAX_JPEG_SCAN_PIXELS = 32 * DEFAULT_MAX_PIXELS
 # empty chunks or fill bytes takes 12 s there; 100,000 steps take at most ~1.5 s,
 # and a 256 MB PNG written in libpng's 8 KB IDAT chunks has ~31,000.
 MAX_HEADER_STEPS = 100_000
+# GIF comment bytes (Pillow joins them quadratically; 1 MB costs ~0.3 s).
+MAX_GIF_COMMENT_BYTES = 1_000_000
 # Memory for images in flight per machine (writing.py splits it between file
 # bytes read ahead and decoded pixels, and among a worker VM's SDK processes).
 DEFAULT_MEMORY_BUDGET_BYTES = 1024 * 1_000_000
@@ -275,28 +277,39 @@ def _gif_cost(data: bytes, max_frames: int) -> Cost | None:
     pos = 13 + ((3 << ((flags & 7) + 1)) if flags & 0x80 else 0)
     n = len(data)
 
-    def skip_blocks(at: int) -> int:
+    def skip_blocks(at: int) -> tuple[int, int]:
+        count = 0
         while at < n:
             size = data[at]
             at += 1 + size
+            count += 1
             if size == 0:
                 break
-        return at
+        return at, count
 
     frames = biggest = total = 0
+    ext_blocks = comment_bytes = 0
     while pos < n:
         kind = data[pos]
         pos += 1
         if kind == 0x3B:  # trailer
             break
         if kind == 0x21:  # extension: label, then data sub-blocks
-            pos = skip_blocks(pos + 1)
+            label, start = data[pos : pos + 1], pos + 1
+            pos, count = skip_blocks(start)
+            # Pillow reads extension sub-blocks one by one in Python, and joins a
+            # comment's by concatenation (quadratic: an 800 KB comment took 7 s).
+            ext_blocks += count
+            if label == b"\xfe":
+                comment_bytes += pos - start
+            if ext_blocks > MAX_HEADER_STEPS or comment_bytes > MAX_GIF_COMMENT_BYTES:
+                raise Rejected(TOO_MANY_CHUNKS, "GIF extension blocks over the limit (too many, or comments too long)")
         elif kind == 0x2C:  # image descriptor: x, y, w, h, flags
             if pos + 9 > n:
                 break
             x, y, w, h, frame_flags = struct.unpack_from("<HHHHB", data, pos)
             pos += 9 + ((3 << ((frame_flags & 7) + 1)) if frame_flags & 0x80 else 0)
-            pos = skip_blocks(pos + 1)  # LZW code size, then the data sub-blocks
+            pos, _ = skip_blocks(pos + 1)  # LZW code size, then the data sub-blocks
             width, height = max(width, x + w), max(height, y + h)  # as Pillow grows its canvas
             frames += 1
             biggest = max(biggest, width * height)

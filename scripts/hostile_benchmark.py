@@ -52,6 +52,7 @@ def build(root: Path, ordinary: int, big: int) -> tuple[set[str], set[str]]:
         "hostile/3000_scans.jpg": hostile.jpeg_scan_bomb(3000, 1024, 1024),
         "hostile/1m_chunks.png": hostile.png_many_chunks(1_000_000),
         "hostile/10mb_padding.jpg": hostile.jpeg_padding(10_000_000),
+        "hostile/comment_400k_blocks.gif": hostile.gif_comment_bomb(400_000),
     }
     for rel, data in {**legal, **bad}.items():
         write(str(root / rel), data)

@@ -138,3 +138,9 @@ def jpeg_padding(nbytes: int = 4_000_000) -> bytes:
     Image.new("RGB", (64, 64), (1, 2, 3)).save(good, "JPEG")
     data = good.getvalue()
     return data[:2] + b"\xff" * nbytes + data[2:]
+
+
+def gif_comment_bomb(sub_blocks: int = 400_000) -> bytes:
+    """A 4 x 4 GIF whose comment is ``sub_blocks`` one-byte sub-blocks (Pillow joins them quadratically)."""
+    head, frame = _gif_frame_block(4, 4)
+    return head + b"\x21\xfe" + b"\x01x" * sub_blocks + b"\x00" + frame + b"\x3b"

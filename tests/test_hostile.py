@@ -74,6 +74,8 @@ def test_jpeg_scan_bombs_are_refused_by_scan_count():
 def test_headers_that_cost_pillow_one_python_step_per_byte_or_chunk_are_refused():
     assert _reason(hostile.png_many_chunks(400_000)) == "too_many_chunks"  # 4.8 MB, ~6 s in Pillow
     assert _reason(hostile.jpeg_padding(4_000_000)) == "too_many_chunks"  # 4 MB, ~5 s in Pillow
+    assert _reason(hostile.gif_comment_bomb(400_000)) == "too_many_chunks"  # 800 KB, 7 s in Pillow
+    assert _reason(hostile.gif_comment_bomb(1_000)) == "ok"
     assert _reason(hostile.png_many_chunks(5_000)) == "ok"
     assert _reason(hostile.jpeg_padding(5_000)) == "ok"
 
@@ -182,6 +184,7 @@ def make_hostile_folder(root: Path, big: int = 5, ordinary: int = 8) -> tuple[se
         "bad/scans.jpg": ("too_many_scans", hostile.jpeg_scan_bomb(3000, 512, 512)),
         "bad/chunks.png": ("too_many_chunks", hostile.png_many_chunks(400_000)),
         "bad/padding.jpg": ("too_many_chunks", hostile.jpeg_padding(4_000_000)),
+        "bad/comment.gif": ("too_many_chunks", hostile.gif_comment_bomb(400_000)),
     }
     for rel, data in legal.items():
         write(str(root / rel), data)
