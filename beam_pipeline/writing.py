@@ -517,7 +517,11 @@ class WriteShardFn(beam.DoFn):
             budget=self._read_budget,
             cost=lambda ref: 0 if limit and ref.size > limit else max(ref.size, 0),  # too large: never read
         )
-        with FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out:
+        # closing(): if writing fails, the reads still in flight give their bytes back at once.
+        with (
+            contextlib.closing(results),
+            FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out,
+        ):
             for ref, result in results:
                 if isinstance(result, Rejected):
                     self._rejected.inc()
