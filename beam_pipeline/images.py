@@ -468,8 +468,12 @@ def check_header(prefix: bytes, options: ImageOptions) -> Rejected | None:
     """A limit the first bytes of a file already prove it breaks, or None (also when they prove nothing).
 
     Lets the writer read a large file's head, refuse a 60,000 × 60,000 PNG
-    from its 33-byte header, and only then read the rest.
+    from its 33-byte header, and only then read the rest. Only for formats
+    whose size comes first (a TIFF's directories may sit at its end; Pillow
+    warns about a cut one).
     """
+    if not prefix.startswith((b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")):
+        return None
     try:
         _open(prefix, options)
     except Rejected as r:

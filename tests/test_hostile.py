@@ -357,3 +357,21 @@ def test_limit_flags_reach_the_image_options_and_bad_values_are_usage_errors(tmp
     for flag, value in (("--max-frames", "-1"), ("--max-file-mb", "-2"), ("--image-memory-mb", "0")):
         with pytest.raises(UsageError, match=flag):
             parse_convert([*base, flag, value])
+
+
+def test_the_memory_budget_is_per_machine_divided_among_sdk_worker_processes(monkeypatch):
+    """In the launching process (local default) one process has the whole budget; in an SDK worker process
+    (how Dataflow and local multi_processing run Python: ``python -m ...sdk_worker_main``) it is shared by
+    one process per vCPU."""
+    import types
+
+    options = ImageOptions(memory_budget_bytes=800_000_000)
+    reads, decodes = writing.budgets(options)
+    assert (reads.capacity, decodes.capacity) == (200_000_000, 600_000_000)
+    assert writing.budgets(options)[1] is decodes  # one per process, shared by every writer in it
+    spec = types.SimpleNamespace(name="apache_beam.runners.worker.sdk_worker_main")
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=spec))
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert writing.sdk_processes_per_machine() == 4
+    reads, decodes = writing.budgets(options)
+    assert (reads.capacity, decodes.capacity) == (50_000_000, 150_000_000)
