@@ -324,9 +324,10 @@ _NOT_FF = re.compile(rb"[^\xff]")
 
 
 def _header_steps(data: bytes, cap: int = MAX_HEADER_STEPS) -> int:
-    """Steps Pillow's Python header loop would take on this PNG or JPEG (0 for other formats); counts to cap + 1.
+    """Steps Pillow's Python header loop would take on a PNG, JPEG or TIFF (0 for others); counts to cap + 1.
 
-    PNG: every chunk (Pillow reads them one by one, IDAT included). JPEG: every
+    PNG: every chunk (Pillow reads them one by one, IDAT included). TIFF: every
+    tag of every page (``_tiff_entries``). JPEG: every
     marker segment before the first scan, and every padding or stray byte
     between them (Pillow skips those one byte at a time). Runs of such bytes
     are measured with C-speed searches, so this costs one Python step per
@@ -343,6 +344,8 @@ def _header_steps(data: bytes, cap: int = MAX_HEADER_STEPS) -> int:
                 break
             pos += 12 + length
         return steps
+    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return _tiff_entries(data, cap)
     if data[:3] != b"\xff\xd8\xff":  # what Pillow takes for a JPEG
         return 0
     pos = 2
@@ -367,6 +370,33 @@ def _header_steps(data: bytes, cap: int = MAX_HEADER_STEPS) -> int:
             break
         pos += (data[pos] << 8) | data[pos + 1]
     return steps
+
+
+def _tiff_entries(data: bytes, cap: int) -> int:
+    """Directory entries (tags) of every page of a TIFF or BigTIFF, one Python step per page; to cap + 1.
+
+    Pillow parses every tag of every page it seeks past in Python (~5 µs a
+    tag): 400 pages of 5,000 tags, 24 MB, took 28 s.
+    """
+    order = "<" if data[:2] == b"II" else ">"
+    big = data[2:4] in (b"+\x00", b"\x00+")
+    head, entry, link = (8, 20, "Q") if big else (2, 12, "I")
+    n = len(data)
+    try:
+        offset = struct.unpack_from(order + link, data, 8 if big else 4)[0]
+        steps = 0
+        seen: set[int] = set()
+        while offset and offset not in seen and offset + head <= n and steps <= cap:
+            seen.add(offset)
+            count = struct.unpack_from(order + ("Q" if big else "H"), data, offset)[0]
+            steps += 1 + count
+            after = offset + head + entry * count
+            if after + struct.calcsize(link) > n:
+                break
+            offset = struct.unpack_from(order + link, data, after)[0]
+        return steps
+    except struct.error:
+        return 0
 
 
 _SOS = re.compile(rb"\xff\xda")

@@ -53,6 +53,7 @@ def build(root: Path, ordinary: int, big: int) -> tuple[set[str], set[str]]:
         "hostile/1m_chunks.png": hostile.png_many_chunks(1_000_000),
         "hostile/10mb_padding.jpg": hostile.jpeg_padding(10_000_000),
         "hostile/comment_400k_blocks.gif": hostile.gif_comment_bomb(400_000),
+        "hostile/400_pages_of_5000_tags.tiff": hostile.tiff_many_tags(400, 5000),
     }
     for rel, data in {**legal, **bad}.items():
         write(str(root / rel), data)

@@ -144,3 +144,25 @@ def gif_comment_bomb(sub_blocks: int = 400_000) -> bytes:
     """A 4 x 4 GIF whose comment is ``sub_blocks`` one-byte sub-blocks (Pillow joins them quadratically)."""
     head, frame = _gif_frame_block(4, 4)
     return head + b"\x21\xfe" + b"\x01x" * sub_blocks + b"\x00" + frame + b"\x3b"
+
+
+def tiff_many_tags(pages: int = 400, tags: int = 5000) -> bytes:
+    """A TIFF of ``pages`` 8 x 8 pages, each with ``tags`` private tags (Pillow parses each tag in Python)."""
+    width = height = 8
+    pixels = b"\x10" * (width * height * 3)
+    out = bytearray(b"II*\x00" + struct.pack("<I", 8))
+    for page in range(pages):
+        entries = [(256, 3, width), (257, 3, height), (258, 3, 8), (259, 3, 1), (262, 3, 2), (273, 4, 0),
+                   (277, 3, 3), (278, 3, height), (279, 4, len(pixels))]  # fmt: skip
+        entries += [(60000 + i, 3, 0) for i in range(tags)]
+        entries.sort()
+        start = len(out)
+        pixel_at = start + 2 + 12 * len(entries) + 4
+        out += struct.pack("<H", len(entries))
+        for tag, kind, value in entries:
+            value = pixel_at if tag == 273 else value
+            short = struct.pack("<HHIHH", tag, kind, 1, value, 0)
+            out += struct.pack("<HHII", tag, kind, 1, value) if kind == 4 else short
+        nxt = pixel_at + len(pixels) if page < pages - 1 else 0
+        out += struct.pack("<I", nxt) + pixels
+    return bytes(out)

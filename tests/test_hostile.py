@@ -76,6 +76,8 @@ def test_headers_that_cost_pillow_one_python_step_per_byte_or_chunk_are_refused(
     assert _reason(hostile.jpeg_padding(4_000_000)) == "too_many_chunks"  # 4 MB, ~5 s in Pillow
     assert _reason(hostile.gif_comment_bomb(400_000)) == "too_many_chunks"  # 800 KB, 7 s in Pillow
     assert _reason(hostile.gif_comment_bomb(1_000)) == "ok"
+    assert _reason(hostile.tiff_many_tags(400, 5000)) == "too_many_chunks"  # 24 MB, 28 s in Pillow
+    assert _reason(hostile.tiff_many_tags(3, 100)) == "ok"
     assert _reason(hostile.png_many_chunks(5_000)) == "ok"
     assert _reason(hostile.jpeg_padding(5_000)) == "ok"
 
@@ -185,6 +187,7 @@ def make_hostile_folder(root: Path, big: int = 5, ordinary: int = 8) -> tuple[se
         "bad/chunks.png": ("too_many_chunks", hostile.png_many_chunks(400_000)),
         "bad/padding.jpg": ("too_many_chunks", hostile.jpeg_padding(4_000_000)),
         "bad/comment.gif": ("too_many_chunks", hostile.gif_comment_bomb(400_000)),
+        "bad/tags.tiff": ("too_many_chunks", hostile.tiff_many_tags(400, 5000)),
     }
     for rel, data in legal.items():
         write(str(root / rel), data)
