@@ -161,8 +161,8 @@ def tiff_many_tags(pages: int = 400, tags: int = 5000) -> bytes:
         out += struct.pack("<H", len(entries))
         for tag, kind, value in entries:
             value = pixel_at if tag == 273 else value
-            short = struct.pack("<HHIHH", tag, kind, 1, value, 0)
-            out += struct.pack("<HHII", tag, kind, 1, value) if kind == 4 else short
+            layout = "<HHII" if kind == 4 else "<HHIHxx"  # LONG, or SHORT padded to 4 bytes
+            out += struct.pack(layout, tag, kind, 1, value)
         nxt = pixel_at + len(pixels) if page < pages - 1 else 0
         out += struct.pack("<I", nxt) + pixels
     return bytes(out)
