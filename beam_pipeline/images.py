@@ -407,7 +407,7 @@ def _jpeg_scans(data: bytes) -> int:
     return len(_SOS.findall(data))
 
 
-def measure(img: Image.Image, data: bytes, options: ImageOptions) -> Cost:
+def measure(img: Image.Image, options: ImageOptions) -> Cost:
     """Frames and pixels decoding ``img`` will take, from headers only (no pixel is decoded).
 
     Multi-page TIFFs (and the rarer multi-frame formats) are walked page by
@@ -487,7 +487,7 @@ def _open(data: bytes, options: ImageOptions) -> tuple[Image.Image, int | None, 
                     f"{scans} scans of {width}x{height} (at most {MAX_JPEG_SCANS}, "
                     f"and scans x pixels at most {MAX_JPEG_SCAN_PIXELS})",
                 )
-        cost = gif if gif is not None else measure(img, data, options)
+        cost = gif if gif is not None else measure(img, options)
         _check(cost, options, "a frame")
         if options.min_size and min(width, height) < options.min_size:
             raise Rejected(TOO_SMALL, f"{width}x{height} is under --min-size {options.min_size}")
