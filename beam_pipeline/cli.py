@@ -57,6 +57,10 @@ CONFIG_KEYS = {
     "image_stats": bool,
     "tfds_metadata": bool,
     "max_pixels": int,
+    "max_total_pixels": int,
+    "max_frames": int,
+    "max_file_mb": float,
+    "image_memory_mb": float,
     "min_size": int,
     "apply_exif_orientation": bool,
     "strip_exif": bool,
@@ -109,6 +113,19 @@ def _convert_parser() -> _Parser:
     )
     img = p.add_argument_group("images")
     img.add_argument("--max-pixels", dest="max_pixels", type=int, help="refuse larger images from the header (179M)")
+    img.add_argument(
+        "--max-total-pixels", dest="max_total_pixels", type=int, help="refuse more pixels over all frames (358M)"
+    )
+    img.add_argument("--max-frames", dest="max_frames", type=int, help="refuse more frames or pages (500)")
+    img.add_argument(
+        "--max-file-mb", dest="max_file_mb", type=float, help="refuse larger files, from the listing (256)"
+    )
+    img.add_argument(
+        "--image-memory-mb",
+        dest="image_memory_mb",
+        type=float,
+        help="memory for images in flight per machine (1024)",
+    )
     img.add_argument("--min-size", dest="min_size", type=int, help="reject images whose shorter side is smaller")
     img.add_argument("--apply-exif-orientation", dest="apply_exif_orientation", action="store_true")
     img.add_argument("--strip-exif", dest="strip_exif", action="store_true", help="drop EXIF/XMP/text metadata")

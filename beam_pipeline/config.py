@@ -57,7 +57,11 @@ class ConvertConfig:
     image_size: int = 224
     image_stats: bool = False
     # Image policy (images.ImageOptions): limits, EXIF, resizing, re-encoding.
-    max_pixels: int = 178_956_970
+    max_pixels: int = 178_956_970  # per frame (images.DEFAULT_MAX_PIXELS)
+    max_total_pixels: int = 2 * 178_956_970  # all frames of one image
+    max_frames: int = 500
+    max_file_mb: float = 256.0  # MB = 10^6 bytes, from the listing, before reading
+    image_memory_mb: float = 1024.0  # images in flight per machine (writing.Budget)
     min_size: int = 0
     apply_exif_orientation: bool = False
     strip_exif: bool = False
@@ -81,6 +85,10 @@ class ConvertConfig:
 
         return ImageOptions(
             max_pixels=self.max_pixels,
+            max_total_pixels=self.max_total_pixels,
+            max_frames=self.max_frames,
+            max_file_bytes=int(self.max_file_mb * MB),
+            memory_budget_bytes=int(self.image_memory_mb * MB),
             min_size=self.min_size,
             apply_exif_orientation=self.apply_exif_orientation,
             strip_exif=self.strip_exif,
@@ -208,8 +216,13 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--on-unsupported must be convert or reject")
     if cfg.post_steps not in ("auto", "launcher", "job"):
         raise UsageError("--post-steps must be auto, launcher or job")
+    if cfg.image_memory_mb <= 0:
+        raise UsageError("--image-memory-mb must be positive")
     for flag, value in (
         ("--max-pixels", cfg.max_pixels),
+        ("--max-total-pixels", cfg.max_total_pixels),
+        ("--max-frames", cfg.max_frames),
+        ("--max-file-mb", cfg.max_file_mb),
         ("--min-size", cfg.min_size),
         ("--resize-max-side", cfg.resize_max_side),
     ):

@@ -7,6 +7,16 @@ Example records about them (format, height, width, and the channel count
 animation), so nothing is written broken; a JPEG stored as it is decodes at
 1/8 scale, which reads every bit of its compressed data (see ``_decode``).
 
+Cost is bounded before anything is decoded (``measure``): from the headers
+alone, every frame's canvas (GIF frames may declare extents far larger than
+the logical screen, and Pillow grows the canvas to them), the frame count,
+the pixels of all frames together and a JPEG's scan count are checked against
+``ImageOptions``; the memory a decode needs is estimated from the same numbers
+so the writer can hold it in a per-process budget (``prepare_image(reserve=)``).
+Nothing here changes Pillow's process-wide settings: files are opened without
+``Image.open``'s global pixel check (``_pillow_open``), and this module's own
+limits, which are the run's, apply instead.
+
 Policy (README, "Formats"):
 - a file TensorFlow reads back at its recorded shape is stored as it is
   (its original bytes), unless a pixel option asks otherwise;
@@ -24,11 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 # Reason codes (stable: they appear in rejects.jsonl and dataset.json).
 EMPTY = "empty"
@@ -39,6 +51,10 @@ MISSING = "missing"
 UNSUPPORTED_FORMAT = "unsupported_format"
 DECODE_ERROR = "decode_error"
 TOO_MANY_PIXELS = "too_many_pixels"
+TOO_MANY_FRAMES = "too_many_frames"
+TOO_MANY_SCANS = "too_many_scans"
+TOO_MANY_CHUNKS = "too_many_chunks"
+TOO_LARGE = "too_large"
 TOO_SMALL = "too_small"
 NO_LABEL = "no_label"
 UNKNOWN_LABEL = "unknown_label"
@@ -46,10 +62,37 @@ NO_SPLIT = "no_split"
 DUPLICATE = "duplicate"
 BAD_FILENAME = "bad_filename"
 
-# The pixel limit is enforced here, from the header, before decoding
-# (ImageOptions.max_pixels); Pillow's own global check would stop at its default.
-Image.MAX_IMAGE_PIXELS = None
-DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's hard limit: 2 × its 89 MP warning level
+# Limits (README, "Bad input"). One frame: Pillow's own hard limit (2 × its
+# 89 MP warning level), e.g. a 13,000 × 13,000 scan; far above imgproxy's 16.8 MP
+# because training data holds large scans and panoramas, and a budget
+# (writing.py), not this limit, keeps several of them from running at once.
+DEFAULT_MAX_PIXELS = 178_956_970
+# All frames an image is decoded at, together: what the largest single frame
+# may cost, twice (imgproxy counts animations against one image's resolution too).
+DEFAULT_MAX_TOTAL_PIXELS = 2 * DEFAULT_MAX_PIXELS
+# Frames of an animation or pages of a multi-page file: 20 s of a 25 fps GIF.
+DEFAULT_MAX_FRAMES = 500
+# Bytes of one file, from the listing, before it is read.
+DEFAULT_MAX_FILE_BYTES = 256 * 1_000_000
+# Scans of a JPEG: encoders write 1 (baseline) to ~10-20 (progressive); every
+# scan of a progressive file walks all of its coefficient blocks again, so a
+# small file of thousands of scans costs minutes (libjpeg-turbo's "-maxscans").
+# Each scan costs ~1 ns per pixel (measured): scans × pixels is capped too, at
+# 32 scans of the largest legal image (~6 s), far above any encoder's output.
+MAX_JPEG_SCANS = 256
+MAX_JPEG_SCAN_PIXELS = 32 * DEFAULT_MAX_PIXELS
+# Steps of Pillow's pure-Python header parsers: PNG chunks (~15 µs each,
+# measured), JPEG segments and stray padding bytes (1-5 µs each). A 10 MB file of
+# empty chunks or fill bytes takes 12 s there; 100,000 steps take at most ~1.5 s,
+# and a 256 MB PNG written in libpng's 8 KB IDAT chunks has ~31,000.
+MAX_HEADER_STEPS = 100_000
+# GIF comment bytes (Pillow joins them quadratically; 1 MB costs ~0.3 s).
+MAX_GIF_COMMENT_BYTES = 1_000_000
+# Memory for images in flight per machine (writing.py splits it between file
+# bytes read ahead and decoded pixels, and among a worker VM's SDK processes).
+DEFAULT_MEMORY_BUDGET_BYTES = 1024 * 1_000_000
+# Bytes of memory per decoded pixel Pillow holds (RGB is stored as 4 bytes).
+_BYTES_PER_PIXEL = 4
 
 # Formats TensorFlow's decode_image reads; value = the image/format text.
 _TF_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp"}
@@ -83,13 +126,38 @@ class ImageInfo:
 
 @dataclass(frozen=True)
 class ImageOptions:
-    max_pixels: int = DEFAULT_MAX_PIXELS  # 0 = no limit
+    max_pixels: int = DEFAULT_MAX_PIXELS  # per frame, canvas and frame extents included; 0 = no limit
+    max_total_pixels: int = DEFAULT_MAX_TOTAL_PIXELS  # all frames together; 0 = no limit
+    max_frames: int = DEFAULT_MAX_FRAMES  # 0 = no limit
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # checked by the writer from the listing; 0 = no limit
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES  # per machine, for the writer's budgets
     min_size: int = 0  # shorter side, pixels
     apply_exif_orientation: bool = False
     strip_exif: bool = False
     resize_max_side: int = 0  # 0 = keep
     reencode_quality: int = 0  # 0 = keep the original bytes where possible; else JPEG at this quality
     on_unsupported: str = "convert"  # or "reject"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What decoding one file will take, from its headers: frames, the largest canvas, all pixels."""
+
+    frames: int
+    frame_pixels: int  # the largest canvas a frame is decoded into
+    total_pixels: int  # summed over every frame decoded
+
+    def memory_bytes(self, fmt: str | None, full: bool) -> int:
+        """Memory the decode (and conversion, if ``full``) holds at its peak, estimated.
+
+        One canvas of 4 bytes per pixel; an animation keeps the previous frame
+        and a disposal area beside it; a conversion a mode-converted copy and
+        the encoder's. A JPEG kept as it is decodes at 1/8 scale: 1/64 of it.
+        """
+        if fmt == "JPEG" and not full:
+            return self.frame_pixels // 64 * _BYTES_PER_PIXEL + 1
+        copies = 1 + (2 if self.frames > 1 else 0) + (2 if full else 0)
+        return self.frame_pixels * _BYTES_PER_PIXEL * copies
 
 
 @dataclass(frozen=True)
@@ -155,29 +223,295 @@ def _reasons() -> Iterator[None]:
             raise Rejected(TRUNCATED, text) from None
         raise Rejected(DECODE_ERROR, f"{type(e).__name__}: {text}") from None
     except MemoryError:
-        raise Rejected(TOO_MANY_PIXELS, "not enough memory to decode") from None
+        # The machine, not the file: every size was checked from the headers
+        # first, so this is memory pressure. Failing the bundle lets the runner
+        # retry it; a reject would drop a good image for good.
+        raise
     except Exception as e:  # Pillow plugins raise assorted types on hostile input
         raise Rejected(DECODE_ERROR, f"{type(e).__name__}: {e}") from None
 
 
-def _open(data: bytes, options: ImageOptions) -> tuple[Image.Image, int | None]:
-    """Opens (header only) and checks the size limits; Rejected on failure.
+def _pillow_open(data: bytes) -> ImageFile.ImageFile:
+    """``Image.open(BytesIO(data))`` without its check against ``Image.MAX_IMAGE_PIXELS``.
+
+    That check reads a process-wide setting (whose hard limit is 179 M
+    pixels): changing it would change every other user of Pillow in the
+    process. This tries Pillow's registered format plugins the way
+    ``Image.open`` does; ``_check`` then applies the run's own limits to the
+    same header, before anything is decoded.
+    """
+    prefix = data[:16]
+    fp = io.BytesIO(data)
+    tried: set[str] = set()
+    for loader in (Image.preinit, Image.init):  # common plugins first, then all (as Image.open does)
+        loader()
+        for fmt in list(Image.ID):
+            if fmt in tried:
+                continue
+            tried.add(fmt)
+            factory, accept = Image.OPEN[fmt]
+            verdict = accept(prefix) if accept else True
+            if not verdict or isinstance(verdict, str):  # a str is Pillow's "looks like it, but unsupported"
+                continue
+            fp.seek(0)
+            try:
+                return factory(fp, "")
+            except (SyntaxError, IndexError, TypeError, struct.error):
+                continue
+    raise UnidentifiedImageError("cannot identify image file")
+
+
+def _gif_cost(data: bytes, max_frames: int) -> Cost | None:
+    """Frames and canvases of a GIF from its block structure, without Pillow; None if not a GIF.
+
+    Pillow grows the canvas to cover every frame's declared extent (up to
+    65,535 + 65,535 pixels a side, whatever the logical screen says) and
+    allocates it on opening or seeking, before any limit of ours could look
+    at it: so GIFs are measured here, before Pillow opens them. Stops counting
+    after ``max_frames`` + 1 frames.
+    """
+    if data[:6] not in (b"GIF87a", b"GIF89a") or len(data) < 13:
+        return None
+    width, height = struct.unpack_from("<HH", data, 6)
+    flags = data[10]
+    pos = 13 + ((3 << ((flags & 7) + 1)) if flags & 0x80 else 0)
+    n = len(data)
+
+    def skip_blocks(at: int) -> tuple[int, int]:
+        count = 0
+        while at < n:
+            size = data[at]
+            at += 1 + size
+            count += 1
+            if size == 0:
+                break
+        return at, count
+
+    frames = biggest = total = 0
+    ext_blocks = comment_bytes = 0
+    while pos < n:
+        kind = data[pos]
+        pos += 1
+        if kind == 0x3B:  # trailer
+            break
+        if kind == 0x21:  # extension: label, then data sub-blocks
+            label, start = data[pos : pos + 1], pos + 1
+            pos, count = skip_blocks(start)
+            # Pillow reads extension sub-blocks one by one in Python, and joins a
+            # comment's by concatenation (quadratic: an 800 KB comment took 7 s).
+            ext_blocks += count
+            if label == b"\xfe":
+                comment_bytes += pos - start
+            if ext_blocks > MAX_HEADER_STEPS or comment_bytes > MAX_GIF_COMMENT_BYTES:
+                raise Rejected(TOO_MANY_CHUNKS, "GIF extension blocks over the limit (too many, or comments too long)")
+        elif kind == 0x2C:  # image descriptor: x, y, w, h, flags
+            if pos + 9 > n:
+                break
+            x, y, w, h, frame_flags = struct.unpack_from("<HHHHB", data, pos)
+            pos += 9 + ((3 << ((frame_flags & 7) + 1)) if frame_flags & 0x80 else 0)
+            pos, _ = skip_blocks(pos + 1)  # LZW code size, then the data sub-blocks
+            width, height = max(width, x + w), max(height, y + h)  # as Pillow grows its canvas
+            frames += 1
+            biggest = max(biggest, width * height)
+            total += width * height
+            if max_frames and frames > max_frames:
+                break
+        # any other byte: Pillow skips it too
+    return Cost(frames, biggest, total) if frames else None
+
+
+_NOT_FF = re.compile(rb"[^\xff]")
+
+
+def _header_steps(data: bytes, cap: int = MAX_HEADER_STEPS) -> int:
+    """Steps Pillow's Python header loop would take on a PNG, JPEG or TIFF (0 for others); counts to cap + 1.
+
+    PNG: every chunk (Pillow reads them one by one, IDAT included). TIFF: every
+    tag of every page (``_tiff_entries``). JPEG: every
+    marker segment before the first scan, and every padding or stray byte
+    between them (Pillow skips those one byte at a time). Runs of such bytes
+    are measured with C-speed searches, so this costs one Python step per
+    segment or chunk, stopping after ``cap``.
+    """
+    n = len(data)
+    steps = 0
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        pos = 8
+        while pos + 8 <= n and steps <= cap:
+            length = int.from_bytes(data[pos : pos + 4], "big")
+            steps += 1
+            if data[pos + 4 : pos + 8] == b"IEND":
+                break
+            pos += 12 + length
+        return steps
+    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return _tiff_entries(data, cap)
+    if data[:3] != b"\xff\xd8\xff":  # what Pillow takes for a JPEG
+        return 0
+    pos = 2
+    while pos < n and steps <= cap:
+        if data[pos] != 0xFF:  # stray bytes up to the next FF
+            nxt = data.find(b"\xff", pos)
+            nxt = n if nxt < 0 else nxt
+            steps += nxt - pos
+            pos = nxt
+            continue
+        code_at = _NOT_FF.search(data, pos)
+        if code_at is None:
+            break
+        steps += code_at.start() - pos  # FF padding before the marker code
+        pos = code_at.start() + 1
+        code = data[pos - 1]
+        if code == 0xDA:  # start of scan: libjpeg (C) takes over
+            break
+        if code == 0x00 or code == 0x01 or 0xD0 <= code <= 0xD9:  # no length field
+            continue
+        if pos + 2 > n:
+            break
+        pos += (data[pos] << 8) | data[pos + 1]
+    return steps
+
+
+def _tiff_entries(data: bytes, cap: int) -> int:
+    """Directory entries (tags) of every page of a TIFF or BigTIFF, one Python step per page; to cap + 1.
+
+    Pillow parses every tag of every page it seeks past in Python (~5 µs a
+    tag): 400 pages of 5,000 tags, 24 MB, took 28 s.
+    """
+    order = "<" if data[:2] == b"II" else ">"
+    big = data[2:4] in (b"+\x00", b"\x00+")
+    head, entry, link = (8, 20, "Q") if big else (2, 12, "I")
+    n = len(data)
+    try:
+        offset = struct.unpack_from(order + link, data, 8 if big else 4)[0]
+        steps = 0
+        seen: set[int] = set()
+        while offset and offset not in seen and offset + head <= n and steps <= cap:
+            seen.add(offset)
+            count = struct.unpack_from(order + ("Q" if big else "H"), data, offset)[0]
+            steps += 1 + count
+            after = offset + head + entry * count
+            if after + struct.calcsize(link) > n:
+                break
+            offset = struct.unpack_from(order + link, data, after)[0]
+        return steps
+    except struct.error:
+        return 0
+
+
+_SOS = re.compile(rb"\xff\xda")
+
+
+def _jpeg_scans(data: bytes) -> int:
+    """Start-of-scan markers; an upper bound on the scans (entropy-coded data never holds FF DA)."""
+    return len(_SOS.findall(data))
+
+
+def measure(img: Image.Image, options: ImageOptions) -> Cost:
+    """Frames and pixels decoding ``img`` will take, from headers only (no pixel is decoded).
+
+    Multi-page TIFFs (and the rarer multi-frame formats) are walked page by
+    page, each page's own size counted, stopping after ``max_frames`` + 1;
+    APNG and animated WebP declare their frame count, and their frames stay
+    inside the canvas (Pillow and libwebp check that).
+    """
+    width, height = img.size
+    canvas = width * height
+    frames = getattr(img, "n_frames", 1) if img.format in ("PNG", "WEBP", "MPO") else None
+    if frames is not None:
+        return Cost(frames, canvas, frames * canvas)
+    if not getattr(img, "is_animated", False) and img.format != "TIFF":
+        return Cost(1, canvas, canvas)
+    sizes = []
+    limit = options.max_frames + 1 if options.max_frames else 1 << 31
+    for i in range(limit):
+        try:
+            img.seek(i)
+        except EOFError:
+            break
+        sizes.append(img.size[0] * img.size[1])
+    img.seek(0)
+    return Cost(len(sizes), max(sizes, default=canvas), sum(sizes))
+
+
+def _check(cost: Cost, options: ImageOptions, what: str) -> None:
+    """Rejected if ``cost`` is over a limit of ``options``."""
+    if options.max_frames and cost.frames > options.max_frames:
+        more = "+" if cost.frames == options.max_frames + 1 else ""
+        raise Rejected(TOO_MANY_FRAMES, f"{cost.frames}{more} frames is over --max-frames {options.max_frames}")
+    if options.max_pixels and cost.frame_pixels > options.max_pixels:
+        raise Rejected(
+            TOO_MANY_PIXELS, f"{what} ({cost.frame_pixels} pixels) is over --max-pixels {options.max_pixels}"
+        )
+    if options.max_total_pixels and cost.total_pixels > options.max_total_pixels:
+        raise Rejected(
+            TOO_MANY_PIXELS,
+            f"{cost.frames} frames of {cost.total_pixels} pixels in all is over "
+            f"--max-total-pixels {options.max_total_pixels}",
+        )
+
+
+def _open(data: bytes, options: ImageOptions) -> tuple[Image.Image, int | None, Cost]:
+    """Opens (headers only) and checks every limit; Rejected on failure.
 
     Also returns the channels TF decodes the file as it is to, or None if TF
-    misreads it (judged from the header, which decoding may change).
+    misreads it (judged from the header, which decoding may change), and the
+    decode's Cost.
     """
     if not data:
         raise Rejected(EMPTY, "zero bytes")
     with _reasons():
-        img = Image.open(io.BytesIO(data))
+        steps = _header_steps(data)
+        if steps > MAX_HEADER_STEPS:
+            raise Rejected(
+                TOO_MANY_CHUNKS, f"over {MAX_HEADER_STEPS} chunks, segments or padding bytes around the pixel data"
+            )
+        gif = _gif_cost(data, options.max_frames)
+        if gif is None and data[:6] in (b"GIF87a", b"GIF89a"):
+            raise Rejected(TRUNCATED, "no complete frame in the GIF")
+        if gif is not None:
+            _check(gif, options, "a frame's canvas")  # before Pillow allocates it
+        img = _pillow_open(data)
         width, height = img.size
         if width <= 0 or height <= 0:
             raise Rejected(DECODE_ERROR, f"image has size {width}x{height}")
         if options.max_pixels and width * height > options.max_pixels:
             raise Rejected(TOO_MANY_PIXELS, f"{width}x{height} is over --max-pixels {options.max_pixels}")
+        if img.format in ("JPEG", "MPO") and img.info.get("progressive"):
+            # Only progressive scans each revisit the whole image: libjpeg
+            # stops a sequential file at its first scan too many.
+            scans = _jpeg_scans(data)
+            if scans > MAX_JPEG_SCANS or scans * width * height > MAX_JPEG_SCAN_PIXELS:
+                raise Rejected(
+                    TOO_MANY_SCANS,
+                    f"{scans} scans of {width}x{height} (at most {MAX_JPEG_SCANS}, "
+                    f"and scans x pixels at most {MAX_JPEG_SCAN_PIXELS})",
+                )
+        cost = gif if gif is not None else measure(img, options)
+        _check(cost, options, "a frame")
         if options.min_size and min(width, height) < options.min_size:
             raise Rejected(TOO_SMALL, f"{width}x{height} is under --min-size {options.min_size}")
-        return img, _tf_channels_or_none(img)
+        return img, _tf_channels_or_none(img), cost
+
+
+def check_header(prefix: bytes, options: ImageOptions) -> Rejected | None:
+    """A limit the first bytes of a file already prove it breaks, or None (also when they prove nothing).
+
+    Lets the writer read a large file's head, refuse a 60,000 × 60,000 PNG
+    from its 33-byte header, and only then read the rest. Only for formats
+    whose size comes first (a TIFF's directories may sit at its end; Pillow
+    warns about a cut one).
+    """
+    if not prefix.startswith((b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")):
+        return None
+    try:
+        _open(prefix, options)
+    except Rejected as r:
+        if r.reason in (TOO_MANY_PIXELS, TOO_MANY_FRAMES, TOO_MANY_SCANS, TOO_MANY_CHUNKS):
+            return r
+    except Exception:  # noqa: BLE001 - a cut-off header proves nothing either way
+        return None
+    return None
 
 
 def _decode(img: Image.Image, *, pixels: bool = True) -> None:
@@ -204,7 +538,7 @@ def _decode(img: Image.Image, *, pixels: bool = True) -> None:
 
 def inspect_image(data: bytes, options: ImageOptions | None = None) -> ImageInfo:
     """Fully decodes ``data`` as it is; its ImageInfo, or Rejected (also for formats TF misreads)."""
-    img, channels = _open(data, options or ImageOptions())
+    img, channels, _ = _open(data, options or ImageOptions())
     _decode(img)
     if channels is None:
         raise Rejected(UNSUPPORTED_FORMAT, f"{img.format} in mode {img.mode} is not read back by TensorFlow")
@@ -231,8 +565,10 @@ def _plain_mode(img: Image.Image) -> Image.Image:
     elif img.mode == "F":
         img = img.convert("L")
     if grey:
-        return img.convert("LA" if has_alpha else "L")
-    return img.convert("RGBA" if has_alpha else "RGB")
+        target = "LA" if has_alpha else "L"
+    else:
+        target = "RGBA" if has_alpha else "RGB"
+    return img if img.mode == target else img.convert(target)  # no copy of a 179 MP image for nothing
 
 
 def _encode(img: Image.Image, jpeg_quality: int) -> bytes:
@@ -277,36 +613,56 @@ def strip_metadata(data: bytes) -> bytes:
     return data
 
 
-def prepare_image(data: bytes, options: ImageOptions | None = None) -> Prepared:
-    """The bytes to store for this input and their ImageInfo, under the conversion policy."""
+def prepare_image(
+    data: bytes,
+    options: ImageOptions | None = None,
+    reserve: Callable[[int], AbstractContextManager[object]] | None = None,
+) -> Prepared:
+    """The bytes to store for this input and their ImageInfo, under the conversion policy.
+
+    ``reserve(nbytes)``, if given, is entered around the decode with the
+    memory it is estimated to need (from the headers, after every limit
+    passed): the writer's per-process budget of decoded pixels in flight.
+    """
     options = options or ImageOptions()
-    img, channels = _open(data, options)
+    img, channels, cost = _open(data, options)
     width, height = img.size
     source = img.format or "unknown"
     readable = channels is not None
-    shrink = options.resize_max_side and max(img.size) > options.resize_max_side
+    shrink = bool(options.resize_max_side and max(img.size) > options.resize_max_side)
     reencode = bool(options.reencode_quality)
-    # EXIF orientation is read after a full decode (a PNG may keep it after its pixels).
-    _decode(img, pixels=bool(not readable or shrink or reencode or options.apply_exif_orientation))
-    rotate = options.apply_exif_orientation and _orientation(img) != 1
+    full = bool(not readable or shrink or reencode or options.apply_exif_orientation)
+    held = reserve(cost.memory_bytes(source, full)) if reserve else contextlib.nullcontext()
+    with held:
+        # EXIF orientation is read after a full decode (a PNG may keep it after its pixels).
+        _decode(img, pixels=full)
+        rotate = options.apply_exif_orientation and _orientation(img) != 1
+        if readable and not (rotate or shrink or reencode):
+            stored = strip_metadata(data) if options.strip_exif else data
+            return Prepared(stored, ImageInfo(_TF_FORMATS[source], height, width, channels))
+        if not readable and options.on_unsupported == "reject" and not (rotate or shrink or reencode):
+            raise Rejected(UNSUPPORTED_FORMAT, f"{source} in mode {img.mode} is not read back by TensorFlow")
+        encoded = _convert(img, options, source, readable, rotate, shrink)
+        del img  # the decoded source goes before the check below decodes the result
+        info = inspect_image(encoded, ImageOptions(max_pixels=0, max_total_pixels=0, max_frames=0))
+    return Prepared(encoded, info, converted_from=source.lower())
 
-    if readable and not (rotate or shrink or reencode):
-        stored = strip_metadata(data) if options.strip_exif else data
-        return Prepared(stored, ImageInfo(_TF_FORMATS[source], height, width, channels))
-    if not readable and options.on_unsupported == "reject" and not (rotate or shrink or reencode):
-        raise Rejected(UNSUPPORTED_FORMAT, f"{source} in mode {img.mode} is not read back by TensorFlow")
 
+def _convert(img: Image.Image, options: ImageOptions, source: str, readable: bool, rotate: bool, shrink: bool) -> bytes:
+    """The decoded first frame as PNG or JPEG bytes, after rotation/resizing; Rejected if Pillow cannot."""
+    mode = img.mode
     try:
         if rotate:
             img = ImageOps.exif_transpose(img)
         pixels = _plain_mode(img)
+        del img
         if shrink:
             pixels.thumbnail((options.resize_max_side, options.resize_max_side), Image.Resampling.LANCZOS)
         quality = options.reencode_quality or (95 if source in ("JPEG", "MPO") and readable else 0)
-        encoded = _encode(pixels, quality)
+        return _encode(pixels, quality)
     except Rejected:
         raise
+    except MemoryError:
+        raise
     except Exception as e:  # noqa: BLE001 - a mode Pillow cannot convert
-        raise Rejected(UNSUPPORTED_FORMAT, f"cannot convert {source} in mode {img.mode}: {e}") from None
-    info = inspect_image(encoded, ImageOptions(max_pixels=0))  # what TF will see, checked again
-    return Prepared(encoded, info, converted_from=source.lower())
+        raise Rejected(UNSUPPORTED_FORMAT, f"cannot convert {source} in mode {mode}: {e}") from None

@@ -1,11 +1,22 @@
 """Writing shards: read, decode, validate, build the Example, stream to a temp file.
 
 ``WriteShardFn`` gets one shard's refs (only references crossed the shuffle),
-sorts them by shuffle key, reads and decodes them on a small thread pool
-(Pillow and hashlib release the GIL; results are taken in order, with a
-bounded window so memory stays at a few images) and streams TFRecords to a
-uniquely named temp file through Beam ``FileSystems``.  Finalize later gives
+sorts them by shuffle key, reads them on a pool of I/O threads (more reads
+in flight than decode threads, so small objects on GCS are not
+latency-bound), decodes them on a pool of one thread per core (Pillow and
+hashlib release the GIL), takes the results in order and streams TFRecords to
+a uniquely named temp file through Beam ``FileSystems``.  Finalize later gives
 the temp file its final name.
+
+Memory is bounded per machine, not by thread counts: file bytes read ahead
+and decoded pixels in flight each have a per-process budget (``Budget``;
+``ImageOptions.memory_budget_bytes`` per machine, shared by the SDK processes
+of a worker VM). A file over ``--max-file-mb`` (from the listing) is never
+read; a large file's head is read and checked first.
+
+Errors: a missing file or one this job may not read is a reject; any other
+I/O error (a GCS 429/503, a reset connection, an expired token) fails the
+bundle so the runner retries it: a transient error must not drop an image.
 
     (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "records", "bytes", "labels"}
                          └──► rejects: {"path", "reason", "detail"}
@@ -14,12 +25,14 @@ the temp file its final name.
 from __future__ import annotations
 
 import collections
+import contextlib
+import errno
 import hashlib
-import itertools
 import os
+import sys
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -29,7 +42,17 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples, failpoints
-from .images import DECODE_ERROR, MISSING, UNREADABLE, ImageOptions, Prepared, Rejected, prepare_image
+from .images import (
+    DECODE_ERROR,
+    MISSING,
+    TOO_LARGE,
+    UNREADABLE,
+    ImageOptions,
+    Prepared,
+    Rejected,
+    check_header,
+    prepare_image,
+)
 from .listing import REJECTS, Ref, coerce, reject
 
 NAMESPACE = "beam_pipeline"
@@ -63,24 +86,233 @@ PROGRESS = Progress()
 
 # Images decoded ahead of the writer, per decode thread.
 PREFETCH_PER_THREAD = 2
+# Reads in flight per shard writer (GCS reads of small objects are latency-bound).
+IO_THREADS = 16
+# A file larger than this has its head read and checked (check_header) before the rest.
+HEADER_BYTES = 256 * 1024
+# Share of the memory budget for file bytes read ahead; the rest is for decoded pixels.
+READ_SHARE = 0.25
+MB = 1_000_000
 
 
 def compression_type(name: str) -> str:
     return CompressionTypes.GZIP if name == "gzip" else CompressionTypes.UNCOMPRESSED
 
 
-def read_bytes(path: str) -> bytes:
-    """The file's bytes, raw (never decompressed by extension); Rejected on I/O errors."""
+# ---- reading ---------------------------------------------------------------------------------
+
+# errno values that say the file itself is unreadable for good (a retry cannot help).
+_MISSING_ERRNOS = {errno.ENOENT, errno.ENOTDIR}
+_PERMANENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG}
+
+
+def permanent_reason(error: BaseException) -> str | None:
+    """``missing`` or ``unreadable`` when ``error`` says the file is gone or forbidden; None for anything else.
+
+    Local files: by errno. GCS (google-cloud-storage, which Beam's gcsio uses
+    too): NotFound (404) is missing, Forbidden (403) is unreadable unless GCS
+    says it is a rate limit. Beam wraps some errors in BeamIOError (with the
+    cause in ``exception_details`` or ``__cause__``); those are looked through.
+    Everything else, a 429/5xx after the client's own retries, a reset
+    connection, a timeout, a failed token refresh (401), is transient.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is not None:
+            if error.errno in _MISSING_ERRNOS:
+                return MISSING
+            if error.errno in _PERMANENT_ERRNOS:
+                return UNREADABLE
+            return None
+        try:
+            from google.api_core import exceptions as gexc
+        except ImportError:  # no GCS support installed: no GCS errors either
+            gexc = None
+        if gexc is not None:
+            if isinstance(error, gexc.NotFound):
+                return MISSING
+            if isinstance(error, gexc.Forbidden):
+                reasons = {str(e.get("reason", "")) for e in getattr(error, "errors", []) or [] if isinstance(e, dict)}
+                return None if reasons & {"rateLimitExceeded", "userRateLimitExceeded"} else UNREADABLE
+        details = getattr(error, "exception_details", None)  # BeamIOError: {path: exception}
+        if isinstance(details, dict) and len(details) == 1:
+            error = next(iter(details.values()))
+            continue
+        error = error.__cause__ or error.__context__
+    return None
+
+
+_THREAD = threading.local()
+
+
+def _gcs() -> Any:
+    """This thread's GCS client (Beam's GcsIO, built once per thread from the pipeline's options).
+
+    Beam's GCSFileSystem makes a new GcsIO, hence a new storage.Client and a
+    new connection pool, on every open, and its reader fetches the object's
+    metadata before its bytes: two round trips and a TLS handshake per image.
+    """
+    client = getattr(_THREAD, "gcsio", None)
+    if client is None:
+        from apache_beam.io.gcp import gcsio, gcsio_retry
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        # The options FileSystems.set_options gave this worker (Beam's GCS file system reads them the same way).
+        options = getattr(FileSystems, "_pipeline_options", None) or PipelineOptions()
+        client = _THREAD.gcsio = gcsio.GcsIO(pipeline_options=options)
+        _THREAD.retry = gcsio_retry.get_retry(options)
+    return client
+
+
+def _read_gcs(path: str, size: int, options: ImageOptions | None) -> bytes:
+    from apache_beam.io.gcp.gcsio import parse_gcs_path
+
+    client = _gcs()
+    bucket, name = parse_gcs_path(path)
+    blob = client.client.bucket(bucket).blob(name)
+    retry = _THREAD.retry
+    if options is not None and size > 4 * HEADER_BYTES:
+        head = blob.download_as_bytes(start=0, end=HEADER_BYTES - 1, raw_download=True, retry=retry)
+        verdict = check_header(head, options)
+        if verdict is not None:
+            raise verdict
+        try:
+            return head + blob.download_as_bytes(start=HEADER_BYTES, raw_download=True, retry=retry)
+        except Exception as e:
+            if getattr(e, "code", None) == 416:  # shrank since it was listed: the head is all of it
+                return head
+            raise
+    return blob.download_as_bytes(raw_download=True, retry=retry)
+
+
+def _read_local(path: str, size: int, options: ImageOptions | None) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        if options is not None and size > 4 * HEADER_BYTES:
+            verdict = check_header(fh.read(HEADER_BYTES), options)
+            if verdict is not None:
+                raise verdict
+            fh.seek(0)  # re-read the head: cheaper than joining (a copy of the whole file)
+        return fh.read()
+
+
+def read_bytes(path: str, size: int = -1, options: ImageOptions | None = None) -> bytes:
+    """The file's bytes, raw (never decompressed by extension).
+
+    Rejected when the file is missing or may not be read (``permanent_reason``),
+    or, given ``options``, when it is over ``max_file_bytes`` (by ``size``, from
+    the listing, before anything is read; and by what was read) or its head
+    already breaks a limit. Any other error is raised: the bundle fails and the
+    runner retries it.
+    """
+    limit = options.max_file_bytes if options is not None else 0
+    if limit and size > limit:
+        raise Rejected(TOO_LARGE, f"{size} bytes is over --max-file-mb {limit / MB:g}")
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-            return fh.read()
-    except FileNotFoundError as e:
-        raise Rejected(MISSING, str(e)) from None
-    except Exception as e:  # OSError, BeamIOError, GCS HTTP errors
-        text = str(e)
-        if "No such file" in text or "Not found" in text or "404" in text:
-            raise Rejected(MISSING, text) from None
-        raise Rejected(UNREADABLE, f"{type(e).__name__}: {text}") from None
+        data = _read_gcs(path, size, options) if path.startswith("gs://") else _read_local(path, size, options)
+    except Rejected:
+        raise
+    except Exception as e:
+        reason = permanent_reason(e)
+        if reason is None:
+            raise
+        raise Rejected(reason, f"{type(e).__name__}: {e}") from None
+    if limit and len(data) > limit:  # the file grew after it was listed
+        raise Rejected(TOO_LARGE, f"{len(data)} bytes is over --max-file-mb {limit / MB:g}")
+    return data
+
+
+# ---- memory budget ---------------------------------------------------------------------------
+
+
+class Budget:
+    """Bytes in flight in one process: taken before work, given back after.
+
+    Requests are served first come, first served; one larger than the whole
+    budget waits until nothing else is held and then runs alone. A holder
+    never waits for another budget while holding this one, so it cannot
+    deadlock.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self.held = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+        self._queue: collections.deque[object] = collections.deque()
+
+    def _take(self, nbytes: int) -> int:
+        return min(max(0, nbytes), self.capacity)
+
+    def try_acquire(self, nbytes: int) -> bool:
+        """Takes ``nbytes`` if it fits now and nobody is waiting."""
+        take = self._take(nbytes)
+        with self._cond:
+            if self._queue or self.held + take > self.capacity:
+                return False
+            self.held += take
+            self.peak = max(self.peak, self.held)
+            return True
+
+    def acquire(self, nbytes: int) -> None:
+        take = self._take(nbytes)
+        ticket = object()
+        with self._cond:
+            self._queue.append(ticket)
+            while self._queue[0] is not ticket or self.held + take > self.capacity:
+                self._cond.wait()
+            self._queue.popleft()
+            self.held += take
+            self.peak = max(self.peak, self.held)
+            self._cond.notify_all()
+
+    def release(self, nbytes: int) -> None:
+        with self._cond:
+            self.held -= self._take(nbytes)
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        self.acquire(nbytes)
+        try:
+            yield
+        finally:
+            self.release(nbytes)
+
+
+_BUDGETS: dict[tuple[str, int], Budget] = {}
+_BUDGETS_LOCK = threading.Lock()
+
+
+def process_budget(kind: str, capacity: int) -> Budget:
+    """The one Budget of this kind and size in this process, shared by every writer in it."""
+    with _BUDGETS_LOCK:
+        budget = _BUDGETS.get((kind, capacity))
+        if budget is None:
+            budget = _BUDGETS[(kind, capacity)] = Budget(capacity)
+        return budget
+
+
+def sdk_processes_per_machine() -> int:
+    """How many processes of this job share this machine's memory budget.
+
+    In the launching process (the local default): 1. In a separate SDK worker
+    process (Dataflow starts one per vCPU; local ``multi_processing`` starts
+    ``direct_num_workers``): ``os.cpu_count()``, which is exact on Dataflow
+    and errs on the small side locally.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name == "apache_beam.runners.worker.sdk_worker_main":
+        return os.cpu_count() or 1
+    return 1
+
+
+def budgets(options: ImageOptions) -> tuple[Budget, Budget]:
+    """(file bytes read ahead, decoded pixels) budgets of this process for ``options``."""
+    share = options.memory_budget_bytes // sdk_processes_per_machine()
+    reads = max(HEADER_BYTES, int(share * READ_SHARE))
+    return process_budget("read", reads), process_budget("decode", max(1, share - reads))
 
 
 def build_record(
@@ -89,9 +321,10 @@ def build_record(
     label_ids: Mapping[str, int],
     extra_types: Mapping[str, str],
     image_options: ImageOptions | None = None,
+    reserve: Callable[[int], Any] | None = None,
 ) -> tuple[bytes, Prepared]:
     """Validates ``data`` (prepare_image decodes it), converts it if the policy says so; (Example bytes, Prepared)."""
-    prepared = prepare_image(data, image_options)
+    prepared = prepare_image(data, image_options, reserve)
     info = prepared.info
     features: dict[str, Any] = {
         examples.ENCODED: prepared.data,
@@ -118,32 +351,107 @@ def convert_one(
     label_ids: Mapping[str, int],
     extra_types: Mapping[str, str],
     image_options: ImageOptions | None = None,
+    reserve: Callable[[int], Any] | None = None,
 ) -> tuple[bytes, Prepared] | Rejected:
     """Reads and converts one ref; a Rejected is returned (not raised) for the writer to route.
 
-    An error nobody foresaw (a Pillow plugin failing in a new way on a hostile
-    file) rejects that one input as ``decode_error`` with the exception in the
-    detail: one odd file must not fail the job.
+    I/O errors that are not the file's fault are raised (see read_bytes).
     """
+    options = image_options or ImageOptions()
     try:
-        return build_record(ref, read_bytes(ref.path), label_ids, extra_types, image_options)
+        data = read_bytes(ref.path, ref.size, options)
     except Rejected as r:
         return r
+    return decode_one(ref, data, label_ids, extra_types, options, reserve)
+
+
+def decode_one(
+    ref: Ref,
+    data: bytes,
+    label_ids: Mapping[str, int],
+    extra_types: Mapping[str, str],
+    image_options: ImageOptions | None = None,
+    reserve: Callable[[int], Any] | None = None,
+) -> tuple[bytes, Prepared] | Rejected:
+    """Converts one file's bytes; a Rejected is returned (not raised).
+
+    An error nobody foresaw (a Pillow plugin failing in a new way on a hostile
+    file) rejects that one input as ``decode_error`` with the exception in the
+    detail: one odd file must not fail the job. A MemoryError is the
+    machine's, not the file's (every size was checked from the headers): it
+    fails the bundle, and the runner retries it.
+    """
+    try:
+        return build_record(ref, data, label_ids, extra_types, image_options, reserve)
+    except Rejected as r:
+        return r
+    except MemoryError:
+        raise
     except Exception as e:  # noqa: BLE001 - see above
         return Rejected(DECODE_ERROR, f"unexpected {type(e).__name__}: {e}")
 
 
-def ordered_map(pool: ThreadPoolExecutor, fn: Any, items: Iterable[Any], window: int) -> Iterator[tuple[Any, Any]]:
-    """(item, fn(item)) in input order, with at most ``window`` calls in flight."""
-    pending: collections.deque[tuple[Any, Future]] = collections.deque()
-    it = iter(items)
-    for item in itertools.islice(it, window):
-        pending.append((item, pool.submit(fn, item)))
-    while pending:
-        item, future = pending.popleft()
-        for nxt in itertools.islice(it, 1):
-            pending.append((nxt, pool.submit(fn, nxt)))
-        yield item, future.result()
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def read_then_convert(
+    items: Iterable[Any],
+    read: Callable[[Any], Any],
+    convert: Callable[[Any, Any], Any],
+    io_pool: ThreadPoolExecutor,
+    decode_pool: ThreadPoolExecutor,
+    *,
+    window: int,
+    budget: Budget,
+    cost: Callable[[Any], int],
+) -> Iterator[tuple[Any, Any]]:
+    """(item, convert(item, read(item))) in input order; ``read`` may return a Rejected, which is passed through.
+
+    Reads run on ``io_pool`` and each read's result is then converted on
+    ``decode_pool``, so reads run ahead of decodes. An item is in flight from
+    the start of its read until its result is taken: at most ``window`` items
+    and ``budget`` bytes (``cost(item)``, e.g. its listed size) at a time. When
+    the budget is short the caller's earlier results are taken first (they
+    give bytes back); only with nothing of its own in flight does it wait for
+    other writers of the process, so it never waits on itself. An exception
+    (a transient read error, a MemoryError) is raised from the result it
+    belongs to, after every byte this call held is given back.
+    """
+    pending: collections.deque[tuple[Any, int, Future]] = collections.deque()
+
+    def start(item: Any) -> Future:
+        def run() -> Future:
+            data = read(item)
+            return _done(data) if isinstance(data, Rejected) else decode_pool.submit(convert, item, data)
+
+        return io_pool.submit(run)
+
+    def take() -> tuple[Any, Any]:
+        item, nbytes, outer = pending.popleft()
+        try:
+            return item, outer.result().result()
+        finally:
+            budget.release(nbytes)
+
+    try:
+        for item in items:
+            nbytes = cost(item)
+            while not (len(pending) < window and budget.try_acquire(nbytes)):
+                if not pending:
+                    budget.acquire(nbytes)
+                    break
+                yield take()
+            pending.append((item, nbytes, start(item)))
+        while pending:
+            yield take()
+    finally:
+        for _, nbytes, outer in pending:  # left behind by an exception: their bytes go back
+            outer.cancel()
+            budget.release(nbytes)
+        pending.clear()
 
 
 def decode_threads(requested: int) -> int:
@@ -164,9 +472,12 @@ class WriteShardFn(beam.DoFn):
 
     def setup(self) -> None:
         self._pool = ThreadPoolExecutor(decode_threads(self._threads), thread_name_prefix="decode")
+        self._io_pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="read")
+        self._read_budget, self._decode_budget = budgets(self._image_options)
 
     def teardown(self) -> None:
         self._pool.shutdown(wait=False)
+        self._io_pool.shutdown(wait=False)
 
     def process(
         self,
@@ -183,12 +494,35 @@ class WriteShardFn(beam.DoFn):
         records = 0
         label_counts: collections.Counter[str] = collections.Counter()
         converted: collections.Counter[str] = collections.Counter()
-        window = PREFETCH_PER_THREAD * decode_threads(self._threads)
+        window = max(IO_THREADS, PREFETCH_PER_THREAD * decode_threads(self._threads))
         options = self._image_options
-        with FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out:
-            for ref, result in ordered_map(
-                self._pool, lambda r: convert_one(r, label_ids, extra_types, options), ordered, window
-            ):
+        limit = options.max_file_bytes
+
+        def read(ref: Ref) -> bytes | Rejected:
+            try:
+                return read_bytes(ref.path, ref.size, options)
+            except Rejected as r:
+                return r
+
+        def convert(ref: Ref, data: bytes) -> tuple[bytes, Prepared] | Rejected:
+            return decode_one(ref, data, label_ids, extra_types, options, self._decode_budget.hold)
+
+        results = read_then_convert(
+            ordered,
+            read,
+            convert,
+            self._io_pool,
+            self._pool,
+            window=window,
+            budget=self._read_budget,
+            cost=lambda ref: 0 if limit and ref.size > limit else max(ref.size, 0),  # too large: never read
+        )
+        # closing(): if writing fails, the reads still in flight give their bytes back at once.
+        with (
+            contextlib.closing(results),
+            FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out,
+        ):
+            for ref, result in results:
                 if isinstance(result, Rejected):
                     self._rejected.inc()
                     PROGRESS.add(rejected=1)
@@ -227,10 +561,13 @@ class DecodeFn(beam.DoFn):
         self._image_options = image_options or ImageOptions()
         self._label_ids: tuple[Sequence[str] | None, dict[str, int]] = (None, {})
 
+    def setup(self) -> None:
+        _, self._decode_budget = budgets(self._image_options)
+
     def process(self, ref: Ref, labels: Sequence[str], extra_types: Mapping[str, str]) -> Iterator[Any]:
         if self._label_ids[0] is not labels:  # the side input: build the id map once, not per image
             self._label_ids = (labels, {label: i for i, label in enumerate(labels)})
-        result = convert_one(ref, self._label_ids[1], extra_types, self._image_options)
+        result = convert_one(ref, self._label_ids[1], extra_types, self._image_options, self._decode_budget.hold)
         if isinstance(result, Rejected):
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))

@@ -130,13 +130,10 @@ def _png_claiming(width: int, height: int) -> bytes:
 
 
 def test_decompression_bomb_is_refused_from_the_header():
-    import time
-
-    started = time.monotonic()
+    # The file holds 4 x 4 pixels of data: a decode would have said "truncated".
     with pytest.raises(Rejected) as err:
         prepare_image(_png_claiming(50_000, 50_000))
     assert err.value.reason == "too_many_pixels"
-    assert time.monotonic() - started < 1  # never decoded 2.5 G pixels
     with pytest.raises(Rejected) as err:
         prepare_image(image_bytes("png", 100, 100), ImageOptions(max_pixels=5000))
     assert err.value.reason == "too_many_pixels"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline import hashing, writing
@@ -12,7 +13,7 @@ from beam_pipeline.examples import parse_example
 from beam_pipeline.finalize import choose_results, final_layout, rename_idempotent
 from beam_pipeline.listing import REJECTS, Ref
 from beam_pipeline.planning import PlanShards
-from beam_pipeline.writing import WriteShardFn, convert_one, count_records, ordered_map
+from beam_pipeline.writing import Budget, WriteShardFn, convert_one, count_records, read_then_convert
 
 from .conftest import local_pipeline
 from .imagegen import broken_bytes, image_bytes, write
@@ -24,17 +25,87 @@ def _ref(path: str, relpath: str, label: str | None = "cat", seed: int = 0) -> R
     return Ref(path, relpath, os.path.getsize(path), "train", label, hashing.shuffle_key(relpath, seed))
 
 
-def test_ordered_map_keeps_order_with_a_bounded_window():
+def test_read_then_convert_keeps_order_within_its_window_and_byte_budget():
+    import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    def slow(i):
-        time.sleep(0.001 * (5 - i % 5))
-        return i * i
+    budget = Budget(100)
+    lock = threading.Lock()
+    in_flight, most = [0], [0]
 
-    with ThreadPoolExecutor(4) as pool:
-        out = list(ordered_map(pool, slow, range(50), window=3))
-    assert out == [(i, i * i) for i in range(50)]
+    def read(i):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.001 * (5 - i % 5))
+        return i
+
+    def convert(i, data):
+        with lock:
+            in_flight[0] -= 1
+        return data * data
+
+    sizes = {i: (30 if i % 7 else 250) for i in range(60)}  # every 7th is larger than the whole budget
+    with ThreadPoolExecutor(8) as io_pool, ThreadPoolExecutor(2) as decode_pool:
+        out = list(
+            read_then_convert(
+                range(60), read, convert, io_pool, decode_pool, window=6, budget=budget, cost=sizes.__getitem__
+            )
+        )
+    assert out == [(i, i * i) for i in range(60)]
+    assert budget.held == 0 and budget.peak <= 100 and most[0] <= 6
+
+
+def test_read_then_convert_gives_its_bytes_back_when_a_read_fails():
+    from concurrent.futures import ThreadPoolExecutor
+
+    budget = Budget(100)
+
+    def read(i):
+        if i == 3:
+            raise ConnectionResetError("reset by peer")
+        return i
+
+    with ThreadPoolExecutor(4) as io_pool, ThreadPoolExecutor(2) as decode_pool:
+        results = read_then_convert(
+            range(10), read, lambda i, d: d, io_pool, decode_pool, window=4, budget=budget, cost=lambda i: 20
+        )
+        with pytest.raises(ConnectionResetError):
+            list(results)
+    assert budget.held == 0
+
+
+def test_budget_is_first_come_first_served_and_an_oversized_request_runs_alone():
+    import threading
+    import time
+
+    budget = Budget(10)
+    order, running, most = [], [0], [0]
+    lock = threading.Lock()
+
+    def work(name, nbytes, hold_for):
+        with budget.hold(nbytes):
+            with lock:
+                running[0] += nbytes
+                most[0] = max(most[0], running[0])
+                order.append(name)
+            time.sleep(hold_for)
+            with lock:
+                running[0] -= nbytes
+
+    first = threading.Thread(target=work, args=("a", 6, 0.2))
+    first.start()
+    time.sleep(0.05)
+    threads = [threading.Thread(target=work, args=(name, n, 0.01)) for name, n in (("big", 50), ("b", 3))]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in [first, *threads]:
+        t.join()
+    # "b" would fit beside "a" but queued after "big": it waits its turn; "big" ran with nothing else.
+    assert order == ["a", "big", "b"]
+    assert budget.held == 0 and most[0] == 50
 
 
 def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
@@ -83,7 +154,7 @@ def test_an_unforeseen_error_on_one_image_is_a_reject_not_a_crash(tmp_path, monk
     ref = Ref(path=str(path), relpath="odd.png", size=1, split="train", label=None, key=1)
     assert not isinstance(convert_one(ref, {}, {}), Exception)  # a good file converts
 
-    def plugin_bug(data, options=None):
+    def plugin_bug(data, options=None, reserve=None):
         raise IndexError("tuple index out of range")
 
     monkeypatch.setattr(writing, "prepare_image", plugin_bug)
