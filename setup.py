@@ -1,9 +1,19 @@
 """Packaging for beam_pipeline.
 
 The same file serves ``pip install .`` locally and ``--setup_file ./setup.py``
-on Dataflow workers.  Version ranges follow tensorflow-transform 1.21, which
-pins TensorFlow 2.21.x and apache-beam[gcp] < 3; requirements/constraints.txt
-holds the exact set the tests run with.
+on Dataflow workers.
+
+    pip install .                       # convert, plan, inspect (no TensorFlow)
+    pip install '.[all]'                # + tensorflow-transform analysis, TFDS loading
+    pip install 'beam_pipeline[reader] @ git+<repo-url>'   # a training env: reader.load only
+
+The base install is the converter: Apache Beam, Pillow, PyYAML, NumPy and
+google-cloud-storage. The conversion itself imports neither TensorFlow nor
+tensorflow-transform, so they are extras: ``transform`` carries TFT 1.21 and
+its exact TensorFlow 2.21 pin; ``reader`` only asks for a TensorFlow 2.x in
+the range the reader is checked with (scripts/check_reader_compat.sh), so a
+training environment keeps its own TF. requirements/constraints.txt holds the
+exact set the tests run with.
 """
 
 import re
@@ -16,13 +26,15 @@ VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "beam_pipeline" / "__ini
 
 REQUIRES = [
     "apache-beam[gcp]>=2.77.0,<3",
-    "tensorflow>=2.21,<2.22",
-    "tensorflow-transform>=1.21,<1.22",
     "google-cloud-storage>=2.18,<4",
     "pillow>=10.4",
     "pyyaml>=6.0",
     "numpy>=1.26",
 ]
+TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
+TFDS = ["tensorflow-datasets>=4.9.9,<5"]
+READER = ["tensorflow>=2.16,<3"]
+TEST_TOOLS = ["pytest>=8", "gcp-storage-emulator>=2024.8", "psutil>=5.9", "ruff>=0.6"]
 
 setup(
     name="beam_pipeline",
@@ -34,16 +46,13 @@ setup(
     python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
     extras_require={
-        "tfds": ["tensorflow-datasets>=4.9.9,<5"],
-        "test": [
-            "tensorflow-datasets>=4.9.9,<5",
-            "pytest>=8",
-            "gcp-storage-emulator>=2024.8",
-            "psutil>=5.9",
-            "ruff>=0.6",
-        ],
+        "transform": TRANSFORM,
+        "tfds": TFDS,
+        "reader": READER,
+        "all": TRANSFORM + TFDS,
+        "test": TRANSFORM + TFDS + TEST_TOOLS,
     },
-    entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:main"]},
+    entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:console_main"]},
     license="Apache-2.0",
     classifiers=["Programming Language :: Python :: 3"],
 )
