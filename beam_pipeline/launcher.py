@@ -165,10 +165,15 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
         entries = os.listdir(out)
     top = {e.split("/", 1)[0] for e in entries}
     foreign = sorted(e for e in top if not _is_own_file(e))
-    if foreign and not cfg.overwrite:
+    if foreign:
+        # Whatever --overwrite says: publishing would mix the dataset in
+        # beside someone else's files, and a later publish deletes stale
+        # names of this tool's own, never theirs, but a mixed folder is no
+        # dataset anyone can trust.
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise UsageError(
-            f"--output {cfg.output}: folder holds files this tool did not write ({foreign[0]}, ...); "
-            "choose an empty folder or pass --overwrite"
+            f"--output {cfg.output}: holds files this tool did not write ({shown}); choose an empty or new "
+            "folder, or remove those files (--overwrite only replaces a dataset this tool wrote)"
         )
     if metadata.SUCCESS in top and not cfg.overwrite:
         raise UsageError(f"--output {cfg.output}: holds a complete dataset; pass --overwrite to replace it")

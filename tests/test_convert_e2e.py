@@ -312,6 +312,27 @@ def test_foreign_files_in_output_are_refused(folder, tmp_path):
     assert (out / "thesis.pdf").read_bytes() == b"%PDF"
 
 
+def test_overwrite_never_writes_into_a_folder_of_foreign_files(folder, tmp_path):
+    root, _ = folder
+    out = tmp_path / "mixed"
+    convert("--input", str(root), "--output", str(out))
+    write(str(out / "notes" / "todo.txt"), b"mine")  # someone's files beside a dataset of this tool
+    write(str(out / "thesis.pdf"), b"%PDF")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = run_cli("convert", "--input", str(root), "--output", str(out), "--overwrite", "--seed", "5")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "notes, thesis.pdf" in line and "did not write" in line
+    assert "remove those files" in line and "empty" in line  # says what to do, and not "pass --overwrite"
+    assert "pass --overwrite" not in line
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing touched
+    empty = tmp_path / "only-foreign"
+    write(str(empty / "readme.md"), b"x")
+    result = run_cli("convert", "--input", str(root), "--output", str(empty), "--overwrite")
+    assert result.returncode == 2 and "readme.md" in result.stderr
+    assert sorted(p.name for p in empty.iterdir()) == ["readme.md"]
+
+
 def test_no_good_image_fails_and_explains(tmp_path):
     root = tmp_path / "bad"
     write(str(root / "cat" / "a.jpg"), broken_bytes("text"))

@@ -52,11 +52,11 @@ def test_tfds_loads_every_split_with_counts_and_pixels(tmp_path):
 
     # as_supervised: (uint8 image, int64 label id) pairs, the same images as the dicts above
     by_label = sorted(
-        (int(label), image.numpy().tobytes())
-        for image, label in builder.as_dataset(split="train", as_supervised=True)
+        (int(label), image.numpy().tobytes()) for image, label in builder.as_dataset(split="train", as_supervised=True)
     )
     expected = sorted(
-        (int(ex["image/class/label"]), ex["image/encoded"].numpy().tobytes()) for ex in builder.as_dataset(split="train")
+        (int(ex["image/class/label"]), ex["image/encoded"].numpy().tobytes())
+        for ex in builder.as_dataset(split="train")
     )
     assert by_label == expected and len(expected) == info["splits"]["train"]["examples"]
     batch_images, batch_labels = next(iter(builder.as_dataset(split="test", as_supervised=True, batch_size=2)))
