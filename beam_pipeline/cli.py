@@ -153,7 +153,7 @@ def _convert_parser() -> _Parser:
         "--seed",
         type=int,
         metavar="N",
-        help=f"shuffle seed; changes the order only, never the splits {_default('seed')}",
+        help="shuffle seed; changes the order only, never the splits " + _default("seed"),
     )
     out.add_argument(
         "--target-shard-mb",
@@ -179,7 +179,8 @@ def _convert_parser() -> _Parser:
         dest="max_reject_fraction",
         type=float,
         metavar="F",
-        help=f"above this share of rejected inputs: exit 3, no _SUCCESS; 1 turns it off {_default('max_reject_fraction')}",
+        help="above this share of rejected inputs: exit 3, no _SUCCESS; 1 turns it off "
+        + _default("max_reject_fraction"),
     )
     out.add_argument(
         "--run-date",

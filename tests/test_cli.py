@@ -207,7 +207,10 @@ def test_done_in_counts_from_process_start():
 
     from .conftest import REPO
 
-    code = "import time; time.sleep(1.2); from beam_pipeline.cli import process_started; print(time.time() - process_started())"
+    code = (
+        "import time; time.sleep(1.2); from beam_pipeline.cli import process_started; "
+        "print(time.time() - process_started())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True, timeout=60)
     assert 1.2 <= float(out.stdout) < 30
 
