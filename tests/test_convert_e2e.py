@@ -71,7 +71,9 @@ def test_every_good_image_is_one_record_and_every_bad_one_a_reject(converted, fo
     assert sorted(r["image/filename"].decode() for r in records) == sorted(good)
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert {Path(r["path"]).name: r["reason"] for r in rejects} == BROKEN
-    assert all(r["path"] == str(root / "cat" / Path(r["path"]).name) and r["detail"] for r in rejects)
+    # path relative to the input root like image/filename; source is where the file is
+    assert all(r["path"] == f"cat/{Path(r['path']).name}" and r["detail"] for r in rejects)
+    assert all(r["source"] == str(root / r["path"]) for r in rejects)
     assert (out / "_SUCCESS").exists()
     info = load_info(out)
     assert info["examples"] == len(good)
