@@ -28,12 +28,12 @@ MODES = {
 }
 
 
-def one_run(input_dir: str, out: str, extra: list[str]) -> tuple[float, float]:
+def one_run(input_dir: str, out: str, extra: list[str], repo: Path = REPO) -> tuple[float, float]:
     cmd = [sys.executable, "-m", "beam_pipeline", "convert", "--config", "configs/local.yaml",
            "--input", input_dir, "--output", out, "--split-ratios", "train=0.8,validation=0.1,test=0.1",
            "--overwrite", *extra]  # fmt: skip
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
     if proc.returncode != 0:
         sys.exit(f"convert failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
@@ -48,18 +48,23 @@ def main() -> None:
     parser.add_argument("--input", default=str(REPO / "samples" / "photos"))
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument(
+        "--compare", metavar="CHECKOUT", help="also time another checkout (e.g. an older commit), interleaved"
+    )
     args = parser.parse_args()
-    results: dict[str, list[tuple[float, float]]] = {m: [] for m in args.modes}
+    repos = {"": REPO} if not args.compare else {"this ": REPO, "other ": Path(args.compare).resolve()}
+    results: dict[str, list[tuple[float, float]]] = {f"{r}{m}": [] for r in repos for m in args.modes}
     with tempfile.TemporaryDirectory(prefix="beam_pipeline-startup-") as work:
         for i in range(args.runs):  # interleaved, so load changes hit every mode alike
-            for mode in args.modes:
-                wall, reported = one_run(args.input, f"{work}/{mode}", MODES[mode])
-                results[mode].append((wall, reported))
-                print(f"run {i + 1} {mode:<22} wall {wall:5.2f} s  reported 'done in {reported:.1f} s'", flush=True)
-    print(f"\n{'mode':<22} {'min':>6} {'median':>7}  (wall seconds, {args.runs} runs)")
+            for tag, repo in repos.items():
+                for mode in args.modes:
+                    wall, reported = one_run(args.input, f"{work}/{tag.strip()}{mode}", MODES[mode], repo)
+                    results[f"{tag}{mode}"].append((wall, reported))
+                    print(f"run {i + 1} {tag}{mode:<22} wall {wall:5.2f} s  'done in {reported:.1f} s'", flush=True)
+    print(f"\n{'mode':<28} {'min':>6} {'median':>7}  (wall seconds, {args.runs} runs)")
     for mode, rows in results.items():
         walls = [w for w, _ in rows]
-        print(f"{mode:<22} {min(walls):6.2f} {statistics.median(walls):7.2f}")
+        print(f"{mode:<28} {min(walls):6.2f} {statistics.median(walls):7.2f}")
 
 
 if __name__ == "__main__":
