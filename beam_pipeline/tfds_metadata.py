@@ -16,7 +16,7 @@ The files are written here as JSON, in the layout TFDS 4.9 writes and reads
 (the tests load them with ``tfds.builder_from_directory``), so writing them
 imports neither tensorflow-datasets nor TensorFlow: a conversion without the
 TFT analysis never pays TensorFlow's start-up. Reading them needs
-tensorflow-datasets (``pip install 'beam_pipeline[tfds]'``). The homepage is
+tensorflow-datasets (in the base install). The homepage is
 the dataset's own folder: TFDS would otherwise show a catalog page that does
 not exist for it.
 """
