@@ -587,7 +587,14 @@ def _plan_text(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, started: float | None = None) -> int:
+    """Runs one command; returns its exit code.
+
+    ``started`` (a ``time.time()`` value) is where the summary's "done in"
+    counts from: the process start when this is the process's entry point
+    (``console_main``), else this call.
+    """
+    started = time.time() if started is None else started
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv or "--verbose" in argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -631,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if info.get("detached"):
             print(f"submitted job {info['job_id']}; it writes {cfg.output}/_SUCCESS when the dataset is complete")
             return EXIT_OK
-        print(_summary(info, cfg.output, time.time() - process_started(), transform_note))
+        print(_summary(info, cfg.output, time.time() - started, transform_note))
         return EXIT_OK
     except UsageError as e:
         if verbose:
@@ -660,7 +667,7 @@ def console_main() -> None:
     writes is closed by then, so the process leaves with os._exit.
     """
     try:
-        code = main()
+        code = main(started=process_started())
     except SystemExit as e:  # argparse's --help
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     sys.stdout.flush()
