@@ -1,9 +1,19 @@
 """Packaging for beam_pipeline.
 
 The same file serves ``pip install .`` locally and ``--setup_file ./setup.py``
-on Dataflow workers.  Version ranges follow tensorflow-transform 1.21, which
-pins TensorFlow 2.21.x and apache-beam[gcp] < 3; requirements/constraints.txt
-holds the exact set the tests run with.
+on Dataflow workers.
+
+    pip install .                    # convert, plan, inspect, reader.load, TFDS loading
+    pip install '.[transform]'       # + the tensorflow-transform analysis (pins TensorFlow 2.21)
+    pip install 'beam_pipeline @ git+<repo-url>'   # the same from a repository, e.g. in a training env
+
+The base install asks for TensorFlow only as a range (``READER``: the 2.x
+releases the reader is checked with, scripts/check_reader_compat.sh), so a
+training environment keeps its own TF. tensorflow-transform 1.21 pins
+TensorFlow 2.21.x exactly, so it is the ``transform`` extra; without it
+``convert`` skips the analysis and says so. The conversion itself imports
+neither TensorFlow nor TFT. requirements/constraints.txt holds the exact set
+the tests run with.
 """
 
 import re
@@ -14,15 +24,18 @@ from setuptools import find_packages, setup
 HERE = Path(__file__).parent
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "beam_pipeline" / "__init__.py").read_text()).group(1)
 
-REQUIRES = [
+CONVERTER = [
     "apache-beam[gcp]>=2.77.0,<3",
-    "tensorflow>=2.21,<2.22",
-    "tensorflow-transform>=1.21,<1.22",
     "google-cloud-storage>=2.18,<4",
     "pillow>=10.4",
     "pyyaml>=6.0",
     "numpy>=1.26",
 ]
+READER = ["tensorflow>=2.16,<3"]  # checked with 2.16.2, 2.19.1 and 2.21.0
+TFDS = ["tensorflow-datasets>=4.9.9,<5"]
+TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
+REQUIRES = CONVERTER + READER + TFDS
+TEST_TOOLS = ["pytest>=8", "gcp-storage-emulator>=2024.8", "psutil>=5.9", "ruff>=0.6"]
 
 setup(
     name="beam_pipeline",
@@ -34,16 +47,14 @@ setup(
     python_requires=">=3.10,<3.14",
     install_requires=REQUIRES,
     extras_require={
-        "tfds": ["tensorflow-datasets>=4.9.9,<5"],
-        "test": [
-            "tensorflow-datasets>=4.9.9,<5",
-            "pytest>=8",
-            "gcp-storage-emulator>=2024.8",
-            "psutil>=5.9",
-            "ruff>=0.6",
-        ],
+        "transform": TRANSFORM,
+        # Older names, kept so existing install commands work: the base install has these now.
+        "tfds": TFDS,
+        "reader": READER,
+        "all": TRANSFORM,
+        "test": TRANSFORM + TEST_TOOLS,
     },
-    entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:main"]},
+    entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:console_main"]},
     license="Apache-2.0",
     classifiers=["Programming Language :: Python :: 3"],
 )

@@ -1,8 +1,6 @@
 """``python -m beam_pipeline convert --input ./photos --output ./out``"""
 
-import sys
-
-from .cli import main
+from .cli import console_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -9,6 +9,7 @@ input mistake (one line; ``-v`` adds the traceback), 3 too many rejects.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import logging
 import os
@@ -80,78 +81,238 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ConvertConfig)}
+
+
+def _default(key: str, shown: str | None = None) -> str:
+    """``(default: X)`` from ConvertConfig itself, so the help never drifts from the code."""
+    return f"(default: {shown if shown is not None else _DEFAULTS[key]})"
+
+
+CONVERT_USAGE = "beam_pipeline convert (--input FOLDER|GLOB | --manifest FILE) --output DIR [options] [Beam options]"
+
+CONVERT_EPILOG = """\
+examples:
+  beam-pipeline convert --input ./photos --output ./photos-tfrecords \\
+      --split-ratios train=0.8,validation=0.1,test=0.1
+  beam-pipeline convert --manifest list.csv --output gs://bucket/datasets/pets --name pets
+  beam-pipeline convert --input 'shots/*.png' --label-regex '_([a-z]+)\\.png$' --output ./shots-tfrecords
+  beam-pipeline convert --config configs/dataflow.yaml --input gs://b/photos --output gs://b/ds/{date}
+
+Beam options: any flag not listed above goes to Apache Beam's PipelineOptions
+(--runner, --direct_running_mode, --project, --temp_location, ...); a flag that
+neither this tool nor Beam knows is an error. Local runs use Beam's Python
+engine (never Prism, which downloads a binary).
+
+exit codes:
+  0  done: the dataset and _SUCCESS are in --output
+  1  the pipeline failed (the error line says where; -v shows the traceback)
+  2  usage, config or input mistake, found before anything ran (one line)
+  3  too many rejects (--max-reject-fraction) or nothing converted: no _SUCCESS
+"""
+
+
 def _convert_parser() -> _Parser:
-    p = _Parser(prog="beam_pipeline convert", add_help=True, allow_abbrev=False, argument_default=argparse.SUPPRESS)
-    src = p.add_argument_group("input")
-    src.add_argument("--input", help="folder or glob of images (listed recursively for a folder)")
-    src.add_argument("--manifest", help="CSV (header row) or JSONL file with a path column")
-    p.add_argument("--output", help="output folder")
-    p.add_argument("--name", help="dataset name used in shard file names (default: from --output)")
-    p.add_argument("--labels-from", dest="labels_from", choices=LABEL_SOURCES, help="where labels come from")
-    p.add_argument("--label-regex", dest="label_regex", help="first group of this regex, searched in the file name")
-    p.add_argument("--labels-file", dest="labels_file", help="fixed label order, one per line (line k = id k)")
-    p.add_argument("--split-ratios", dest="split_ratios", help="e.g. train=0.8,validation=0.1,test=0.1")
-    p.add_argument("--seed", type=int, help="shuffle seed (order only, never splits)")
-    p.add_argument("--target-shard-mb", dest="target_shard_mb", type=float, help="target shard size, MB = 10^6 bytes")
-    p.add_argument("--compression", choices=COMPRESSIONS)
-    p.add_argument("--sink", choices=SINKS, help="planned (bounded memory, default) or write_to_tfrecord")
-    p.add_argument(
+    p = _Parser(
+        prog="beam_pipeline convert",
+        usage=CONVERT_USAGE,
+        description="Images in a folder, a glob, a gs:// prefix or a manifest -> a sharded, shuffled TFRecord\n"
+        "dataset. Flags override --config FILE.yaml, which overrides the defaults shown.",
+        epilog=CONVERT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=True,
+        allow_abbrev=False,
+        argument_default=argparse.SUPPRESS,
+    )
+    src = p.add_argument_group("required (as flags or in --config)")
+    src.add_argument(
+        "--input", metavar="FOLDER|GLOB", help="folder (listed recursively) or quoted glob of images; or --manifest"
+    )
+    src.add_argument("--manifest", metavar="FILE", help="CSV (header row) or JSONL with a 'path' column; or --input")
+    src.add_argument("--output", metavar="DIR", help="output folder, local or gs://; {date} becomes --run-date")
+    lab = p.add_argument_group("labels and splits")
+    lab.add_argument(
+        "--labels-from",
+        dest="labels_from",
+        choices=LABEL_SOURCES,
+        help="where labels come from (default: folder for --input; manifest if it has a 'label' column, else "
+        "none); regex needs --label-regex, which implies it",
+    )
+    lab.add_argument(
+        "--label-regex", dest="label_regex", metavar="RE", help="label = first group of RE searched in the file name"
+    )
+    lab.add_argument(
+        "--labels-file", dest="labels_file", metavar="FILE", help="fixed label order, one per line (line k = id k)"
+    )
+    lab.add_argument(
+        "--split-ratios",
+        dest="split_ratios",
+        metavar="SPEC",
+        help="e.g. train=0.8,validation=0.1,test=0.1, by a seedless hash of the path (default: a manifest "
+        "'split' column, else train/ validation/ test/ folders, else everything in train)",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--name", help="dataset name in shard file names (default: from --output's folder name)")
+    out.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="shuffle seed; changes the order only, never the splits " + _default("seed"),
+    )
+    out.add_argument(
+        "--target-shard-mb",
+        dest="target_shard_mb",
+        type=float,
+        metavar="MB",
+        help=f"target shard size, MB = 10^6 bytes {_default('target_shard_mb', '150')}",
+    )
+    out.add_argument("--compression", choices=COMPRESSIONS, help=f"shard compression {_default('compression')}")
+    out.add_argument(
+        "--sink",
+        choices=SINKS,
+        help=f"planned: bounded memory; write_to_tfrecord: Beam's WriteToTFRecord, for Dataflow {_default('sink')}",
+    )
+    out.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a complete dataset of this tool in --output, once the new one is complete (never a folder "
+        "holding other files) (default: off)",
+    )
+    out.add_argument(
         "--max-reject-fraction",
         dest="max_reject_fraction",
         type=float,
-        help="above this share of rejected inputs (default 0.05) the run exits 3 and writes no _SUCCESS",
+        metavar="F",
+        help="above this share of rejected inputs: exit 3, no _SUCCESS; 1 turns it off "
+        + _default("max_reject_fraction"),
     )
-    p.add_argument(
+    out.add_argument(
         "--run-date",
         dest="run_date",
-        help="YYYY-MM-DD put where --output says {date} (default: today, UTC); names the Dataflow job too",
+        metavar="YYYY-MM-DD",
+        help="put where --output says {date}; names the Dataflow job too (default: today, UTC)",
     )
-    p.add_argument("--dedupe", action="store_true", help="keep one copy of identical files (by sha256)")
-    p.add_argument("--overwrite", action="store_true", help="replace a complete dataset in --output")
-    p.add_argument(
-        "--decode-threads", dest="decode_threads", type=int, help="decode threads per shard writer (0 = cores)"
+    out.add_argument("--dedupe", action="store_true", help="keep one copy of identical files, by sha256 (default: off)")
+    out.add_argument(
+        "--decode-threads",
+        dest="decode_threads",
+        type=int,
+        metavar="N",
+        help="decode threads per shard writer (default: 0 = one per core)",
     )
     img = p.add_argument_group("images")
-    img.add_argument("--max-pixels", dest="max_pixels", type=int, help="refuse larger images from the header (179M)")
     img.add_argument(
-        "--max-total-pixels", dest="max_total_pixels", type=int, help="refuse more pixels over all frames (358M)"
+        "--max-pixels",
+        dest="max_pixels",
+        type=int,
+        metavar="N",
+        help=f"reject larger images from the header, 0 = no limit {_default('max_pixels')}",
     )
-    img.add_argument("--max-frames", dest="max_frames", type=int, help="refuse more frames or pages (500)")
     img.add_argument(
-        "--max-file-mb", dest="max_file_mb", type=float, help="refuse larger files, from the listing (256)"
+        "--max-total-pixels",
+        dest="max_total_pixels",
+        type=int,
+        metavar="N",
+        help=f"reject images with more pixels over all frames, from the headers {_default('max_total_pixels')}",
+    )
+    img.add_argument(
+        "--max-frames",
+        dest="max_frames",
+        type=int,
+        metavar="N",
+        help=f"reject animations and multi-page files with more frames or pages {_default('max_frames')}",
+    )
+    img.add_argument(
+        "--max-file-mb",
+        dest="max_file_mb",
+        type=float,
+        metavar="MB",
+        help=f"reject larger files from the listing, before reading them {_default('max_file_mb')}",
     )
     img.add_argument(
         "--image-memory-mb",
         dest="image_memory_mb",
         type=float,
-        help="memory for images in flight per machine (1024)",
+        metavar="MB",
+        help=f"memory for image bytes and pixels in flight, per machine {_default('image_memory_mb')}",
     )
-    img.add_argument("--min-size", dest="min_size", type=int, help="reject images whose shorter side is smaller")
-    img.add_argument("--apply-exif-orientation", dest="apply_exif_orientation", action="store_true")
-    img.add_argument("--strip-exif", dest="strip_exif", action="store_true", help="drop EXIF/XMP/text metadata")
-    img.add_argument("--resize-max-side", dest="resize_max_side", type=int, help="shrink larger images to this side")
-    img.add_argument("--reencode", help="jpeg:QUALITY: store every image as a JPEG of this quality")
     img.add_argument(
-        "--on-unsupported", dest="on_unsupported", choices=("convert", "reject"), help="formats TF cannot read"
+        "--min-size",
+        dest="min_size",
+        type=int,
+        metavar="PX",
+        help=f"reject images whose shorter side is smaller {_default('min_size')}",
     )
-    tft = p.add_argument_group("tensorflow-transform analysis")
-    tft.add_argument("--no-transform", dest="no_transform", action="store_true", help="skip TFT analysis")
-    tft.add_argument("--image-size", dest="image_size", type=int, help="side of the transformed image (224)")
-    tft.add_argument("--image-stats", dest="image_stats", action="store_true", help="per-channel mean/std (train)")
-    p.add_argument(
-        "--no-tfds-metadata", dest="no_tfds_metadata", action="store_true", help="skip TFDS dataset_info.json"
+    img.add_argument(
+        "--apply-exif-orientation",
+        dest="apply_exif_orientation",
+        action="store_true",
+        help="rotate/flip the pixels as the EXIF orientation says (re-encodes those images) (default: off)",
     )
-    p.add_argument(
+    img.add_argument(
+        "--strip-exif",
+        dest="strip_exif",
+        action="store_true",
+        help="drop EXIF (GPS included), XMP and text metadata; pixels untouched (default: off)",
+    )
+    img.add_argument(
+        "--resize-max-side",
+        dest="resize_max_side",
+        type=int,
+        metavar="PX",
+        help="shrink images whose longer side is larger (default: 0 = never)",
+    )
+    img.add_argument("--reencode", metavar="jpeg:Q", help="store every image as a JPEG of quality Q (default: off)")
+    img.add_argument(
+        "--on-unsupported",
+        dest="on_unsupported",
+        choices=("convert", "reject"),
+        help=f"images TensorFlow cannot read back: convert to PNG or reject {_default('on_unsupported')}",
+    )
+    tft = p.add_argument_group("after the shards: tensorflow-transform and TFDS")
+    tft.add_argument(
+        "--no-transform",
+        dest="no_transform",
+        action="store_true",
+        help="skip the TFT analysis (transform_fn/); skipped anyway, with a note, when tensorflow-transform "
+        "is not installed",
+    )
+    tft.add_argument(
+        "--image-size",
+        dest="image_size",
+        type=int,
+        metavar="PX",
+        help=f"side of the transformed image {_default('image_size')}",
+    )
+    tft.add_argument(
+        "--image-stats",
+        dest="image_stats",
+        action="store_true",
+        help="per-channel mean/std over the train split (reads it again) (default: off)",
+    )
+    tft.add_argument(
+        "--no-tfds-metadata",
+        dest="no_tfds_metadata",
+        action="store_true",
+        help="skip dataset_info.json/features.json for tfds.builder_from_directory",
+    )
+    tft.add_argument(
         "--post-steps",
         dest="post_steps",
         choices=("auto", "launcher", "job"),
-        help="where TFT analysis, TFDS metadata and publishing run (auto: job on remote runners)",
+        help="where TFT analysis, TFDS metadata and publishing run; auto = here for local runs, in the job on "
+        f"remote runners {_default('post_steps')}",
     )
-    p.add_argument(
-        "--detach", action="store_true", help="remote runners: submit the job and exit; the job writes _SUCCESS"
+    tft.add_argument(
+        "--detach",
+        action="store_true",
+        help="remote runners: submit the job and exit; the job writes _SUCCESS (default: off)",
     )
-    p.add_argument("--config", help="YAML file: long flag names with _ for -, plus pipeline_options:")
-    p.add_argument("-v", "--verbose", action="store_true", help="show logs and tracebacks")
+    gen = p.add_argument_group("general")
+    gen.add_argument(
+        "--config", metavar="FILE.yaml", help="settings: long flag names with _ for -, plus pipeline_options:"
+    )
+    gen.add_argument("-v", "--verbose", action="store_true", help="show Beam's and TensorFlow's logs and tracebacks")
     return p
 
 
@@ -304,7 +465,30 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
     return cfg, beam_flags, verbose
 
 
+def process_started() -> float:
+    """When this process started, as a ``time.time()`` value (Linux: from /proc; else when cli was imported).
+
+    The summary's "done in" is the wall time a user waited, interpreter and
+    import start-up included. The process's age is the system uptime minus
+    its start in clock ticks since boot (both 10 ms resolution).
+    """
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED
+    now = time.time()
+    return now - age if 0 <= age < now - _IMPORTED + 3600 else _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
 def _quiet_logs(verbose: bool) -> None:
+    """The CLI's log setup (never done on import): WARNING and above, and none of TF's start-up lines."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -315,9 +499,28 @@ def _quiet_logs(verbose: bool) -> None:
             logging.getLogger(noisy).setLevel(logging.CRITICAL)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+        # absl's C++ logger prints TF's oneDNN/CUDA notices before it reads
+        # its settings; these lower its thresholds where the build honours them.
+        os.environ.setdefault("ABSL_MIN_LOG_LEVEL", "3")
 
 
-def _summary(info: dict[str, Any], output: str, seconds: float) -> str:
+def without_missing_transform(cfg: ConvertConfig) -> tuple[ConvertConfig, str | None]:
+    """The TFT analysis is an extra (``[transform]``): without it installed, skip it with a note.
+
+    ``--image-stats`` asks for the analysis explicitly, so without TFT that is a usage error.
+    """
+    import importlib.util
+
+    if not cfg.transform or importlib.util.find_spec("tensorflow_transform") is not None:
+        return cfg, None
+    hint = "pip install 'beam_pipeline[transform]'"
+    if cfg.image_stats:
+        raise UsageError(f"--image-stats needs tensorflow-transform, which is not installed ({hint})")
+    note = f"skipped: tensorflow-transform is not installed ({hint}; --no-transform hides this)"
+    return dataclasses.replace(cfg, transform=False), note
+
+
+def _summary(info: dict[str, Any], output: str, seconds: float, transform_note: str | None = None) -> str:
     lines = [f"done in {seconds:.1f} s: {info['examples']} examples, {info['bytes'] / 1e6:.1f} MB in {output}"]
     for split, s in info["splits"].items():
         sizes = [f["bytes"] for f in s["shards"]]
@@ -339,6 +542,8 @@ def _summary(info: dict[str, Any], output: str, seconds: float) -> str:
         lines.append(
             f"  transform    tensorflow-transform graph -> transform_fn/ (image {info['transform']['image_size']}px)"
         )
+    if transform_note:
+        lines.append(f"  transform    {transform_note}")
     tfds = info.get("tfds") or {}
     if "files" in tfds:
         lines.append("  TFDS         tfds.builder_from_directory() can load this folder")
@@ -414,7 +619,14 @@ def _plan_text(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, started: float | None = None) -> int:
+    """Runs one command; returns its exit code.
+
+    ``started`` (a ``time.time()`` value) is where the summary's "done in"
+    counts from: the process start when this is the process's entry point
+    (``console_main``), else this call.
+    """
+    started = time.time() if started is None else started
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv or "--verbose" in argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -444,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         from .launcher import run_convert
 
-        started = time.monotonic()
+        cfg, transform_note = without_missing_transform(cfg)
         info = run_convert(cfg, beam_flags)
         if info.get("dry_run"):
             import json
@@ -458,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if info.get("detached"):
             print(f"submitted job {info['job_id']}; it writes {cfg.output}/_SUCCESS when the dataset is complete")
             return EXIT_OK
-        print(_summary(info, cfg.output, time.monotonic() - started))
+        print(_summary(info, cfg.output, time.time() - started, transform_note))
         return EXIT_OK
     except UsageError as e:
         if verbose:
@@ -476,3 +688,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_FAILED
+
+
+def console_main() -> None:
+    """Entry point of ``beam-pipeline`` and ``python -m beam_pipeline``: main(), then a fast exit.
+
+    Once the command is done and its output flushed, the interpreter's
+    teardown (TensorFlow's and Beam's native threads and finalizers) only
+    adds seconds (measured 1.5-2.5 s after a TFT run); every file this tool
+    writes is closed by then, so the process leaves with os._exit.
+    """
+    try:
+        code = main(started=process_started())
+    except SystemExit as e:  # argparse's --help
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -318,7 +318,8 @@ PUBLISHED_FILES = (
     metadata.DATASET_JSON,
     "dataset_info.json",
     "features.json",
-    "image-class-label.labels.txt",
+    "image.class.label.labels.txt",  # TFDS class names (tfds_metadata.LABEL_NAMES)
+    "image-class-label.labels.txt",  # the same, as runs before flat TFDS keys named it
 )
 PUBLISHED_DIRS = ("transform_fn", "transformed_metadata")
 

@@ -165,10 +165,15 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
         entries = os.listdir(out)
     top = {e.split("/", 1)[0] for e in entries}
     foreign = sorted(e for e in top if not _is_own_file(e))
-    if foreign and not cfg.overwrite:
+    if foreign:
+        # Whatever --overwrite says: publishing would mix the dataset in
+        # beside someone else's files, and a later publish deletes stale
+        # names of this tool's own, never theirs, but a mixed folder is no
+        # dataset anyone can trust.
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise UsageError(
-            f"--output {cfg.output}: folder holds files this tool did not write ({foreign[0]}, ...); "
-            "choose an empty folder or pass --overwrite"
+            f"--output {cfg.output}: holds files this tool did not write ({shown}); choose an empty or new "
+            "folder, or remove those files (--overwrite only replaces a dataset this tool wrote)"
         )
     if metadata.SUCCESS in top and not cfg.overwrite:
         raise UsageError(f"--output {cfg.output}: holds a complete dataset; pass --overwrite to replace it")
@@ -326,6 +331,39 @@ def use_anonymous_gcs_for_emulator() -> bool:
     return True
 
 
+# What the TFT analysis needs on top of the base install (setup.py's "transform" extra).
+TRANSFORM_REQUIREMENTS = ("tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22")
+
+
+def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str]) -> list[str]:
+    """Beam flags that make ``--setup_file`` workers able to run the job's TFT analysis.
+
+    Workers install the package from setup.py without extras, and
+    tensorflow-transform is one (its exact TensorFlow pin must not reach
+    every install). When the job itself runs the analysis (``--post-steps
+    job``) on workers built from ``--setup_file`` rather than from the worker
+    image (``--sdk_container_image``, which has it), a requirements file asks
+    them to pip-install it at start; ``--requirements_cache=skip`` keeps the
+    launcher from downloading it first. A given ``--requirements_file`` wins.
+    """
+    import tempfile
+
+    options = PipelineOptions(list(beam_args))
+    setup = options.view_as(SetupOptions)
+    if (
+        not cfg.transform
+        or cfg.post_steps != "job"
+        or not setup.setup_file
+        or setup.requirements_file
+        or options.view_as(WorkerOptions).sdk_container_image
+    ):
+        return list(beam_args)
+    path = os.path.join(tempfile.mkdtemp(prefix="beam_pipeline-workers-"), "requirements.txt")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("".join(f"{r}\n" for r in TRANSFORM_REQUIREMENTS))
+    return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
+
+
 def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     """Runs the whole conversion; returns dataset.json's content."""
     from .pipeline import build_pipeline, build_plan_pipeline
@@ -340,6 +378,10 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         cfg = dataclasses.replace(cfg, post_steps="launcher" if runner is not None else "job")
     if cfg.detach and (runner is not None or cfg.post_steps != "job"):
         raise UsageError("--detach needs a remote runner (e.g. --runner DataflowRunner) and --post-steps job")
+    if runner is None:
+        beam_args = with_worker_requirements(cfg, beam_args)
+        options, runner = make_options(beam_args)
+        FileSystems.set_options(options)
     if options.view_as(TestOptions).dry_run:
         return _dry_run(cfg, layout, options, runner)
     wtt_shards = None

@@ -67,6 +67,18 @@ def reject(path: str, reason: str, detail: str = "") -> dict[str, str]:
     return {"path": printable_path(path), "reason": reason, "detail": detail}
 
 
+def with_relative_path(row: dict[str, str], root: str) -> dict[str, str]:
+    """A reject as rejects.jsonl stores it: ``path`` relative to the input root, as records' image/filename is.
+
+    ``source`` keeps the full path (local or gs://) to find the file; a path
+    outside the root (a manifest row elsewhere) stays full in both.
+    """
+    source = row["path"]
+    prefix = printable_path(root.rstrip("/")) + "/"
+    rel = source[len(prefix) :] if root and source.startswith(prefix) else source
+    return {"path": rel, "reason": row["reason"], "detail": row["detail"], "source": source}
+
+
 def relative_path(path: str, root: str) -> str:
     """``path`` relative to ``root`` with ``/`` separators; the path itself if outside it."""
     root = root.rstrip("/")

@@ -72,9 +72,10 @@ def count_by(items: Iterable[str]) -> dict[str, int]:
 
 def rejects_jsonl(rejects: Iterable[Mapping[str, str]]) -> str:
     rows = sorted(rejects, key=lambda r: (r["path"], r["reason"], r.get("detail", "")))
+    # path: relative to the input root (as image/filename); source: the full path, when known
+    keys = ("path", "reason", "detail", "source")
     return "".join(
-        json.dumps({"path": r["path"], "reason": r["reason"], "detail": r.get("detail", "")}, ensure_ascii=False) + "\n"
-        for r in rows
+        json.dumps({k: r.get(k, "") for k in keys if k in r or k != "source"}, ensure_ascii=False) + "\n" for r in rows
     )
 
 

@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
-from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs
+from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, with_relative_path
 from .planning import PlanShards, ShardPlan, assign_shard
 from .writing import DecodeFn, WriteShardFn, compression_type, count_records
 
@@ -129,7 +129,12 @@ def build_pipeline(
             tuple(per_split) | "AllShardFiles" >> beam.Flatten() if per_split else (p | "NoShards" >> beam.Create([]))
         )
 
-    rejects = (listing_rejects, write_rejects) | "AllRejects" >> beam.Flatten()
+    rejects = (
+        (listing_rejects, write_rejects)
+        | "AllRejects" >> beam.Flatten()
+        # {"path": relative to the input root, "reason", "detail", "source": full path}
+        | "RejectPathsRelative" >> beam.Map(with_relative_path, layout.root)
+    )
     # Finalize's side inputs stay small at any scale: rejects are counted by
     # reason here and written as sorted part files (one per hash bucket of the
     # path) that finalize streams into rejects.jsonl; only the part paths reach it.

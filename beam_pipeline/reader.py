@@ -3,13 +3,24 @@
     from beam_pipeline import reader
     ds = reader.load("photos-tfrecords", "train", batch_size=32)                    # raw features
     ds = reader.load("photos-tfrecords", "train", transformed=True, batch_size=32)  # image, label
+    ds = reader.load("photos-tfrecords", "validation", shuffle=False)               # stored order
 
 Raw mode parses every feature ``dataset.json`` declares (manifest extras that
 a record lacks get 0, 0.0 or b""). Transformed mode applies the saved TFT
 ``transform_fn`` (``TFTransformOutput.transform_features_layer()``), the same
 graph a serving model can embed. Compression and shard list come from
-``dataset.json``; shards are read in parallel (interleaved), in a shuffled
-order unless ``shuffle_files=False``.
+``dataset.json``.
+
+The shards hold one permutation fixed at conversion time, so reading them in
+order gives the same sequence every epoch. By default (``shuffle=True``) each
+epoch therefore reads the shards in a new order, interleaved, through a
+shuffle buffer that is reshuffled on every iteration; ``seed`` makes that
+sequence of epochs reproducible. ``shuffle=False`` (evaluation) reads shard
+0, then shard 1, ..., each in stored order.
+
+Only TensorFlow is needed for raw mode (``pip install 'beam_pipeline[reader]'``:
+no Apache Beam, no tensorflow-transform import); transformed mode needs
+tensorflow-transform too.
 """
 
 from __future__ import annotations
@@ -18,6 +29,14 @@ import json
 from typing import Any
 
 _DTYPES = {"string": "string", "int64": "int64", "float32": "float32"}
+
+# The default shuffle buffer holds about this many bytes of records (from the
+# split's average record size), within the bounds below: big enough to mix
+# neighbours from several shards, small enough for multi-MB photos.
+SHUFFLE_BUFFER_BYTES = 256 * 1024 * 1024
+SHUFFLE_BUFFER_MIN, SHUFFLE_BUFFER_MAX = 64, 10_000
+# Shards read at once while shuffling (also the interleave's parallelism).
+MAX_CYCLE = 16
 
 
 def read_info(output_dir: str) -> dict[str, Any]:
@@ -40,32 +59,75 @@ def feature_spec(info: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def default_shuffle_buffer(split_info: dict[str, Any]) -> int:
+    """Records in the shuffle buffer: ~256 MB of this split's average record, 64-10,000, at most the split."""
+    examples = max(1, int(split_info.get("examples") or 1))
+    average = max(1, int(split_info.get("bytes") or 1) // examples)
+    wanted = max(SHUFFLE_BUFFER_MIN, min(SHUFFLE_BUFFER_MAX, SHUFFLE_BUFFER_BYTES // average))
+    return min(wanted, examples)
+
+
+def records(
+    output_dir: str,
+    split: str,
+    *,
+    shuffle: bool = True,
+    seed: int | None = None,
+    shuffle_buffer: int | None = None,
+    info: dict[str, Any] | None = None,
+) -> Any:
+    """The split's serialized records as a tf.data.Dataset of scalar strings (see ``load`` for the order)."""
+    import tensorflow as tf
+
+    info = info or read_info(output_dir)
+    if split not in info["splits"]:
+        raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info['splits'])})")
+    split_info = info["splits"][split]
+    files = [f"{output_dir.rstrip('/')}/{s['file']}" for s in split_info["shards"]]
+    compression = "GZIP" if info["compression"] == "gzip" else ""
+    if not shuffle:
+        return tf.data.TFRecordDataset(files, compression_type=compression)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    # With a seed the interleave keeps its order, so the same seed gives the
+    # same epochs; without one it may take whichever shard is ready first.
+    ds = ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+        cycle_length=max(1, min(len(files), MAX_CYCLE)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=seed is not None,
+    )
+    buffer = shuffle_buffer if shuffle_buffer is not None else default_shuffle_buffer(split_info)
+    if buffer > 1:
+        ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    return ds
+
+
 def load(
     output_dir: str,
     split: str,
     *,
     transformed: bool = False,
     batch_size: int | None = None,
-    shuffle_files: bool = True,
+    shuffle: bool = True,
     seed: int | None = None,
+    shuffle_buffer: int | None = None,
+    shuffle_files: bool | None = None,
 ) -> Any:
-    """The split as a tf.data.Dataset of feature dicts (batched if ``batch_size``)."""
+    """The split as a tf.data.Dataset of feature dicts (batched if ``batch_size``).
+
+    ``shuffle`` (default True): a new order every epoch (shards shuffled and
+    interleaved, then a shuffle buffer of ``shuffle_buffer`` records, by
+    default ~256 MB worth, reshuffled each iteration); ``seed`` makes it
+    reproducible. ``shuffle=False``: the stored order, the same every time
+    (evaluation). ``shuffle_files`` is the older name of ``shuffle``.
+    """
     import tensorflow as tf
 
+    if shuffle_files is not None:
+        shuffle = shuffle_files
     info = read_info(output_dir)
-    if split not in info["splits"]:
-        raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info['splits'])})")
-    files = [f"{output_dir.rstrip('/')}/{s['file']}" for s in info["splits"][split]["shards"]]
-    compression = "GZIP" if info["compression"] == "gzip" else ""
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle_files:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-        cycle_length=max(1, min(len(files), 16)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=not shuffle_files,
-    )
+    ds = records(output_dir, split, shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer, info=info)
     spec = feature_spec(info)
     if not transformed:
         if batch_size:
@@ -80,8 +142,8 @@ def load(
     layer = tft_output.transform_features_layer()
     raw_spec = raw_feature_spec(info.get("labels") is not None)
 
-    def transform(records: tf.Tensor) -> dict[str, tf.Tensor]:
-        return layer(tf.io.parse_example(records, raw_spec))
+    def transform(batch: tf.Tensor) -> dict[str, tf.Tensor]:
+        return layer(tf.io.parse_example(batch, raw_spec))
 
     ds = ds.batch(batch_size or 1).map(transform)
     return ds if batch_size else ds.unbatch()

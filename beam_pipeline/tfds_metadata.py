@@ -2,94 +2,124 @@
 
 TFDS reads this tool's shard names as they are (``{name}-{split}.tfrecord-
 {i:05d}-of-{n:05d}``); it needs ``dataset_info.json`` and ``features.json``
-beside them. They describe the Example keys as nested TFDS features
-(``image/encoded`` → ``{"image": {"encoded": Image}}``), so TFDS decodes
-``image/encoded`` to uint8 with 3 channels (grey repeated, alpha dropped).
-Manifest extra columns are left out (a record may lack them, and TFDS has no
-optional scalars). TFDS cannot read gzip shards, so a gzip run writes none.
+beside them (plus the class names for the label). Their TFDS features are the
+Example keys themselves, flat (``image/encoded``, ``image/class/label``, ...),
+so ``builder.as_dataset(split=..., as_supervised=True)`` yields ``(image,
+label)`` through ``supervised_keys`` (TFDS looks supervised keys up at the top
+level only) and a plain ``as_dataset`` yields the same keys ``reader.load``
+does. TFDS decodes ``image/encoded`` to uint8 with 3 channels (grey repeated,
+alpha dropped). Manifest extra columns are left out (a record may lack them,
+and TFDS has no optional scalars). TFDS cannot read gzip shards, so a gzip
+run writes none.
 
-tensorflow-datasets is optional (``pip install beam_pipeline[tfds]``).
+The files are written here as JSON, in the layout TFDS 4.9 writes and reads
+(the tests load them with ``tfds.builder_from_directory``), so writing them
+imports neither tensorflow-datasets nor TensorFlow: a conversion without the
+TFT analysis never pays TensorFlow's start-up. Reading them needs
+tensorflow-datasets (in the base install). The homepage is
+the dataset's own folder: TFDS would otherwise show a catalog page that does
+not exist for it.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
-import tempfile
+import json
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+DATASET_INFO = "dataset_info.json"
+FEATURES = "features.json"
+LABEL_KEY = "image/class/label"
+IMAGE_KEY = "image/encoded"
+# TFDS's own file-name rule for a ClassLabel's names ("/" in the key becomes ".").
+LABEL_NAMES = LABEL_KEY.replace("/", ".") + ".labels.txt"
+SUPERVISED_KEYS = (IMAGE_KEY, LABEL_KEY)
 
-def available() -> bool:
-    return importlib.util.find_spec("tensorflow_datasets") is not None
+_CLS = "tensorflow_datasets.core.features."
+_TEXT = {"pythonClassName": _CLS + "text_feature.Text", "text": {}}
+_INT64 = {
+    "pythonClassName": _CLS + "scalar.Scalar",
+    "tensor": {"dtype": "int64", "encoding": "none", "shape": {}},
+}
 
 
 def skip_reason(info: dict[str, Any]) -> str | None:
     """Why TFDS metadata cannot be written for this output, or None."""
     if info["compression"] == "gzip":
         return "TFDS cannot read gzip shards"
-    if not available():
-        return "tensorflow-datasets is not installed (pip install 'beam_pipeline[tfds]')"
     return None
 
 
-def _features(info: dict[str, Any]) -> Any:
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
-
-    f = tfds.features
-    image = {
-        "encoded": f.Image(shape=(None, None, 3)),
-        "format": f.Text(),
-        "height": f.Scalar(tf.int64),
-        "width": f.Scalar(tf.int64),
-        "channels": f.Scalar(tf.int64),
-        "filename": f.Text(),
-        "key": f.FeaturesDict({"sha256": f.Text()}),
+def features_json(info: dict[str, Any]) -> dict[str, Any]:
+    """features.json: one flat TFDS FeaturesDict keyed by the Example keys."""
+    features: dict[str, Any] = {
+        IMAGE_KEY: {
+            "pythonClassName": _CLS + "image_feature.Image",
+            "image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "3"]}},
+        },
+        "image/format": _TEXT,
+        "image/height": _INT64,
+        "image/width": _INT64,
+        "image/channels": _INT64,
+        "image/filename": _TEXT,
+        "image/key/sha256": _TEXT,
     }
     if info.get("labels") is not None:
-        image["class"] = f.FeaturesDict({"label": f.ClassLabel(names=info["labels"]), "text": f.Text()})
-    return f.FeaturesDict({"image": f.FeaturesDict(image)})
+        features[LABEL_KEY] = {
+            "pythonClassName": _CLS + "class_label_feature.ClassLabel",
+            "classLabel": {"numClasses": str(len(info["labels"]))},
+        }
+        features["image/class/text"] = _TEXT
+    return {
+        "pythonClassName": _CLS + "features_dict.FeaturesDict",
+        "featuresDict": {"features": dict(sorted(features.items()))},
+    }
+
+
+def dataset_info_json(info: dict[str, Any], homepage: str | None) -> dict[str, Any]:
+    """dataset_info.json: name, splits with shard lengths, supervised keys when labelled."""
+    template = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+    out: dict[str, Any] = {
+        "description": f"{info['name']}: converted by beam_pipeline",
+        "fileFormat": "tfrecord",
+        "name": info["name"],
+        "splits": [
+            {
+                "filepathTemplate": template,
+                "name": split,
+                "numBytes": str(v["bytes"]),
+                "shardLengths": [str(s["records"]) for s in v["shards"]],
+            }
+            for split, v in sorted(info["splits"].items())
+        ],
+        "version": "1.0.0",
+    }
+    if homepage:
+        out["location"] = {"urls": [homepage]}
+    if info.get("labels") is not None:
+        out["supervisedKeys"] = {"tuple": {"items": [{"featureKey": key} for key in SUPERVISED_KEYS]}}
+    return out
+
+
+def _write(path: str, text: str) -> None:
+    with FileSystems.create(path) as fh:
+        fh.write(text.encode("utf-8"))
 
 
 def write(output_dir: str, info: dict[str, Any]) -> list[str]:
-    """Writes dataset_info.json, features.json (and label names) into ``output_dir``."""
-    from .analysis import quiet_native_logs
+    """Writes dataset_info.json, features.json (and label names) into ``output_dir``; returns their names.
 
-    with quiet_native_logs():
-        import tensorflow_datasets as tfds
-
-    split_infos = [
-        tfds.core.SplitInfo(name=split, shard_lengths=[s["records"] for s in v["shards"]], num_bytes=v["bytes"])
-        for split, v in info["splits"].items()
-    ]
-    work = tempfile.mkdtemp(prefix="beam_pipeline-tfds-")
-    try:
-        # TFDS looks for the shard files by name; empty stand-ins are enough
-        # with check_data=False, and keep this working for gs:// outputs.
-        shard_names = {s["file"] for v in info["splits"].values() for s in v["shards"]}
-        for name in shard_names:
-            open(os.path.join(work, name), "wb").close()
-        tfds.folder_dataset.write_metadata(
-            data_dir=work,
-            features=_features(info),
-            split_infos=split_infos,
-            filename_template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
-            check_data=False,
-            description=f"{info['name']}: converted by beam_pipeline",
-        )
-        written = []
-        for name in sorted(os.listdir(work)):
-            if name in shard_names:
-                continue
-            with (
-                open(os.path.join(work, name), "rb") as src,
-                FileSystems.create(FileSystems.join(output_dir, name)) as dst,
-            ):
-                shutil.copyfileobj(src, dst)
-            written.append(name)
-        return written
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    ``output_dir`` may be a staging folder; the homepage recorded is the
+    dataset's final folder (``info["config"]["output"]``) when known.
+    """
+    homepage = (info.get("config") or {}).get("output") or None
+    written = {
+        DATASET_INFO: json.dumps(dataset_info_json(info, homepage), indent=2, sort_keys=True),
+        FEATURES: json.dumps(features_json(info), indent=4, sort_keys=True),
+    }
+    if info.get("labels") is not None:
+        written[LABEL_NAMES] = "".join(f"{label}\n" for label in info["labels"])
+    for name, text in written.items():
+        _write(FileSystems.join(output_dir, name), text)
+    return sorted(written)

@@ -166,3 +166,95 @@ def test_console_script_is_installed():
 def test_shell_expanded_glob_is_explained():
     with pytest.raises(UsageError, match="quote a glob"):
         parse_convert(["--input", "p/a.jpg", "p/b.jpg", "--output", "o"])
+
+
+def test_convert_help_shows_required_flags_defaults_examples_and_exit_codes():
+    result = run_cli("convert", "--help")
+    assert result.returncode == 0 and result.stderr == ""
+    text = " ".join(result.stdout.split())  # argparse wraps lines
+    assert "usage: beam_pipeline convert (--input FOLDER|GLOB | --manifest FILE) --output DIR" in text
+    assert "required (as flags or in --config):" in text
+    for default in (
+        "shuffle seed; changes the order only, never the splits (default: 0)",
+        "MB = 10^6 bytes (default: 150)",
+        "(default: folder for --input;",
+        "(default: 0.05)",
+        "(default: 224)",
+        "(default: planned)",
+        "(default: none)",
+        "(default: 178956970)",
+    ):
+        assert default in text, default
+    assert "--labels-from {folder,none,manifest,regex}" in text
+    assert "rotate/flip the pixels as the EXIF orientation says" in text  # every flag has help
+    assert "examples: beam-pipeline convert --input ./photos" in text
+    assert "--split-ratios train=0.8,validation=0.1,test=0.1" in text
+    assert "goes to Apache Beam's PipelineOptions" in text
+    for code in ("0 done", "1 the pipeline failed", "2 usage, config or input mistake", "3 too many rejects"):
+        assert code in text, code
+
+
+def test_every_convert_flag_has_help():
+    from beam_pipeline.cli import _convert_parser
+
+    for action in _convert_parser()._actions:  # noqa: SLF001
+        assert action.help, action.option_strings
+
+
+def test_done_in_counts_from_process_start():
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    code = (
+        "import time; time.sleep(1.2); from beam_pipeline.cli import process_started; "
+        "print(time.time() - process_started())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True, timeout=60)
+    assert 1.2 <= float(out.stdout) < 30
+
+
+BLOCK_TFT = """
+import sys
+sys.modules["tensorflow_transform"] = None  # as if not installed: find_spec() is None, import fails
+from beam_pipeline.cli import main
+rc = main(sys.argv[1:])
+print("tensorflow imported" if "tensorflow" in sys.modules else "no tensorflow")
+sys.exit(rc)
+"""
+
+
+def test_without_tensorflow_transform_convert_still_works_and_says_so(small_input, tmp_path):
+    """The base install has no TFT: the default run skips the analysis with a note and never imports TF."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    out = tmp_path / "no-tft"
+    args = ["convert", "--input", str(small_input), "--output", str(out)]
+    run = subprocess.run(
+        [sys.executable, "-c", BLOCK_TFT, *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert "transform    skipped: tensorflow-transform is not installed (pip install 'beam_pipeline[transform]'" in (
+        run.stdout
+    )
+    assert run.stdout.strip().endswith("no tensorflow") and run.stderr == ""
+    assert not (out / "transform_fn").exists() and (out / "_SUCCESS").exists() and (out / "dataset_info.json").exists()
+    stats = subprocess.run(
+        [sys.executable, "-c", BLOCK_TFT, *args[:-1], str(tmp_path / "o2"), "--image-stats"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    _one_line_error(stats, "--image-stats needs tensorflow-transform")
+
+
+def test_a_default_run_prints_only_its_summary(small_input, tmp_path):
+    """TFT analysis and TFDS metadata on: no TensorFlow, absl or Beam lines on stderr, wall time reported."""
+    result = run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "full"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("done in ") and any(line.startswith("  transform    tensorflow") for line in lines)
+    assert all(line.startswith(("done in ", "  ")) for line in lines), result.stdout

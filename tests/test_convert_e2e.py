@@ -71,7 +71,9 @@ def test_every_good_image_is_one_record_and_every_bad_one_a_reject(converted, fo
     assert sorted(r["image/filename"].decode() for r in records) == sorted(good)
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert {Path(r["path"]).name: r["reason"] for r in rejects} == BROKEN
-    assert all(r["path"] == str(root / "cat" / Path(r["path"]).name) and r["detail"] for r in rejects)
+    # path relative to the input root like image/filename; source is where the file is
+    assert all(r["path"] == f"cat/{Path(r['path']).name}" and r["detail"] for r in rejects)
+    assert all(r["source"] == str(root / r["path"]) for r in rejects)
     assert (out / "_SUCCESS").exists()
     info = load_info(out)
     assert info["examples"] == len(good)
@@ -310,6 +312,27 @@ def test_foreign_files_in_output_are_refused(folder, tmp_path):
     result = run_cli("convert", "--input", str(root), "--output", str(out))
     assert result.returncode == 2 and "thesis.pdf" in result.stderr
     assert (out / "thesis.pdf").read_bytes() == b"%PDF"
+
+
+def test_overwrite_never_writes_into_a_folder_of_foreign_files(folder, tmp_path):
+    root, _ = folder
+    out = tmp_path / "mixed"
+    convert("--input", str(root), "--output", str(out))
+    write(str(out / "notes" / "todo.txt"), b"mine")  # someone's files beside a dataset of this tool
+    write(str(out / "thesis.pdf"), b"%PDF")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = run_cli("convert", "--input", str(root), "--output", str(out), "--overwrite", "--seed", "5")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "notes, thesis.pdf" in line and "did not write" in line
+    assert "remove those files" in line and "empty" in line  # says what to do, and not "pass --overwrite"
+    assert "pass --overwrite" not in line
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing touched
+    empty = tmp_path / "only-foreign"
+    write(str(empty / "readme.md"), b"x")
+    result = run_cli("convert", "--input", str(root), "--output", str(empty), "--overwrite")
+    assert result.returncode == 2 and "readme.md" in result.stderr
+    assert sorted(p.name for p in empty.iterdir()) == ["readme.md"]
 
 
 def test_no_good_image_fails_and_explains(tmp_path):

@@ -6,6 +6,8 @@ import json
 import py_compile
 import re
 import subprocess
+import sys
+import zipfile
 
 import pytest
 
@@ -76,7 +78,7 @@ def test_dockerfile_matches_the_pinned_versions():
     beam = re.search(r"^apache-beam==(\S+)$", constraints, re.M).group(1)
     assert re.search(rf"ARG BEAM_VERSION={re.escape(beam)}$", docker, re.M)
     assert "FROM apache/beam_python${PYTHON_VERSION}_sdk:${BEAM_VERSION}" in docker
-    assert re.search(r'pip install .*-c requirements/constraints.txt "\.\[tfds\]"', docker)
+    assert re.search(r'pip install .*-c requirements/constraints.txt "\.\[transform\]"', docker)
     assert "COPY setup.py" in docker and "FLEX_TEMPLATE_PYTHON_PY_FILE=/template/beam_pipeline/flex_main.py" in docker
 
 
@@ -87,3 +89,24 @@ def test_deploy_scripts_parse(script):
 
 def test_airflow_dag_compiles():
     py_compile.compile(str(REPO / "scripts" / "airflow" / "beam_pipeline_dag.py"), doraise=True)
+
+
+def test_the_wheel_keeps_tensorflow_transform_an_extra(tmp_path):
+    """pip install . gives the converter, the reader's TF range and TFDS; TFT's exact TF pin only with [transform]."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+         str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    [wheel] = list(tmp_path.glob("beam_pipeline-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        entry_points = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
+    requires = [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist: ")]
+    base = [r for r in requires if "extra ==" not in r]
+    assert "tensorflow<3,>=2.16" in base and not any(r.startswith("tensorflow-transform") for r in base)
+    assert any(r.startswith("apache-beam[gcp]") for r in base)
+    assert any(r.startswith("tensorflow-datasets") for r in base)
+    assert 'tensorflow-transform<1.22,>=1.21; extra == "transform"' in requires
+    assert 'tensorflow<2.22,>=2.21; extra == "transform"' in requires
+    assert "beam-pipeline = beam_pipeline.cli:console_main" in entry_points

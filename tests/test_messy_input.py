@@ -66,7 +66,8 @@ def test_every_listed_file_is_accounted_for_and_every_record_decodes(tmp_path, t
         image = tf.io.decode_image(r["image/encoded"], expand_animations=False)
         assert tuple(image.shape) == (r["image/height"], r["image/width"], r["image/channels"])
     lines = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
-    assert {os.path.relpath(x["path"], root): x["reason"] for x in lines} == rejects
+    assert {os.path.relpath(x["source"], root): x["reason"] for x in lines} == rejects
+    assert all(x["path"] == os.path.relpath(x["source"], root) for x in lines)
     info = load_info(out)
     assert info["examples"] == len(expected) and info["rejects"]["total"] == len(rejects)
     assert info["skipped"]["total"] == skipped
@@ -91,7 +92,7 @@ def test_dedupe_keeps_the_first_path_across_splits(tmp_path):
     names = sorted(r["image/filename"].decode() for r in read_records(out))
     assert names == ["test/cat/a.jpg", "train/dog/c.jpg"]
     lines = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
-    assert [(os.path.relpath(x["path"], root), x["reason"]) for x in lines] == [
+    assert [(os.path.relpath(x["source"], root), x["reason"]) for x in lines] == [
         ("train/cat/b.jpg", "duplicate"),
         ("train/cat/z.jpg", "duplicate"),
     ]
