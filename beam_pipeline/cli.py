@@ -700,7 +700,9 @@ def console_main() -> None:
     """
     try:
         code = main(started=process_started())
-    except SystemExit as e:  # argparse's --help
+    except SystemExit as e:  # argparse's --help and usage errors
+        if isinstance(e.code, str):  # the message the interpreter would print
+            print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     sys.stdout.flush()
     sys.stderr.flush()
