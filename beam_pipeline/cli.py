@@ -704,7 +704,10 @@ def console_main() -> None:
         if isinstance(e.code, str):  # the message the interpreter would print
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # a reader that went away (| head), or a closed stream
+            pass
     logging.shutdown()
     os._exit(code)

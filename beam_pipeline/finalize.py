@@ -365,12 +365,20 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
 
 
 def _read_manifest(staging: str) -> dict[str, Any] | None:
+    """The publish plan an earlier attempt wrote, or None if there is none.
+
+    Only absence means "no plan yet": the manifest is written whole or not at
+    all, so any other failure to read it (a transient storage error) must fail
+    the step. Planning again from a half-moved staging folder would call this
+    run's already-published files stale and delete them.
+    """
     path = FileSystems.join(staging, PUBLISH_MANIFEST)
-    try:
-        manifest = read_json(path)
-    except Exception:  # noqa: BLE001 - absent, or cut short by a crash before any move (then remade)
+    if not FileSystems.exists(path):
         return None
-    return manifest if isinstance(manifest, dict) and "files" in manifest else None
+    manifest = read_json(path)
+    if not isinstance(manifest, dict) or "files" not in manifest:
+        raise ValueError(f"{path}: not a publish manifest")
+    return manifest
 
 
 def _write_manifest(staging: str, manifest: Mapping[str, Any]) -> None:

@@ -183,7 +183,8 @@ def _channels(img: Image.Image) -> int:
     elif fmt == "GIF":
         return 3
     elif fmt == "WEBP":
-        if mode in ("RGB", "RGBA"):
+        # An animated WebP corrupts TensorFlow 2.21's heap (the process aborts in decode_image): converted.
+        if mode in ("RGB", "RGBA") and getattr(img, "n_frames", 1) == 1:
             return len(mode)
     elif fmt == "BMP":
         # TF reads 8-bit BMPs as raw palette indices: only a grey palette is safe.
@@ -399,27 +400,63 @@ def _tiff_entries(data: bytes, cap: int) -> int:
         return 0
 
 
-_SOS = re.compile(rb"\xff\xda")
+# A marker where entropy-coded data ends: FF then anything but 00 (stuffing), D0-D7 (restarts) or FF (fill).
+_JPEG_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 def _jpeg_scans(data: bytes) -> int:
-    """Start-of-scan markers; an upper bound on the scans (entropy-coded data never holds FF DA)."""
-    return len(_SOS.findall(data))
+    """Start-of-scan markers of the first image, found by walking its segments up to its end (EOI).
+
+    Segments are skipped by their length and each scan's entropy-coded data
+    up to the next real marker, so FF DA bytes inside metadata (an EXIF
+    thumbnail is a whole JPEG), an MPO's later frames or data appended after
+    EOI (motion photos) are not counted.
+    """
+    pos, n, scans = 2, len(data), 0
+    while pos + 4 <= n:
+        if data[pos] != 0xFF or data[pos + 1] == 0xFF:  # fill bytes, or lost sync: to the next marker
+            found = _JPEG_MARKER.search(data, pos + 1)
+            if found is None:
+                break
+            pos = found.start()
+            continue
+        marker = data[pos + 1]
+        if marker == 0xD9:  # end of image
+            break
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # markers without a length
+            pos += 2
+            continue
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if marker == 0xDA:
+            scans += 1
+            found = _JPEG_MARKER.search(data, pos)
+            if found is None:
+                break
+            pos = found.start()
+    return scans
+
+
+def decoded_frames(img: Image.Image) -> int:
+    """How many frames of ``img`` are decoded: every frame of a GIF (TensorFlow decodes them
+    all), else the first only (TensorFlow reads an MPO's first image and an APNG's default
+    image; a converted file, a TIFF or an animated WebP, keeps its first frame)."""
+    return getattr(img, "n_frames", 1) if img.format == "GIF" else 1
 
 
 def measure(img: Image.Image, options: ImageOptions) -> Cost:
     """Frames and pixels decoding ``img`` will take, from headers only (no pixel is decoded).
 
-    Multi-page TIFFs (and the rarer multi-frame formats) are walked page by
-    page, each page's own size counted, stopping after ``max_frames`` + 1;
-    APNG and animated WebP declare their frame count, and their frames stay
-    inside the canvas (Pillow and libwebp check that).
+    ``frames`` counts every frame or page (the --max-frames limit); the pixel
+    totals count only the frames ``decoded_frames`` says are decoded. APNG,
+    WebP and MPO declare their frame count; multi-page TIFFs are walked page
+    by page, stopping after ``max_frames`` + 1, though only the first page is
+    decoded.
     """
     width, height = img.size
     canvas = width * height
-    frames = getattr(img, "n_frames", 1) if img.format in ("PNG", "WEBP", "MPO") else None
-    if frames is not None:
-        return Cost(frames, canvas, frames * canvas)
+    if img.format in ("PNG", "WEBP", "MPO"):
+        frames = getattr(img, "n_frames", 1)
+        return Cost(frames, canvas, decoded_frames(img) * canvas)
     if not getattr(img, "is_animated", False) and img.format != "TIFF":
         return Cost(1, canvas, canvas)
     sizes = []
@@ -431,7 +468,8 @@ def measure(img: Image.Image, options: ImageOptions) -> Cost:
             break
         sizes.append(img.size[0] * img.size[1])
     img.seek(0)
-    return Cost(len(sizes), max(sizes, default=canvas), sum(sizes))
+    decoded = sizes[: decoded_frames(img)] or [canvas]
+    return Cost(len(sizes), max(decoded), sum(decoded))
 
 
 def _check(cost: Cost, options: ImageOptions, what: str) -> None:
@@ -515,7 +553,7 @@ def check_header(prefix: bytes, options: ImageOptions) -> Rejected | None:
 
 
 def _decode(img: Image.Image, *, pixels: bool = True) -> None:
-    """Decodes every frame; Rejected on failure.
+    """Decodes the frames ``decoded_frames`` names (every frame TensorFlow decodes); Rejected on failure.
 
     ``pixels=False`` (the file is stored as it is and only has to be proven
     sound): a JPEG is decoded at 1/8 scale. libjpeg still entropy-decodes
@@ -529,10 +567,11 @@ def _decode(img: Image.Image, *, pixels: bool = True) -> None:
         if not pixels and img.format == "JPEG":
             img.draft(None, (1, 1))  # the smallest scale libjpeg offers (1/8)
         img.load()
-        for frame in range(1, getattr(img, "n_frames", 1)):
+        frames = decoded_frames(img)
+        for frame in range(1, frames):
             img.seek(frame)
             img.load()
-        if getattr(img, "n_frames", 1) > 1:
+        if frames > 1:
             img.seek(0)
 
 

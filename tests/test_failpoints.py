@@ -388,3 +388,21 @@ def test_the_cli_honours_the_variable_and_the_next_run_takes_over(tmp_path, monk
     convert(*flags, "--seed", "4")
     assert (out / "_SUCCESS").exists() and len(read_records(out)) == 6
     assert json.loads((out / "dataset.json").read_text())["seed"] == 4
+
+
+def test_a_manifest_that_cannot_be_read_fails_the_publish_instead_of_planning_again(tmp_path, monkeypatch):
+    # Planning again from a half-moved staging folder would call the moved files stale and delete them.
+    from beam_pipeline import finalize
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    assert finalize._read_manifest(str(staging)) is None  # absent: no plan yet
+    (staging / finalize.PUBLISH_MANIFEST).write_text('{"files": {}, "stale": [], "complete": true}')
+    assert finalize._read_manifest(str(staging)) == {"files": {}, "stale": [], "complete": True}
+
+    def unavailable(path):
+        raise ConnectionResetError("transient")
+
+    monkeypatch.setattr(finalize, "read_json", unavailable)
+    with pytest.raises(ConnectionResetError):
+        finalize.publish(str(staging), str(tmp_path / "out"))

@@ -3,6 +3,7 @@ conversion of them beside large legal images stays within a memory bound."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -13,15 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
-from beam_pipeline import writing
+from beam_pipeline import images, writing
 from beam_pipeline.images import ImageOptions, Rejected, check_header, prepare_image
 from beam_pipeline.listing import Ref
 
 from . import hostile
 from .conftest import REPO, load_info, read_records
-from .imagegen import image_bytes, write
-from .test_images import _png_claiming
+from .imagegen import encode, image_bytes, write
+from .test_images import _png_claiming, _tf_shape_matches
 
 
 def _reason(data: bytes, options: ImageOptions | None = None) -> str:
@@ -378,3 +380,58 @@ def test_the_memory_budget_is_per_machine_divided_among_sdk_worker_processes(mon
     assert writing.sdk_processes_per_machine() == 4
     reads, decodes = writing.budgets(options)
     assert (reads.capacity, decodes.capacity) == (50_000_000, 150_000_000)
+
+
+def _save_all(first: Image.Image, more: list[Image.Image], fmt: str, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    first.save(buf, fmt, save_all=True, append_images=more, **kwargs)
+    return buf.getvalue()
+
+
+def test_only_the_frames_tensorflow_decodes_count_and_are_decoded(tf):
+    small, big = Image.new("RGB", (16, 16), "red"), Image.new("RGB", (6000, 5000), "blue")
+    tight = ImageOptions(max_pixels=1000, max_total_pixels=1000)
+    # An MPO (a camera's second image, an Ultra HDR gain map) is read by TF as its first image only:
+    # a large later frame costs nothing and is no reason to refuse the file.
+    mpo = _save_all(small, [big], "MPO")
+    prepared = prepare_image(mpo, tight)
+    assert (prepared.info.format, prepared.info.height, prepared.info.width) == ("jpeg", 16, 16)
+    assert prepared.data == mpo
+    _tf_shape_matches(prepared, tf)
+    # Its second image is not even decoded: cut short, the file still reads in TF, so it is a record.
+    cut = mpo[:-200]
+    assert prepare_image(cut, tight).data == cut
+    _tf_shape_matches(prepare_image(cut, tight), tf)
+    # A multi-page scan keeps its first page: the other pages are counted (--max-frames), not decoded.
+    page = Image.new("RGB", (200, 100), "blue")
+    tiff = _save_all(small, [page, page], "TIFF")
+    prepared = prepare_image(tiff, tight)
+    assert (prepared.info.height, prepared.info.width, prepared.converted_from) == (16, 16, "tiff")
+    assert _reason(tiff, ImageOptions(max_frames=2)) == "too_many_frames"
+    # A GIF's frames are all decoded by TF, so all of them count.
+    gif = _save_all(Image.new("L", (30, 30)), [Image.new("L", (30, 30), 60 * i) for i in (1, 2, 3)], "GIF")
+    assert _reason(gif, ImageOptions(max_total_pixels=4 * 900)) == "ok"
+    assert _reason(gif, ImageOptions(max_total_pixels=4 * 900 - 1)) == "too_many_pixels"
+
+
+def test_animated_webp_is_converted_not_stored(tf):
+    # TensorFlow 2.21's decode_image aborts the process (heap corruption) on an animated WebP,
+    # so one is never stored as it is: its first frame becomes a PNG that TF reads back.
+    frames = [Image.new("RGB", (32, 24), (i * 40, 0, 0)) for i in range(4)]
+    prepared = prepare_image(_save_all(frames[0], frames[1:], "WEBP", duration=50))
+    assert (prepared.info.format, prepared.converted_from) == ("png", "webp")
+    assert _tf_shape_matches(prepared, tf)[0, 0, 0] == 0
+    still = prepare_image(encode(frames[0], "WEBP"))
+    assert (still.info.format, still.converted_from) == ("webp", None)
+
+
+def test_jpeg_scans_are_counted_in_the_first_image_only():
+    photo = Image.open(io.BytesIO(image_bytes("jpeg", 48, 64, seed=3)))
+    progressive = encode(photo, "JPEG", progressive=True, quality=90)
+    real = images._jpeg_scans(progressive)
+    assert 2 <= real < 20
+    # A motion photo's appended video, or anything after EOI, full of FF DA byte pairs.
+    assert images._jpeg_scans(progressive + b"\xff\xda\x00\x04ab" * 5000) == real
+    assert _reason(progressive + b"\xff\xda\x00\x04ab" * 5000) == "ok"
+    # The scan bomb itself is still counted.
+    assert _reason(hostile.jpeg_scan_bomb(300)) == "too_many_scans"
