@@ -172,18 +172,24 @@ def _read_gcs(path: str, size: int, options: ImageOptions | None) -> bytes:
     bucket, name = parse_gcs_path(path)
     blob = client.client.bucket(bucket).blob(name)
     retry = _THREAD.retry
+    # Never more than one byte over the limit, whatever the object became since it was listed.
+    last = options.max_file_bytes if options is not None and options.max_file_bytes else None
     if options is not None and size > 4 * HEADER_BYTES:
         head = blob.download_as_bytes(start=0, end=HEADER_BYTES - 1, raw_download=True, retry=retry)
         verdict = check_header(head, options)
         if verdict is not None:
             raise verdict
         try:
-            return head + blob.download_as_bytes(start=HEADER_BYTES, raw_download=True, retry=retry)
+            # The rest of the same object generation: an object replaced in between fails the
+            # request (412) and the bundle, instead of joining the head of one file to another's tail.
+            return head + blob.download_as_bytes(
+                start=HEADER_BYTES, end=last, raw_download=True, retry=retry, if_generation_match=blob.generation
+            )
         except Exception as e:
             if getattr(e, "code", None) == 416:  # shrank since it was listed: the head is all of it
                 return head
             raise
-    return blob.download_as_bytes(raw_download=True, retry=retry)
+    return blob.download_as_bytes(end=last, raw_download=True, retry=retry)
 
 
 def _read_local(path: str, size: int, options: ImageOptions | None) -> bytes:
@@ -193,7 +199,8 @@ def _read_local(path: str, size: int, options: ImageOptions | None) -> bytes:
             if verdict is not None:
                 raise verdict
             fh.seek(0)  # re-read the head: cheaper than joining (a copy of the whole file)
-        return fh.read()
+        limit = options.max_file_bytes if options is not None else 0
+        return fh.read(limit + 1) if limit else fh.read()  # one byte over proves a file that grew
 
 
 def read_bytes(path: str, size: int = -1, options: ImageOptions | None = None) -> bytes:

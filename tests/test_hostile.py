@@ -340,6 +340,14 @@ def test_gcs_reads_on_the_emulator(gcs, tmp_path):
     with pytest.raises(Rejected) as err:
         writing.read_bytes(f"gs://{BUCKET}/reads/nothing.jpg", 10, options)
     assert err.value.reason == "missing"
+    # A file that grew after it was listed (listed at 10 bytes): at most limit + 1 bytes are read.
+    grown = ImageOptions(max_file_bytes=1_000_000)
+    local = tmp_path / "grown.png"
+    local.write_bytes(big)
+    for path in (f"gs://{BUCKET}/reads/big.png", str(local)):
+        with pytest.raises(Rejected) as err:
+            writing.read_bytes(path, 10, grown)
+        assert err.value.reason == "too_large" and str(1_000_001) in err.value.detail
     # One client per thread, reused: not one per read.
     first = writing._gcs()  # noqa: SLF001
     writing.read_bytes(f"gs://{BUCKET}/reads/small.jpg", len(small), options)
