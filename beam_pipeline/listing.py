@@ -213,6 +213,27 @@ class _ReadManifest(beam.DoFn):
             yield from enumerate(read_manifest_rows(stream, self._layout.manifest_format or "csv"))
 
 
+def stat_literal(path: str) -> Any:
+    """FileMetadata of the file at exactly ``path``, or None if there is none.
+
+    The name is taken literally: ``FileSystems.match`` would read ``[``, ``*``
+    and ``?`` as glob characters, so an existing ``a[1].jpg`` would not be
+    found. Raises on errors other than "not found" (permission, network).
+    """
+    fs = FileSystems.get_filesystem(path)
+    if "://" not in path:
+        return fs.metadata(path) if fs.exists(path) else None
+    try:
+        return fs.metadata(path)  # one request on GCS; raises BeamIOError
+    except Exception as e:
+        from apache_beam.io.filesystem import BeamIOError
+
+        causes = list(e.exception_details.values()) if isinstance(e, BeamIOError) and e.exception_details else [e]
+        if any(type(c).__name__ == "NotFound" or isinstance(c, FileNotFoundError) for c in causes):
+            return None
+        raise
+
+
 class _StatManifestRow(beam.DoFn):
     """Looks up the row's file size (one metadata call); missing files become rejects."""
 
@@ -228,12 +249,11 @@ class _StatManifestRow(beam.DoFn):
             return
         path = manifest_path_of(raw_path, self._layout)
         try:
-            matched = FileSystems.match([path])[0].metadata_list
+            found = stat_literal(path)
         except Exception as e:  # BeamIOError wraps the file system's own error
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, f"cannot stat: {e}"))
             return
-        exact = [m for m in matched if m.path == path]
-        if not exact:
+        if found is None:
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, "file does not exist"))
             return
         relpath = relative_path(path, self._layout.root)
@@ -241,7 +261,7 @@ class _StatManifestRow(beam.DoFn):
         out = make_ref(
             path,
             relpath,
-            exact[0].size_in_bytes,
+            found.size_in_bytes,
             self._cfg,
             self._layout,
             label_value=None if row.get(LABEL_COLUMN) is None else str(row.get(LABEL_COLUMN)),
@@ -254,7 +274,8 @@ class _StatManifestRow(beam.DoFn):
 class _OddLocalEntries(beam.DoFn):
     """Entries Beam's local listing passes over silently: directories named like
     images and dangling symlinks. They are listed inputs too, so they become
-    ``unreadable`` rejects instead of vanishing."""
+    ``unreadable`` rejects instead of vanishing. (Glob inputs only: a whole
+    folder finds them while listing, see ``_ListTree``.)"""
 
     def __init__(self, layout: Layout) -> None:
         self._layout = layout
@@ -268,18 +289,185 @@ class _OddLocalEntries(beam.DoFn):
         for dirpath, dirnames, filenames in os.walk(self._layout.root):
             for name in dirnames:
                 path = os.path.join(dirpath, name)
-                relpath = relative_path(path, self._layout.root)
-                if matcher.match(path) and not skip_reason(relpath, check_extension=True):
-                    yield reject(path, UNREADABLE, "is a directory")
+                if matcher.match(path):
+                    yield from _odd_directory(path, self._layout.root)
             for name in filenames:
                 path = os.path.join(dirpath, name)
-                if os.path.islink(path) and not os.path.exists(path) and matcher.match(path):
-                    if not skip_reason(relative_path(path, self._layout.root), check_extension=True):
-                        yield reject(path, UNREADABLE, f"dangling symlink to {os.readlink(path)}")
+                if matcher.match(path):
+                    yield from _odd_file(path, self._layout.root)
+
+
+def _odd_directory(path: str, root: str) -> Iterator[dict[str, str]]:
+    """A local directory (or symlink to one) that a listing passes: a reject if it is named like an input."""
+    if not skip_reason(relative_path(path, root), check_extension=True):
+        yield reject(path, UNREADABLE, "is a directory")
+
+
+def _odd_file(path: str, root: str) -> Iterator[dict[str, str]]:
+    """A local non-directory entry Beam's listing drops (it cannot be stat'ed): a dangling symlink."""
+    import os
+
+    if os.path.islink(path) and not os.path.exists(path):
+        if not skip_reason(relative_path(path, root), check_extension=True):
+            yield reject(path, UNREADABLE, f"dangling symlink to {os.readlink(path)}")
+
+
+# ---- listing a whole folder, fanned out --------------------------------------
+#
+# A folder input is listed level by level: the root's direct entries, then
+# each subfolder's direct entries (one element per folder, spread over
+# workers by a Reshuffle), and below FANOUT_DEPTH one recursive listing per
+# remaining subfolder. No worker holds the whole listing, the list calls of
+# different subfolders run on different workers, and what comes out is
+# exactly what ``fileio.MatchAll`` of ``root/**`` lists (same paths, sizes,
+# skipped entries), streamed instead of collected into one list.
+
+FILES = "files"
+# Levels listed one folder at a time before the per-subfolder recursive
+# listings: 2 covers root/{split}/{class}/ layouts such as ImageNet's.
+FANOUT_DEPTH = 2
+
+
+def lists_whole_folder(layout: Layout) -> bool:
+    """True when the input is a folder (pattern ``root/**``), which is listed fanned out."""
+    return bool(layout.pattern) and layout.pattern == FileSystems.join(layout.root, "**")
+
+
+class _Lister:
+    """Direct-entry and recursive listings of a local folder or a gs:// prefix.
+
+    One GCS client per instance (per DoFn instance on a worker), not per call.
+    """
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+        self._gcs: Any = None
+
+    def _client(self) -> Any:
+        if self._gcs is None:
+            # Beam's GCS file system builds its client from the options the
+            # worker was started with (emulator, credentials); reuse it.
+            self._gcs = FileSystems.get_filesystem(self._root)._gcsIO().client  # noqa: SLF001
+        return self._gcs
+
+    def one_level(self, folder: str) -> Iterator[Any]:
+        """Direct entries of ``folder``: subfolders as str, files as TaggedOutput(FILES, FileMetadata),
+        odd local entries as TaggedOutput(REJECTS, reject)."""
+        from apache_beam.io.filesystem import FileMetadata
+
+        tagged = beam.pvalue.TaggedOutput
+        if "://" in folder:
+            bucket, _, prefix = folder.split("://", 1)[1].partition("/")
+            prefix = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
+            pages = self._client().list_blobs(bucket, prefix=prefix, delimiter="/")
+            for blob in pages:
+                updated = blob.updated.timestamp() if blob.updated else 0.0
+                yield tagged(FILES, FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated))
+            for sub in sorted(pages.prefixes):  # complete once every page was read
+                yield f"gs://{bucket}/{sub.rstrip('/')}"
+            return
+        import os
+
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:  # as os.walk: an unreadable folder lists nothing
+            return
+        for entry in entries:
+            if entry.is_dir():  # follows symlinks, like os.walk's dirnames
+                yield from (tagged(REJECTS, r) for r in _odd_directory(entry.path, self._root))
+                if not entry.is_symlink():  # os.walk does not descend into a linked folder
+                    yield entry.path
+                continue
+            try:
+                yield tagged(FILES, FileMetadata(entry.path, os.path.getsize(entry.path), os.path.getmtime(entry.path)))
+            except OSError:
+                yield from (tagged(REJECTS, r) for r in _odd_file(entry.path, self._root))
+
+    def tree(self, folder: str) -> Iterator[Any]:
+        """Every file below ``folder`` (FileMetadata), odd local entries as TaggedOutput(REJECTS, ...)."""
+        from apache_beam.io.filesystem import FileMetadata
+
+        if "://" in folder:
+            bucket, _, prefix = folder.split("://", 1)[1].partition("/")
+            for blob in self._client().list_blobs(bucket, prefix=prefix.rstrip("/") + "/"):
+                updated = blob.updated.timestamp() if blob.updated else 0.0
+                yield FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated)
+            return
+        import os
+
+        tagged = beam.pvalue.TaggedOutput
+        for dirpath, dirnames, filenames in os.walk(folder):
+            for name in dirnames:
+                yield from (tagged(REJECTS, r) for r in _odd_directory(os.path.join(dirpath, name), self._root))
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                try:
+                    yield FileMetadata(path, os.path.getsize(path), os.path.getmtime(path))
+                except OSError:  # Beam's listing drops it too
+                    yield from (tagged(REJECTS, r) for r in _odd_file(path, self._root))
+
+
+class _ListOneLevel(beam.DoFn):
+    """folder → its subfolders (main), its files (FILES), odd local entries (REJECTS)."""
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+
+    def setup(self) -> None:
+        self._lister = _Lister(self._root)
+
+    def process(self, folder: str) -> Iterator[Any]:
+        yield from self._lister.one_level(folder)
+
+
+class _ListTree(beam.DoFn):
+    """folder → every file below it (FileMetadata, streamed), odd local entries (REJECTS)."""
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+
+    def setup(self) -> None:
+        self._lister = _Lister(self._root)
+
+    def process(self, folder: str) -> Iterator[Any]:
+        yield from self._lister.tree(folder)
+
+
+class ListFolder(beam.PTransform):
+    """pbegin → {FILES: FileMetadata of every file under ``root``, REJECTS: odd local entries}."""
+
+    def __init__(self, root: str, depth: int = FANOUT_DEPTH) -> None:
+        super().__init__()
+        self._root = root
+        self._depth = depth
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
+        folders = pbegin | "Root" >> beam.Create([self._root])
+        files, odd = [], []
+        for level in range(self._depth):
+            out = folders | f"ListLevel{level}" >> beam.ParDo(_ListOneLevel(self._root)).with_outputs(
+                FILES, REJECTS, main="folders"
+            )
+            files.append(out[FILES])
+            odd.append(out[REJECTS])
+            # one element per subfolder: different workers list different subfolders
+            folders = out.folders | f"SpreadFolders{level}" >> beam.Reshuffle()
+        trees = folders | "ListTrees" >> beam.ParDo(_ListTree(self._root)).with_outputs(REJECTS, main=FILES)
+        files.append(trees[FILES])
+        odd.append(trees[REJECTS])
+        return {
+            FILES: tuple(files) | "AllFiles" >> beam.Flatten(),
+            REJECTS: tuple(odd) | "AllOddEntries" >> beam.Flatten(),
+        }
 
 
 class ListInputs(beam.PTransform):
-    """pipeline → {"refs": Ref, "rejects": {path, reason, detail}, "skipped": reason text}."""
+    """pipeline → {"refs": Ref, "rejects": {path, reason, detail}, "skipped": reason text}.
+
+    The refs leave through a Reshuffle: whatever per-file work follows
+    (dedupe's hashing, planning, labels) is not fused with the listing and
+    runs spread over the workers.
+    """
 
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
         super().__init__()
@@ -300,21 +488,22 @@ class ListInputs(beam.PTransform):
                 REJECTS, SKIPPED, main="refs"
             )
             return {"refs": stat.refs, REJECTS: stat[REJECTS], SKIPPED: stat[SKIPPED]}
-        glob = pbegin | "Glob" >> beam.Create([layout.pattern])
-        files = (
-            glob
-            # FileMetadata. No reshuffle here: turning metadata into refs is
-            # cheap, and the expensive work comes after the group-by-shard.
-            | "Match" >> fileio.MatchAll()
-        )
+        if lists_whole_folder(layout):
+            folder = pbegin | "ListFolder" >> ListFolder(layout.root)
+            files, odd = folder[FILES], folder[REJECTS]
+        else:  # a glob: one match, which is how far the user's pattern can be split
+            glob = pbegin | "Glob" >> beam.Create([layout.pattern])
+            files = glob | "Match" >> fileio.MatchAll()  # FileMetadata
+            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if "://" not in layout.root else None
         listed = files | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
             REJECTS, SKIPPED, main="refs"
         )
         rejects = listed[REJECTS]
-        if "://" not in layout.root:
-            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout))
+        if odd is not None:
             rejects = (rejects, odd) | "ListingRejects" >> beam.Flatten()
-        return {"refs": listed.refs, REJECTS: rejects, SKIPPED: listed[SKIPPED]}
+        # Ref; the fusion break after listing
+        refs = listed.refs | "SpreadRefs" >> beam.Reshuffle()
+        return {"refs": refs, REJECTS: rejects, SKIPPED: listed[SKIPPED]}
 
 
 # ---- extra manifest columns -------------------------------------------------

@@ -122,6 +122,9 @@ def build_pipeline(
                     file_name_suffix=".gz" if cfg.compression == "gzip" else "",
                     compression_type=compression_type(cfg.compression),
                 )
+                # one element per written shard file: spread them so the
+                # record counts (a full read of each shard) run in parallel
+                | f"SpreadShardFiles_{split}" >> beam.Reshuffle()
                 | f"Describe_{split}" >> beam.Map(_describe_wtt_file, split)
             )
             per_split.append(files)

@@ -64,6 +64,8 @@ def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
     staged = {p["name"]: p["location"] for p in pool["packages"]}
     assert "workflow.tar.gz" in staged  # the sdist of setup.py that workers install
     prefix = f"storage.googleapis.com/{BUCKET}/"
+    requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"][len(prefix) :]).download_as_bytes().decode()
+    assert "tensorflow-datasets==" in requirements  # TFDS metadata on the workers (setup_file has no extras)
     sdist = gcs.bucket(BUCKET).blob(staged["workflow.tar.gz"][len(prefix) :]).download_as_bytes()
     with tarfile.open(fileobj=io.BytesIO(sdist)) as tar:
         assert any(n.endswith("beam_pipeline/poststeps.py") for n in tar.getnames())
@@ -93,3 +95,27 @@ def test_sdist_for_setup_file_carries_the_package_and_its_requirements(tmp_path)
         assert any(n.endswith(f"beam_pipeline/{module}") for n in names), module
     for requirement in ("apache-beam[gcp]", "tensorflow-transform", "tensorflow", "pillow"):
         assert requirement in requires, requirement
+
+
+def test_worker_requirements_carry_every_extra_at_the_pinned_versions():
+    """Workers get setup.py without extras: each extra's packages must be in the worker requirements file,
+    at the version requirements/constraints.txt pins (what the tests and the Dockerfile install)."""
+    import re
+
+    pins = dict(
+        re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line).groups()
+        for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines()
+        if re.match(r"^[A-Za-z0-9_.-]+==", line)
+    )
+    workers = {}
+    for line in (REPO / "configs" / "dataflow-requirements.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.strip().split("==")
+            workers[name] = version
+    setup_text = (REPO / "setup.py").read_text()
+    extra = re.search(r'"tfds":\s*\[([^\]]*)\]', setup_text).group(1)
+    for requirement in re.findall(r'"([A-Za-z0-9_.-]+)', extra):
+        assert requirement in workers, requirement
+        assert workers[requirement] == pins[requirement], requirement
+    assert "requirements_file: ./configs/dataflow-requirements.txt" in (REPO / "configs" / "dataflow.yaml").read_text()
+    assert '".[tfds]"' in (REPO / "Dockerfile").read_text()  # the prebuilt worker image has the extra too
