@@ -150,7 +150,14 @@ def build_pipeline(
     if cfg.needs_post_steps and cfg.post_steps == "job":
         from .poststeps import PostStepsFn
 
-        _ = finalized | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout))
+        stats = []
+        if cfg.transform and cfg.image_stats:
+            from .analysis import TrainPixelStats
+
+            # every train shard decoded on some worker; one small dict comes back
+            pixel_stats = finalized | "TrainPixelStats" >> TrainPixelStats(layout.tmp_dir, cfg.output, cfg.image_size)
+            stats = [beam.pvalue.AsSingleton(pixel_stats)]
+        _ = finalized | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout), *stats)
     return p
 
 

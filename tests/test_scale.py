@@ -53,3 +53,22 @@ def test_write_to_tfrecord_counts_each_shard_file_after_a_reshuffle(tmp_path):
     for split in ("train", "test"):
         assert steps[f"Describe_{split}"][0].startswith(f"SpreadShardFiles_{split}/")
         assert steps[f"SpreadShardFiles_{split}"][0].startswith(f"WriteToTFRecord_{split}/")
+
+
+def test_image_stats_in_the_job_are_a_distributed_step_feeding_the_post_steps(tmp_path):
+    cfg = ConvertConfig(
+        output=str(tmp_path / "out"), name="d", input=str(tmp_path / "in"), image_stats=True, post_steps="job"
+    )
+    steps = _producers(build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions()))
+    # one element per train shard, spread before the shards are decoded
+    assert steps["TrainPixelStats/ShardMoments"][0].startswith("TrainPixelStats/SpreadTrainShards/")
+    assert steps["TrainPixelStats/TrainShardPaths"] == ["Finalize"]
+    p = build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions())
+    side = {}
+
+    class Visitor(PipelineVisitor):
+        def visit_transform(self, node) -> None:
+            side[node.full_label] = [s.pvalue.producer.full_label for s in node.side_inputs]
+
+    p.visit(Visitor())
+    assert side["PostSteps"] == ["TrainPixelStats/PixelStats"]
