@@ -9,9 +9,13 @@ file that ``plan`` stats or lists, as it would be in a real collection.
     python scripts/scale_check.py --work /tmp/scale --rows 100000 --folder-files 20000
     python scripts/scale_check.py --work /tmp/scale --repo /path/to/other/checkout   # compare code
 
-Prints one JSON line per run (wall seconds, peak RSS of the whole process
-tree, RSS per listed file above a 100-file run of the same kind) and a table.
-The generated tree is kept in ``--work`` and reused by the next run.
+Each kind runs at 100 files, at half the size and at the full size, and
+prints one JSON line (wall seconds, peak RSS of the whole process tree) and
+a table with two memory figures per listed file: above the 100-file run
+(includes the planner's bucket table, which grows until its 2**18 buckets
+per split are all in use, then stays), and between the half and the full
+run (what one more file costs once the table is full). The generated tree
+is kept in ``--work`` and reused by the next run.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds.append(("folder", args.folder_files))
     for kind, count in kinds:
         per_kind = []
-        for n in (100, count):
+        for n in (100, count // 2, count):
             base = work / f"{kind}-{n}"
             rels = linked_tree(base / "files", sources, n, by_class=kind == "folder")
             if kind == "manifest":
@@ -115,18 +119,27 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(result), flush=True)
                 return 1
             per_kind.append(result)
-        small, big = per_kind
+        small, half, big = per_kind
         big["rss_per_file_bytes"] = round((big["peak_rss_mb"] - small["peak_rss_mb"]) * 1e6 / (big["files"] - 100))
+        big["rss_per_extra_file_bytes"] = round(
+            (big["peak_rss_mb"] - half["peak_rss_mb"]) * 1e6 / (big["files"] - half["files"])
+        )
+        big["half_peak_rss_mb"] = half["peak_rss_mb"]
+        big["half_seconds"] = half["seconds"]
         big["files_per_second"] = round(big["files"] / big["seconds"])
         big["baseline_peak_rss_mb"] = small["peak_rss_mb"]
         big["baseline_seconds"] = small["seconds"]
         print(json.dumps(big), flush=True)
         results.append(big)
-    print(f"{'kind':<9} {'files':>9} {'wall s':>8} {'files/s':>8} {'peak RSS MB':>12} {'RSS/file B':>11}")
+    print(
+        f"{'kind':<9} {'files':>9} {'wall s':>8} {'files/s':>8} {'peak RSS MB':>12} {'at half MB':>11} "
+        f"{'RSS/file B':>11} {'half→full B/file':>17}"
+    )
     for r in results:
         print(
             f"{r['kind']:<9} {r['files']:>9} {r['seconds']:>8} {r['files_per_second']:>8} "
-            f"{r['peak_rss_mb']:>12} {r['rss_per_file_bytes']:>11}"
+            f"{r['peak_rss_mb']:>12} {r['half_peak_rss_mb']:>11} {r['rss_per_file_bytes']:>11} "
+            f"{r['rss_per_extra_file_bytes']:>17}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
