@@ -285,3 +285,20 @@ def test_gcs_manifest_paths_with_glob_characters_are_stat_literally(gcs):
         assert_that(sizes, equal_to([("a[1].jpg", 3), ("b*.jpg", 7), ("c?.jpg", 13)]), label="Refs")
         reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (r["path"], r["reason"], r["detail"]))
         assert_that(reasons, equal_to([(f"{root}/d[2].jpg", "missing", "file does not exist")]), label="Rejects")
+
+
+def test_convert_keeps_manifest_files_whose_names_look_like_globs(tmp_path):
+    """End to end: a[1].jpg exists and becomes a record (it used to be matched as a pattern: `missing`)."""
+    from .conftest import convert, read_records
+
+    root = tmp_path / "in"
+    names = ["a[1].jpg", "b*.png", "c?.jpg", "plain.jpg"]
+    for i, name in enumerate(names):
+        write(str(root / name), image_bytes("png" if name.endswith("png") else "jpeg", seed=i))
+    write(str(root / "a1.jpg"), image_bytes("jpeg", seed=99))  # what the pattern a[1].jpg would have matched
+    (root / "list.csv").write_text("path,label\n" + "".join(f"{n},x\n" for n in names))
+    out = tmp_path / "out"
+    convert("--manifest", str(root / "list.csv"), "--output", str(out))
+    rows = read_records(out)
+    assert sorted(r["image/filename"].decode() for r in rows) == sorted(names)
+    assert (out / "rejects.jsonl").read_text() == ""
