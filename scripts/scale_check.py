@@ -82,7 +82,7 @@ def run_plan(repo: str, input_args: list[str], out: Path, extra: list[str]) -> d
     env_path = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = env_path  # inherited by the measured process tree
     command = [sys.executable, "-m", "beam_pipeline", "plan", *input_args, "--output", str(out), *extra]
-    return measure(command, interval=0.2)
+    return measure(command)  # RSS sampled every 50 ms
 
 
 def main(argv: list[str] | None = None) -> int:
