@@ -226,12 +226,30 @@ def stat_literal(path: str) -> Any:
     try:
         return fs.metadata(path)  # one request on GCS; raises BeamIOError
     except Exception as e:
-        from apache_beam.io.filesystem import BeamIOError
-
-        causes = list(e.exception_details.values()) if isinstance(e, BeamIOError) and e.exception_details else [e]
-        if any(type(c).__name__ == "NotFound" or isinstance(c, FileNotFoundError) for c in causes):
+        if any(type(c).__name__ == "NotFound" or isinstance(c, FileNotFoundError) for c in _causes(e)):
             return None
         raise
+
+
+# Errors a retry may cure (the storage client already retried them): they
+# fail the bundle so the runner retries it, instead of turning an existing
+# file into a permanent `missing` reject.
+_TRANSIENT = frozenset(
+    {"ServiceUnavailable", "TooManyRequests", "InternalServerError", "BadGateway", "GatewayTimeout", "RetryError"}
+)
+
+
+def _causes(e: BaseException) -> list[BaseException]:
+    """The file system errors behind a BeamIOError (it wraps them per path), or the error itself."""
+    from apache_beam.io.filesystem import BeamIOError
+
+    details = getattr(e, "exception_details", None) if isinstance(e, BeamIOError) else None
+    return [c for c in details.values() if isinstance(c, BaseException)] if details else [e]
+
+
+def is_transient(e: BaseException) -> bool:
+    """True for an error worth retrying the bundle for (server busy, connection reset, time-out)."""
+    return any(type(c).__name__ in _TRANSIENT or isinstance(c, (ConnectionError, TimeoutError)) for c in _causes(e))
 
 
 class _StatManifestRow(beam.DoFn):
@@ -251,6 +269,8 @@ class _StatManifestRow(beam.DoFn):
         try:
             found = stat_literal(path)
         except Exception as e:  # BeamIOError wraps the file system's own error
+            if is_transient(e):
+                raise  # the runner retries the bundle
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, f"cannot stat: {e}"))
             return
         if found is None:

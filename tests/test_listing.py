@@ -302,3 +302,18 @@ def test_convert_keeps_manifest_files_whose_names_look_like_globs(tmp_path):
     rows = read_records(out)
     assert sorted(r["image/filename"].decode() for r in rows) == sorted(names)
     assert (out / "rejects.jsonl").read_text() == ""
+
+
+def test_only_transient_stat_errors_fail_the_bundle():
+    """A busy or unreachable server is retried by the runner; anything else about a row is a reject."""
+    from apache_beam.io.filesystem import BeamIOError
+    from google.api_core import exceptions as gexc
+
+    from beam_pipeline.listing import is_transient
+
+    for error in (gexc.ServiceUnavailable("busy"), gexc.TooManyRequests("slow down"), ConnectionResetError()):
+        assert is_transient(error)
+        assert is_transient(BeamIOError("Metadata operation failed", {"gs://b/x.jpg": error}))
+    for error in (gexc.NotFound("gone"), gexc.Forbidden("no"), ValueError("bad path")):
+        assert not is_transient(error)
+        assert not is_transient(BeamIOError("Metadata operation failed", {"gs://b/x.jpg": error}))
