@@ -155,13 +155,14 @@ class _MatchedToRef(beam.DoFn):
         self._cfg = cfg
         self._layout = layout
 
-    def process(self, metadata: Any) -> Iterator[Any]:
-        relpath = relative_path(metadata.path, self._layout.root)
+    def process(self, listed: tuple[str, int]) -> Iterator[Any]:
+        path, size = listed
+        relpath = relative_path(path, self._layout.root)
         why = skip_reason(relpath, check_extension=True)
         if why:
             yield beam.pvalue.TaggedOutput(SKIPPED, why)
             return
-        out = make_ref(metadata.path, relpath, metadata.size_in_bytes, self._cfg, self._layout)
+        out = make_ref(path, relpath, size, self._cfg, self._layout)
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 
@@ -504,9 +505,10 @@ class SpreadInBatches(beam.PTransform):
 class ListInputs(beam.PTransform):
     """pipeline → {"refs": Ref, "rejects": {path, reason, detail}, "skipped": reason text}.
 
-    The refs leave through a Reshuffle: whatever per-file work follows
-    (dedupe's hashing, planning, labels) is not fused with the listing and
-    runs spread over the workers.
+    Listed files (or manifest rows) cross a Reshuffle before any per-file
+    work: turning them into refs, the manifest's per-row lookups, dedupe's
+    hashing, planning and labels are not fused with the listing and run
+    spread over the workers.
     """
 
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
@@ -535,15 +537,20 @@ class ListInputs(beam.PTransform):
             glob = pbegin | "Glob" >> beam.Create([layout.pattern])
             files = glob | "Match" >> fileio.MatchAll()  # FileMetadata
             odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if "://" not in layout.root else None
-        listed = files | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
+        spread = (
+            files
+            | "PathAndSize" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
+            # (path, size): the fusion break after listing, with the smallest
+            # element that still makes a Ref; everything per file comes after it
+            | "SpreadFiles" >> SpreadInBatches()
+        )
+        listed = spread | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
             REJECTS, SKIPPED, main="refs"
         )
         rejects = listed[REJECTS]
         if odd is not None:
             rejects = (rejects, odd) | "ListingRejects" >> beam.Flatten()
-        # Ref; the fusion break after listing
-        refs = listed.refs | "SpreadRefs" >> SpreadInBatches()
-        return {"refs": refs, REJECTS: rejects, SKIPPED: listed[SKIPPED]}
+        return {"refs": listed.refs, REJECTS: rejects, SKIPPED: listed[SKIPPED]}
 
 
 # ---- extra manifest columns -------------------------------------------------

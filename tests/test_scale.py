@@ -38,9 +38,10 @@ def _layout(tmp_path, **kw) -> Layout:
 def test_per_file_work_follows_a_reshuffle_of_the_listing(tmp_path):
     cfg = ConvertConfig(output=str(tmp_path / "out"), name="d", input=str(tmp_path / "in"), dedupe=True)
     steps = _producers(build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions()))
-    [digest_input] = steps["Dedupe"]
-    assert digest_input.startswith("List/SpreadRefs/")  # hashing is not fused with the listing
-    assert steps["List/SpreadRefs"] == ["List/ToRefs/ParDo(_MatchedToRef)"]
+    # listed files are spread before any per-file step (refs, dedupe's hashing)
+    assert steps["List/ToRefs"][0].startswith("List/SpreadFiles/")
+    assert steps["List/SpreadFiles"] == ["List/PathAndSize"]
+    assert steps["Dedupe"] == ["List/ToRefs/ParDo(_MatchedToRef)"]
     # the folder is listed level by level, each level's folders spread before they are listed
     assert steps["List/ListFolder/ListLevel1"][0].startswith("List/ListFolder/SpreadFolders0/")
     assert steps["List/ListFolder/ListTrees"][0].startswith("List/ListFolder/SpreadFolders1/")
