@@ -354,6 +354,13 @@ def lists_whole_folder(layout: Layout) -> bool:
     return bool(layout.pattern) and layout.pattern == FileSystems.join(layout.root, "**")
 
 
+def _bucket_and_prefix(folder: str) -> tuple[str, str]:
+    """gs://bucket/a/b → ("bucket", "a/b/"); the bucket itself → ("bucket", "")."""
+    bucket, _, prefix = folder.split("://", 1)[1].partition("/")
+    prefix = prefix.rstrip("/")
+    return bucket, prefix + "/" if prefix else ""
+
+
 class _Lister:
     """Direct-entry and recursive listings of a local folder or a gs:// prefix.
 
@@ -378,8 +385,7 @@ class _Lister:
 
         tagged = beam.pvalue.TaggedOutput
         if "://" in folder:
-            bucket, _, prefix = folder.split("://", 1)[1].partition("/")
-            prefix = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
+            bucket, prefix = _bucket_and_prefix(folder)
             pages = self._client().list_blobs(bucket, prefix=prefix, delimiter="/")
             for blob in pages:
                 updated = blob.updated.timestamp() if blob.updated else 0.0
@@ -409,8 +415,8 @@ class _Lister:
         from apache_beam.io.filesystem import FileMetadata
 
         if "://" in folder:
-            bucket, _, prefix = folder.split("://", 1)[1].partition("/")
-            for blob in self._client().list_blobs(bucket, prefix=prefix.rstrip("/") + "/"):
+            bucket, prefix = _bucket_and_prefix(folder)
+            for blob in self._client().list_blobs(bucket, prefix=prefix):
                 updated = blob.updated.timestamp() if blob.updated else 0.0
                 yield FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated)
             return
@@ -482,10 +488,10 @@ class ListFolder(beam.PTransform):
         }
 
 
-# Elements per batch when spreading a listing: a Reshuffle of single refs
-# costs the local runner a shuffle key and a list per element (~400 B of
-# Python objects each, all in memory); batches cut that to the encoded
-# elements, and 1 M files still make 10,000 batches for Dataflow to spread.
+# Elements per batch when spreading a listing: a Reshuffle of single
+# elements costs the local runner a shuffle key and a list per element, all
+# in memory; batches cut that to the encoded elements, and 1 M files still
+# make 10,000 batches for Dataflow to spread.
 SPREAD_BATCH = 100
 
 

@@ -251,6 +251,13 @@ def test_fanned_out_gcs_listing_equals_one_match(gcs):
             files = (p | ListFolder(root, depth=depth))[FILES]
             paths = files | "Paths" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
             assert_that(paths, equal_to(expected))
+    # the whole bucket as the input root
+    everything = [(m.path, m.size_in_bytes) for m in FileSystems.match([f"gs://{BUCKET}/**"])[0].metadata_list]
+    for depth in (0, 2):
+        with local_pipeline() as p:
+            files = (p | ListFolder(f"gs://{BUCKET}", depth=depth))[FILES]
+            paths = files | "Paths" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
+            assert_that(paths, equal_to(everything))
 
 
 def test_manifest_paths_with_glob_characters_are_stat_literally(tmp_path):
