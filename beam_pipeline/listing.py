@@ -150,13 +150,28 @@ def make_ref(
     return Ref(path, relpath, size, split, label, hashing.shuffle_key(relpath, cfg.seed), extras)
 
 
+def _to_listed(metadata: Any) -> tuple[bytes, int]:
+    """(path as bytes, size): what crosses the shuffle after listing.
+
+    Bytes, not text: a local name that is not valid UTF-8 (kept by Python as
+    lone surrogates) would fail Beam's UTF-8 string coder; the ref step turns
+    it into a ``bad_filename`` reject.
+    """
+    return metadata.path.encode("utf-8", "surrogateescape"), metadata.size_in_bytes
+
+
+def _from_listed(listed: tuple[bytes, int]) -> tuple[str, int]:
+    path, size = listed
+    return path.decode("utf-8", "surrogateescape"), size
+
+
 class _MatchedToRef(beam.DoFn):
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
         self._cfg = cfg
         self._layout = layout
 
-    def process(self, listed: tuple[str, int]) -> Iterator[Any]:
-        path, size = listed
+    def process(self, listed: tuple[bytes, int]) -> Iterator[Any]:
+        path, size = _from_listed(listed)
         relpath = relative_path(path, self._layout.root)
         why = skip_reason(relpath, check_extension=True)
         if why:
@@ -434,8 +449,17 @@ class _Lister:
                     yield from (tagged(REJECTS, r) for r in _odd_file(path, self._root))
 
 
+def _folder_bytes(folder: str) -> bytes:
+    """A folder path as it crosses a shuffle: bytes, since a local name may not be valid UTF-8."""
+    return folder.encode("utf-8", "surrogateescape")
+
+
+def _folder_text(folder: bytes) -> str:
+    return folder.decode("utf-8", "surrogateescape")
+
+
 class _ListOneLevel(beam.DoFn):
-    """folder → its subfolders (main), its files (FILES), odd local entries (REJECTS)."""
+    """folder (bytes) → its subfolders (main, bytes), its files (FILES), odd local entries (REJECTS)."""
 
     def __init__(self, root: str) -> None:
         self._root = root
@@ -443,12 +467,13 @@ class _ListOneLevel(beam.DoFn):
     def setup(self) -> None:
         self._lister = _Lister(self._root)
 
-    def process(self, folder: str) -> Iterator[Any]:
-        yield from self._lister.one_level(folder)
+    def process(self, folder: bytes) -> Iterator[Any]:
+        for out in self._lister.one_level(_folder_text(folder)):
+            yield _folder_bytes(out) if isinstance(out, str) else out
 
 
 class _ListTree(beam.DoFn):
-    """folder → every file below it (FileMetadata, streamed), odd local entries (REJECTS)."""
+    """folder (bytes) → every file below it (FileMetadata, streamed), odd local entries (REJECTS)."""
 
     def __init__(self, root: str) -> None:
         self._root = root
@@ -456,8 +481,8 @@ class _ListTree(beam.DoFn):
     def setup(self) -> None:
         self._lister = _Lister(self._root)
 
-    def process(self, folder: str) -> Iterator[Any]:
-        yield from self._lister.tree(folder)
+    def process(self, folder: bytes) -> Iterator[Any]:
+        yield from self._lister.tree(_folder_text(folder))
 
 
 class ListFolder(beam.PTransform):
@@ -469,7 +494,7 @@ class ListFolder(beam.PTransform):
         self._depth = depth
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        folders = pbegin | "Root" >> beam.Create([self._root])
+        folders = pbegin | "Root" >> beam.Create([_folder_bytes(self._root)])
         files, odd = [], []
         for level in range(self._depth):
             out = folders | f"ListLevel{level}" >> beam.ParDo(_ListOneLevel(self._root)).with_outputs(
@@ -545,8 +570,8 @@ class ListInputs(beam.PTransform):
             odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if "://" not in layout.root else None
         spread = (
             files
-            | "PathAndSize" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
-            # (path, size): the fusion break after listing, with the smallest
+            | "PathAndSize" >> beam.Map(_to_listed)
+            # (path bytes, size): the fusion break after listing, with the smallest
             # element that still makes a Ref; everything per file comes after it
             | "SpreadFiles" >> SpreadInBatches()
         )

@@ -208,6 +208,10 @@ def _messy_tree(root) -> None:
         os.symlink(str(root / "d1"), str(folder / f"link{depth}.jpg"))  # a linked folder: not descended
     write(str(root / ".git" / "objects" / "x.png"), b"h")
     write(str(root / "wide" / "b" / "c.gif"), b"gif")
+    latin1 = os.fsdecode(str(root).encode() + b"/caf\xe9")  # a folder name that is not UTF-8
+    write(os.path.join(latin1, "x.jpg"), b"xx")
+    write(os.path.join(latin1, "sub", "y.jpg"), b"yy")
+    write(os.path.join(latin1, "sub", "deeper", "z.jpg"), b"zz")
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 3])
@@ -219,13 +223,17 @@ def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
     root = tmp_path / "in"
     _messy_tree(root)
     pattern = str(root / "**")
+
     # what the listing was before: one match of root/** and one walk for the odd entries
-    expected_files = [(m.path, m.size_in_bytes) for m in FileSystems.match([pattern])[0].metadata_list]
+    def as_bytes(m):  # paths that are not UTF-8 compare as bytes (Beam's coders refuse such text)
+        return m.path.encode("utf-8", "surrogateescape"), m.size_in_bytes
+
+    expected_files = [as_bytes(m) for m in FileSystems.match([pattern])[0].metadata_list]
     expected_odd = list(_OddLocalEntries(layout(root=str(root), pattern=pattern)).process(pattern))
-    assert len(expected_files) == 15 and len(expected_odd) == 2 + 5 * 3
+    assert len(expected_files) == 15 + 3 and len(expected_odd) == 2 + 5 * 3
     with local_pipeline() as p:
         fanned = p | ListFolder(str(root), depth=depth)
-        files = fanned[FILES] | "Paths" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
+        files = fanned[FILES] | "Paths" >> beam.Map(as_bytes)
         assert_that(files, equal_to(expected_files), label="SameFiles")
         assert_that(fanned[REJECTS], equal_to(expected_odd), label="SameOddEntries")
 
