@@ -12,8 +12,17 @@ After the shards are written, a second, small pipeline runs
   which is exactly labels.txt (every listed label, in that order: the labels
   are passed as reserved tokens, so frequency never reorders them);
 - with ``--image-stats``: ``image_normalized`` = (image − mean) / std, per
-  channel, mean and std computed by TFT analyzers over the train split only;
-  they are also stored in dataset.json.
+  channel, over every pixel of every train image as ``image`` shows it
+  (resized and padded); they are also stored in dataset.json.
+
+The statistics are a distributed Beam computation (``TrainPixelStats``):
+one element per train shard, spread over the workers, each worker decoding
+its shard's images and returning per-channel moments (count, mean, M2),
+merged by a CombineGlobally. With ``--post-steps job`` it is part of the
+main job, after finalize; with the post-steps in the launcher it is its own
+pipeline on the run's runner. TFT then gets mean and std as constants, so
+its analysis needs no image at all (only the label vocabulary's rows):
+no worker re-reads the split alone.
 
 TensorFlow and TFT are imported here only, and only when analysis runs.
 """
@@ -21,13 +30,15 @@ TensorFlow and TFT are imported here only, and only when analysis runs.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import os
 import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -35,12 +46,15 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import examples
 from .examples import parse_example
-from .finalize import delete_tree
+from .finalize import delete_tree, write_text
 
 TRANSFORM_FN = "transform_fn"
 TRANSFORMED_METADATA = "transformed_metadata"
 LABEL_VOCABULARY = "label"
 _MEAN, _STD = "image_mean", "image_std"
+
+# Per-channel moments of a set of pixels: (count, mean per channel, sum of squared deviations per channel).
+Moments = tuple[int, tuple[float, ...], tuple[float, ...]]
 
 
 @contextlib.contextmanager
@@ -88,18 +102,36 @@ def raw_feature_spec(labelled: bool) -> dict[str, Any]:
     return spec
 
 
-def make_preprocessing_fn(labels: Sequence[str] | None, image_size: int, image_stats: bool) -> Callable:
-    """The TFT preprocessing_fn for this dataset (labels None = unlabelled)."""
+def decode_resized(encoded: Any, size: int) -> Any:
+    """``image``: 3 channels, float32 in [0, 1], resized with padding to size × size.
+
+    The one definition used by the TFT graph and by the pixel statistics, so
+    the statistics describe exactly the images the graph produces.
+    """
+    import tensorflow as tf
+
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    image = tf.image.convert_image_dtype(image, tf.float32)
+    return tf.image.resize_with_pad(image, size, size)
+
+
+def make_preprocessing_fn(
+    labels: Sequence[str] | None, image_size: int, pixel_stats: Mapping[str, Any] | None = None
+) -> Callable:
+    """The TFT preprocessing_fn for this dataset (labels None = unlabelled).
+
+    ``pixel_stats`` ({"image_mean": [3], "image_std": [3]}, from
+    ``TrainPixelStats``) adds ``image_normalized``; mean and std enter the
+    graph as constants.
+    """
     import tensorflow as tf
     import tensorflow_transform as tft
 
     size = int(image_size)
 
     def decode(encoded: tf.Tensor) -> tf.Tensor:
-        image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-        image.set_shape([None, None, 3])
-        image = tf.image.convert_image_dtype(image, tf.float32)
-        return tf.image.resize_with_pad(image, size, size)
+        return decode_resized(encoded, size)
 
     def preprocessing_fn(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         images = tf.map_fn(
@@ -110,10 +142,9 @@ def make_preprocessing_fn(labels: Sequence[str] | None, image_size: int, image_s
             text = inputs[examples.LABEL_TEXT]
             vocab = tft.vocabulary(text, reserved_tokens=list(labels), vocab_filename=LABEL_VOCABULARY)
             outputs["label"] = tft.apply_vocabulary(text, vocab, default_value=-1)
-        if image_stats:
-            pixels = tf.reshape(images, [-1, 3])  # every pixel is an instance: per-channel statistics
-            mean = tft.mean(pixels, reduce_instance_dims=False, name="image_mean")
-            std = tf.sqrt(tft.var(pixels, reduce_instance_dims=False, name="image_var"))
+        if pixel_stats is not None:
+            mean = tf.constant(pixel_stats[_MEAN], tf.float32)
+            std = tf.constant(pixel_stats[_STD], tf.float32)
             outputs["image_normalized"] = (images - mean) / tf.maximum(std, 1e-6)
             batch = tf.shape(images)[0]
             outputs[_MEAN] = tf.broadcast_to(mean, [batch, 3])
@@ -133,12 +164,144 @@ def _placeholder_png() -> bytes:
     return buf.getvalue()
 
 
-def _train_rows(record: bytes, labelled: bool) -> dict[str, bytes]:
-    ex = parse_example(record)
-    row = {examples.ENCODED: ex[examples.ENCODED][0]}
-    if labelled:
-        row[examples.LABEL_TEXT] = ex[examples.LABEL_TEXT][0]
-    return row
+# ---- per-channel pixel statistics of the train split, distributed ------------
+
+
+def merge_moments(a: Moments, b: Moments) -> Moments:
+    """Two (count, mean, M2) per-channel moments as one (Chan et al.'s parallel update)."""
+    (na, ma, m2a), (nb, mb, m2b) = a, b
+    if na == 0:
+        return b
+    if nb == 0:
+        return a
+    n = na + nb
+    delta = [y - x for x, y in zip(ma, mb, strict=True)]
+    mean = tuple(x + d * nb / n for x, d in zip(ma, delta, strict=True))
+    m2 = tuple(x + y + d * d * na * nb / n for x, y, d in zip(m2a, m2b, delta, strict=True))
+    return n, mean, m2
+
+
+EMPTY_MOMENTS: Moments = (0, (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+
+
+def moments_of(pixels: Any) -> Moments:
+    """(count, mean, M2) per channel of an (N, 3) array, in float64."""
+    import numpy as np
+
+    values = np.asarray(pixels, dtype=np.float64).reshape(-1, 3)
+    if not len(values):
+        return EMPTY_MOMENTS
+    mean = values.mean(axis=0)
+    m2 = ((values - mean) ** 2).sum(axis=0)
+    return len(values), tuple(float(v) for v in mean), tuple(float(v) for v in m2)
+
+
+def stats_from_moments(moments: Moments) -> dict[str, Any]:
+    """{"image_mean", "image_std" (population, as tft.var), "pixels"}."""
+    n, mean, m2 = moments
+    return {
+        _MEAN: list(mean),
+        _STD: [math.sqrt(v / n) if n else 0.0 for v in m2],
+        "pixels": n,
+    }
+
+
+class _ShardMoments(beam.DoFn):
+    """shard file → (count, mean, M2) per channel over its images, decoded and resized as ``image``."""
+
+    def __init__(self, image_size: int) -> None:
+        self._size = int(image_size)
+
+    def setup(self) -> None:
+        import_tft()
+        import tensorflow as tf
+
+        size = self._size
+        self._decode = tf.function(
+            lambda encoded: decode_resized(encoded, size), input_signature=[tf.TensorSpec([], tf.string)]
+        )
+
+    def process(self, path: str) -> Iterator[Moments]:
+        from apache_beam.io.tfrecordio import _TFRecordUtil
+
+        moments = EMPTY_MOMENTS
+        with FileSystems.open(path) as fh:  # gzip detected from the .gz name
+            while (record := _TFRecordUtil.read_record(fh)) is not None:
+                encoded = parse_example(record)[examples.ENCODED][0]
+                moments = merge_moments(moments, moments_of(self._decode(encoded).numpy()))
+        yield moments
+
+
+class MergeMoments(beam.CombineFn):
+    """Moments → the merged moments (an empty input gives zero pixels)."""
+
+    def create_accumulator(self) -> Moments:
+        return EMPTY_MOMENTS
+
+    def add_input(self, acc: Moments, moments: Moments) -> Moments:
+        return merge_moments(acc, moments)
+
+    def merge_accumulators(self, accs: Iterable[Moments]) -> Moments:
+        out = EMPTY_MOMENTS
+        for acc in accs:
+            out = merge_moments(out, acc)
+        return out
+
+    def extract_output(self, acc: Moments) -> Moments:
+        return acc
+
+
+def train_shard_paths(info: Mapping[str, Any], staging: str, output: str) -> list[str]:
+    """The train shards of a finalized run: in the staging folder, or already in the output
+    (a retried step after the run was published)."""
+    train = (info.get("splits") or {}).get("train")
+    paths = []
+    for shard in train["shards"] if train else []:
+        staged = FileSystems.join(staging, shard["file"])
+        paths.append(staged if FileSystems.exists(staged) else FileSystems.join(output, shard["file"]))
+    return paths
+
+
+class TrainPixelStats(beam.PTransform):
+    """finalize's dataset.json dict → one {"image_mean", "image_std", "pixels"} over the train split.
+
+    One element per train shard crosses a Reshuffle, so different workers
+    decode different shards; only three-number moments come back.
+    """
+
+    def __init__(self, staging: str, output: str, image_size: int) -> None:
+        super().__init__()
+        self._staging = staging
+        self._output = output
+        self._size = image_size
+
+    def expand(self, infos: beam.PCollection) -> beam.PCollection:
+        staging, output = self._staging, self._output
+        return (
+            infos
+            | "TrainShardPaths" >> beam.FlatMap(lambda info: train_shard_paths(info, staging, output))
+            | "SpreadTrainShards" >> beam.Reshuffle()
+            | "ShardMoments" >> beam.ParDo(_ShardMoments(self._size))
+            | "MergeMoments" >> beam.CombineGlobally(MergeMoments())
+            | "PixelStats" >> beam.Map(stats_from_moments)
+        )
+
+
+def compute_pixel_stats(shard_paths: Sequence[str], image_size: int, *, options: Any, runner: Any, work: str) -> dict:
+    """``TrainPixelStats`` as a pipeline of its own (post-steps in the launcher), on the run's runner."""
+    result_path = FileSystems.join(work, "pixel_stats.json")
+    with beam.Pipeline(runner=runner, options=options) as p:
+        _ = (
+            p
+            | "TrainShards" >> beam.Create(list(shard_paths))
+            | "SpreadTrainShards" >> beam.Reshuffle()
+            | "ShardMoments" >> beam.ParDo(_ShardMoments(image_size))
+            | "MergeMoments" >> beam.CombineGlobally(MergeMoments())
+            | "PixelStats" >> beam.Map(stats_from_moments)
+            | "WriteStats" >> beam.Map(lambda stats: write_text(result_path, json.dumps(stats)))
+        )
+    with FileSystems.open(result_path, compression_type="uncompressed") as fh:
+        return json.loads(fh.read().decode("utf-8"))
 
 
 def copy_tree(src_dir: str, dest: str) -> None:
@@ -162,8 +325,13 @@ def run_analysis(
     options: Any,
     runner: Any,
     temp_root: str | None = None,
+    pixel_stats: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Analyzes the written dataset, writes the TFT artifacts into ``output_dir``.
+
+    With ``image_stats``, ``pixel_stats`` is what ``TrainPixelStats``
+    computed in the job; without it (post-steps in the launcher) they are
+    computed here by a pipeline of their own on ``runner``.
 
     Returns what dataset.json records about the transform.
     """
@@ -174,12 +342,10 @@ def run_analysis(
     labels = info.get("labels")
     labelled = labels is not None
     spec = raw_feature_spec(labelled)
-    preprocessing_fn = make_preprocessing_fn(labels, image_size, image_stats)
     train = info["splits"].get("train")
     stats_split_files = [FileSystems.join(output_dir, s["file"]) for s in train["shards"]] if train else []
     if image_stats and not stats_split_files:
         raise ValueError("--image-stats needs a train split")
-    compression = "gzip" if info["compression"] == "gzip" else "uncompressed"
 
     # TFT's scratch must be shared by the workers: under --temp_location on a
     # remote runner, a local temp folder otherwise.
@@ -188,28 +354,23 @@ def run_analysis(
     else:
         work = tempfile.mkdtemp(prefix="beam_pipeline-tft-", dir=temp_root)
     try:
+        if image_stats and pixel_stats is None:
+            pixel_stats = compute_pixel_stats(stats_split_files, image_size, options=options, runner=runner, work=work)
+        preprocessing_fn = make_preprocessing_fn(labels, image_size, pixel_stats if image_stats else None)
         local_out = FileSystems.join(work, "out")
         with (
             beam.Pipeline(runner=runner, options=options) as p,
             tft_beam.Context(temp_dir=FileSystems.join(work, "tmp")),
         ):
-            if image_stats:
-                records = (
-                    p
-                    | "TrainShards" >> beam.Create(stats_split_files)
-                    | "ReadTrain" >> beam.io.ReadAllFromTFRecord(compression_type=compression)
-                )
-                rows = records | "ToRawRows" >> beam.Map(_train_rows, labelled)
-            else:
-                # Only the label vocabulary needs data, and its tokens are the
-                # label list itself: no image has to be read again. TFT runs
-                # the whole graph on each row, so each row carries a valid
-                # 1x1 placeholder image.
-                pixel = _placeholder_png()
-                seed_rows = [{examples.ENCODED: pixel, examples.LABEL_TEXT: label.encode()} for label in labels or []]
-                if not labelled:
-                    seed_rows = [{examples.ENCODED: pixel}]
-                rows = p | "LabelRows" >> beam.Create(seed_rows)
+            # Only the label vocabulary needs data, and its tokens are the
+            # label list itself: no image has to be read again (the pixel
+            # statistics are constants by now). TFT runs the whole graph on
+            # each row, so each row carries a valid 1x1 placeholder image.
+            pixel = _placeholder_png()
+            seed_rows = [{examples.ENCODED: pixel, examples.LABEL_TEXT: label.encode()} for label in labels or []]
+            if not labelled:
+                seed_rows = [{examples.ENCODED: pixel}]
+            rows = p | "LabelRows" >> beam.Create(seed_rows)
             metadata = dataset_metadata.DatasetMetadata.from_feature_spec(spec)
             transform_fn = (rows, metadata) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(local_out)
@@ -220,8 +381,12 @@ def run_analysis(
             "outputs": sorted(_outputs(local_out)),
             "label_vocabulary": LABEL_VOCABULARY if labelled else None,
         }
-        if image_stats:
-            result.update(_stats(local_out, stats_split_files[0], compression))
+        if image_stats and pixel_stats is not None:
+            result.update(
+                image_mean=[round(float(v), 6) for v in pixel_stats[_MEAN]],
+                image_std=[round(float(v), 6) for v in pixel_stats[_STD]],
+                stats_split="train",
+            )
         for name in (TRANSFORM_FN, TRANSFORMED_METADATA):
             dest = FileSystems.join(output_dir, name)
             delete_tree(dest)
@@ -238,24 +403,3 @@ def _outputs(local_out: str) -> Iterator[str]:
     import tensorflow_transform as tft
 
     yield from tft.TFTransformOutput(local_out).transformed_feature_spec()
-
-
-def _stats(local_out: str, first_shard: str, compression: str) -> dict[str, Any]:
-    """Reads the analyzer results (mean, std per channel) back out of the graph."""
-    import tensorflow as tf
-    import tensorflow_transform as tft
-
-    with FileSystems.open(first_shard) as fh:
-        from apache_beam.io.tfrecordio import _TFRecordUtil
-
-        record = _TFRecordUtil.read_record(fh)
-    ex = parse_example(record)
-    raw = {examples.ENCODED: tf.constant([ex[examples.ENCODED][0]])}
-    if examples.LABEL_TEXT in ex:
-        raw[examples.LABEL_TEXT] = tf.constant([ex[examples.LABEL_TEXT][0]])
-    out = tft.TFTransformOutput(local_out).transform_raw_features(raw, drop_unused_features=True)
-    return {
-        "image_mean": [round(float(v), 6) for v in out[_MEAN][0].numpy()],
-        "image_std": [round(float(v), 6) for v in out[_STD][0].numpy()],
-        "stats_split": "train",
-    }

@@ -5,6 +5,12 @@ sha256 — only the digest and the ref cross the shuffle — and the copy whose
 relative path sorts first is kept. The others become ``duplicate`` rejects
 naming the kept copy.
 
+The refs arrive spread over the workers (``ListInputs`` ends in a
+Reshuffle), so the hashing runs in parallel on every worker, never on the
+one that listed the folder. Which copy is kept depends only on the paths,
+not on the order or the worker the copies arrive in, so a retried bundle or
+a re-run keeps the same one.
+
     kept, rejects = refs | DropDuplicates()
 """
 
@@ -41,13 +47,25 @@ def _keyed(ref: Ref) -> tuple[str, Ref]:
     return (digest if digest is not None else f"unreadable:{ref.path}"), ref
 
 
+def _order(ref: Ref) -> tuple[str, str]:
+    return ref.relpath, ref.path
+
+
 def split_duplicates(element: tuple[str, Iterable[Ref]]) -> Iterator[Any]:
-    """(digest, refs) → the first ref by relative path; the rest as tagged duplicate rejects."""
+    """(digest, refs) → the first ref by relative path; the rest as tagged duplicate rejects.
+
+    Two passes over the grouped refs instead of sorting them: a runner may
+    stream a large group (a million copies of one blank image) from its
+    shuffle, and the passes keep only the kept ref in memory.
+    """
     _, refs = element
-    ordered = sorted(refs, key=lambda r: (r.relpath, r.path))
-    keep = ordered[0]
+    keep = min(refs, key=_order)
     yield keep
-    for other in ordered[1:]:
+    kept, passed_keep = _order(keep), False
+    for other in refs:
+        if not passed_keep and _order(other) == kept:  # a manifest may list one path twice
+            passed_keep = True
+            continue
         yield beam.pvalue.TaggedOutput(REJECTS, reject(other.path, DUPLICATE, f"same bytes as {keep.relpath}"))
 
 

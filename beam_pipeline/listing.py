@@ -162,18 +162,34 @@ def make_ref(
     return Ref(path, relpath, size, split, label, hashing.shuffle_key(relpath, cfg.seed), extras)
 
 
+def _to_listed(metadata: Any) -> tuple[bytes, int]:
+    """(path as bytes, size): what crosses the shuffle after listing.
+
+    Bytes, not text: a local name that is not valid UTF-8 (kept by Python as
+    lone surrogates) would fail Beam's UTF-8 string coder; the ref step turns
+    it into a ``bad_filename`` reject.
+    """
+    return metadata.path.encode("utf-8", "surrogateescape"), metadata.size_in_bytes
+
+
+def _from_listed(listed: tuple[bytes, int]) -> tuple[str, int]:
+    path, size = listed
+    return path.decode("utf-8", "surrogateescape"), size
+
+
 class _MatchedToRef(beam.DoFn):
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
         self._cfg = cfg
         self._layout = layout
 
-    def process(self, metadata: Any) -> Iterator[Any]:
-        relpath = relative_path(metadata.path, self._layout.root)
+    def process(self, listed: tuple[bytes, int]) -> Iterator[Any]:
+        path, size = _from_listed(listed)
+        relpath = relative_path(path, self._layout.root)
         why = skip_reason(relpath, check_extension=True)
         if why:
             yield beam.pvalue.TaggedOutput(SKIPPED, why)
             return
-        out = make_ref(metadata.path, relpath, metadata.size_in_bytes, self._cfg, self._layout)
+        out = make_ref(path, relpath, size, self._cfg, self._layout)
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 
@@ -225,6 +241,45 @@ class _ReadManifest(beam.DoFn):
             yield from enumerate(read_manifest_rows(stream, self._layout.manifest_format or "csv"))
 
 
+def stat_literal(path: str) -> Any:
+    """FileMetadata of the file at exactly ``path``, or None if there is none.
+
+    The name is taken literally: ``FileSystems.match`` would read ``[``, ``*``
+    and ``?`` as glob characters, so an existing ``a[1].jpg`` would not be
+    found. Raises on errors other than "not found" (permission, network).
+    """
+    fs = FileSystems.get_filesystem(path)
+    if "://" not in path:
+        return fs.metadata(path) if fs.exists(path) else None
+    try:
+        return fs.metadata(path)  # one request on GCS; raises BeamIOError
+    except Exception as e:
+        if any(type(c).__name__ == "NotFound" or isinstance(c, FileNotFoundError) for c in _causes(e)):
+            return None
+        raise
+
+
+# Errors a retry may cure (the storage client already retried them): they
+# fail the bundle so the runner retries it, instead of turning an existing
+# file into a permanent `missing` reject.
+_TRANSIENT = frozenset(
+    {"ServiceUnavailable", "TooManyRequests", "InternalServerError", "BadGateway", "GatewayTimeout", "RetryError"}
+)
+
+
+def _causes(e: BaseException) -> list[BaseException]:
+    """The file system errors behind a BeamIOError (it wraps them per path), or the error itself."""
+    from apache_beam.io.filesystem import BeamIOError
+
+    details = getattr(e, "exception_details", None) if isinstance(e, BeamIOError) else None
+    return [c for c in details.values() if isinstance(c, BaseException)] if details else [e]
+
+
+def is_transient(e: BaseException) -> bool:
+    """True for an error worth retrying the bundle for (server busy, connection reset, time-out)."""
+    return any(type(c).__name__ in _TRANSIENT or isinstance(c, (ConnectionError, TimeoutError)) for c in _causes(e))
+
+
 class _StatManifestRow(beam.DoFn):
     """Looks up the row's file size (one metadata call); missing files become rejects."""
 
@@ -240,12 +295,13 @@ class _StatManifestRow(beam.DoFn):
             return
         path = manifest_path_of(raw_path, self._layout)
         try:
-            matched = FileSystems.match([path])[0].metadata_list
+            found = stat_literal(path)
         except Exception as e:  # BeamIOError wraps the file system's own error
+            if is_transient(e):
+                raise  # the runner retries the bundle
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, f"cannot stat: {e}"))
             return
-        exact = [m for m in matched if m.path == path]
-        if not exact:
+        if found is None:
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, MISSING, "file does not exist"))
             return
         relpath = relative_path(path, self._layout.root)
@@ -253,7 +309,7 @@ class _StatManifestRow(beam.DoFn):
         out = make_ref(
             path,
             relpath,
-            exact[0].size_in_bytes,
+            found.size_in_bytes,
             self._cfg,
             self._layout,
             label_value=None if row.get(LABEL_COLUMN) is None else str(row.get(LABEL_COLUMN)),
@@ -266,7 +322,8 @@ class _StatManifestRow(beam.DoFn):
 class _OddLocalEntries(beam.DoFn):
     """Entries Beam's local listing passes over silently: directories named like
     images and dangling symlinks. They are listed inputs too, so they become
-    ``unreadable`` rejects instead of vanishing."""
+    ``unreadable`` rejects instead of vanishing. (Glob inputs only: a whole
+    folder finds them while listing, see ``_ListTree``.)"""
 
     def __init__(self, layout: Layout) -> None:
         self._layout = layout
@@ -280,18 +337,222 @@ class _OddLocalEntries(beam.DoFn):
         for dirpath, dirnames, filenames in os.walk(self._layout.root):
             for name in dirnames:
                 path = os.path.join(dirpath, name)
-                relpath = relative_path(path, self._layout.root)
-                if matcher.match(path) and not skip_reason(relpath, check_extension=True):
-                    yield reject(path, UNREADABLE, "is a directory")
+                if matcher.match(path):
+                    yield from _odd_directory(path, self._layout.root)
             for name in filenames:
                 path = os.path.join(dirpath, name)
-                if os.path.islink(path) and not os.path.exists(path) and matcher.match(path):
-                    if not skip_reason(relative_path(path, self._layout.root), check_extension=True):
-                        yield reject(path, UNREADABLE, f"dangling symlink to {os.readlink(path)}")
+                if matcher.match(path):
+                    yield from _odd_file(path, self._layout.root)
+
+
+def _odd_directory(path: str, root: str) -> Iterator[dict[str, str]]:
+    """A local directory (or symlink to one) that a listing passes: a reject if it is named like an input."""
+    if not skip_reason(relative_path(path, root), check_extension=True):
+        yield reject(path, UNREADABLE, "is a directory")
+
+
+def _odd_file(path: str, root: str) -> Iterator[dict[str, str]]:
+    """A local non-directory entry Beam's listing drops (it cannot be stat'ed): a dangling symlink."""
+    import os
+
+    if os.path.islink(path) and not os.path.exists(path):
+        if not skip_reason(relative_path(path, root), check_extension=True):
+            yield reject(path, UNREADABLE, f"dangling symlink to {os.readlink(path)}")
+
+
+# ---- listing a whole folder, fanned out --------------------------------------
+#
+# A folder input is listed level by level: the root's direct entries, then
+# each subfolder's direct entries (one element per folder, spread over
+# workers by a Reshuffle), and below FANOUT_DEPTH one recursive listing per
+# remaining subfolder. No worker holds the whole listing, the list calls of
+# different subfolders run on different workers, and what comes out is
+# exactly what ``fileio.MatchAll`` of ``root/**`` lists (same paths, sizes,
+# skipped entries), streamed instead of collected into one list.
+
+FILES = "files"
+# Levels listed one folder at a time before the per-subfolder recursive
+# listings: 2 covers root/{split}/{class}/ layouts such as ImageNet's.
+FANOUT_DEPTH = 2
+
+
+def lists_whole_folder(layout: Layout) -> bool:
+    """True when the input is a folder (pattern ``root/**``), which is listed fanned out."""
+    return bool(layout.pattern) and layout.pattern == FileSystems.join(layout.root, "**")
+
+
+def _bucket_and_prefix(folder: str) -> tuple[str, str]:
+    """gs://bucket/a/b → ("bucket", "a/b/"); the bucket itself → ("bucket", "")."""
+    bucket, _, prefix = folder.split("://", 1)[1].partition("/")
+    prefix = prefix.rstrip("/")
+    return bucket, prefix + "/" if prefix else ""
+
+
+class _Lister:
+    """Direct-entry and recursive listings of a local folder or a gs:// prefix.
+
+    One GCS client per instance (per DoFn instance on a worker), not per call.
+    """
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+        self._gcs: Any = None
+
+    def _client(self) -> Any:
+        if self._gcs is None:
+            # Beam's GCS file system builds its client from the options the
+            # worker was started with (emulator, credentials); reuse it.
+            self._gcs = FileSystems.get_filesystem(self._root)._gcsIO().client  # noqa: SLF001
+        return self._gcs
+
+    def one_level(self, folder: str) -> Iterator[Any]:
+        """Direct entries of ``folder``: subfolders as str, files as TaggedOutput(FILES, FileMetadata),
+        odd local entries as TaggedOutput(REJECTS, reject)."""
+        from apache_beam.io.filesystem import FileMetadata
+
+        tagged = beam.pvalue.TaggedOutput
+        if "://" in folder:
+            bucket, prefix = _bucket_and_prefix(folder)
+            pages = self._client().list_blobs(bucket, prefix=prefix, delimiter="/")
+            for blob in pages:
+                updated = blob.updated.timestamp() if blob.updated else 0.0
+                yield tagged(FILES, FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated))
+            for sub in sorted(pages.prefixes):  # complete once every page was read
+                yield f"gs://{bucket}/{sub.rstrip('/')}"
+            return
+        import os
+
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:  # as os.walk: an unreadable folder lists nothing
+            return
+        for entry in entries:
+            if entry.is_dir():  # follows symlinks, like os.walk's dirnames
+                yield from (tagged(REJECTS, r) for r in _odd_directory(entry.path, self._root))
+                if not entry.is_symlink():  # os.walk does not descend into a linked folder
+                    yield entry.path
+                continue
+            try:
+                yield tagged(FILES, FileMetadata(entry.path, os.path.getsize(entry.path), os.path.getmtime(entry.path)))
+            except OSError:
+                yield from (tagged(REJECTS, r) for r in _odd_file(entry.path, self._root))
+
+    def tree(self, folder: str) -> Iterator[Any]:
+        """Every file below ``folder`` (FileMetadata), odd local entries as TaggedOutput(REJECTS, ...)."""
+        from apache_beam.io.filesystem import FileMetadata
+
+        if "://" in folder:
+            bucket, prefix = _bucket_and_prefix(folder)
+            for blob in self._client().list_blobs(bucket, prefix=prefix):
+                updated = blob.updated.timestamp() if blob.updated else 0.0
+                yield FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated)
+            return
+        import os
+
+        tagged = beam.pvalue.TaggedOutput
+        for dirpath, dirnames, filenames in os.walk(folder):
+            for name in dirnames:
+                yield from (tagged(REJECTS, r) for r in _odd_directory(os.path.join(dirpath, name), self._root))
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                try:
+                    yield FileMetadata(path, os.path.getsize(path), os.path.getmtime(path))
+                except OSError:  # Beam's listing drops it too
+                    yield from (tagged(REJECTS, r) for r in _odd_file(path, self._root))
+
+
+def _folder_bytes(folder: str) -> bytes:
+    """A folder path as it crosses a shuffle: bytes, since a local name may not be valid UTF-8."""
+    return folder.encode("utf-8", "surrogateescape")
+
+
+def _folder_text(folder: bytes) -> str:
+    return folder.decode("utf-8", "surrogateescape")
+
+
+class _ListOneLevel(beam.DoFn):
+    """folder (bytes) → its subfolders (main, bytes), its files (FILES), odd local entries (REJECTS)."""
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+
+    def setup(self) -> None:
+        self._lister = _Lister(self._root)
+
+    def process(self, folder: bytes) -> Iterator[Any]:
+        for out in self._lister.one_level(_folder_text(folder)):
+            yield _folder_bytes(out) if isinstance(out, str) else out
+
+
+class _ListTree(beam.DoFn):
+    """folder (bytes) → every file below it (FileMetadata, streamed), odd local entries (REJECTS)."""
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+
+    def setup(self) -> None:
+        self._lister = _Lister(self._root)
+
+    def process(self, folder: bytes) -> Iterator[Any]:
+        yield from self._lister.tree(_folder_text(folder))
+
+
+class ListFolder(beam.PTransform):
+    """pbegin → {FILES: FileMetadata of every file under ``root``, REJECTS: odd local entries}."""
+
+    def __init__(self, root: str, depth: int = FANOUT_DEPTH) -> None:
+        super().__init__()
+        self._root = root
+        self._depth = depth
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
+        folders = pbegin | "Root" >> beam.Create([_folder_bytes(self._root)])
+        files, odd = [], []
+        for level in range(self._depth):
+            out = folders | f"ListLevel{level}" >> beam.ParDo(_ListOneLevel(self._root)).with_outputs(
+                FILES, REJECTS, main="folders"
+            )
+            files.append(out[FILES])
+            odd.append(out[REJECTS])
+            # one element per subfolder: different workers list different subfolders
+            folders = out.folders | f"SpreadFolders{level}" >> beam.Reshuffle()
+        trees = folders | "ListTrees" >> beam.ParDo(_ListTree(self._root)).with_outputs(REJECTS, main=FILES)
+        files.append(trees[FILES])
+        odd.append(trees[REJECTS])
+        return {
+            FILES: tuple(files) | "AllFiles" >> beam.Flatten(),
+            REJECTS: tuple(odd) | "AllOddEntries" >> beam.Flatten(),
+        }
+
+
+# Elements per batch when spreading a listing: a Reshuffle of single
+# elements costs the local runner a shuffle key and a list per element, all
+# in memory; batches cut that to the encoded elements, and 1 M files still
+# make 10,000 batches for Dataflow to spread.
+SPREAD_BATCH = 100
+
+
+class SpreadInBatches(beam.PTransform):
+    """Breaks fusion and spreads a PCollection over the workers, in batches of SPREAD_BATCH."""
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        return (
+            pcoll
+            | "Batch" >> beam.BatchElements(min_batch_size=SPREAD_BATCH, max_batch_size=SPREAD_BATCH)
+            # [element]: batches of one bundle, so a retried bundle re-sends the same elements
+            | "Reshuffle" >> beam.Reshuffle()
+            | "Unbatch" >> beam.FlatMap(lambda batch: batch)
+        )
 
 
 class ListInputs(beam.PTransform):
-    """pipeline → {"refs": Ref, "rejects": {path, reason, detail}, "skipped": reason text}."""
+    """pipeline → {"refs": Ref, "rejects": {path, reason, detail}, "skipped": reason text}.
+
+    Listed files (or manifest rows) cross a Reshuffle before any per-file
+    work: turning them into refs, the manifest's per-row lookups, dedupe's
+    hashing, planning and labels are not fused with the listing and run
+    spread over the workers.
+    """
 
     def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
         super().__init__()
@@ -306,25 +567,31 @@ class ListInputs(beam.PTransform):
                 | "ManifestPath" >> beam.Create([layout.manifest])
                 | "ReadManifest" >> beam.ParDo(_ReadManifest(layout))
                 # (row_index, row); spread the rows before the per-file lookups
-                | "SpreadRows" >> beam.Reshuffle()
+                | "SpreadRows" >> SpreadInBatches()
             )
             stat = rows | "StatRows" >> beam.ParDo(_StatManifestRow(self._cfg, layout)).with_outputs(
                 REJECTS, SKIPPED, main="refs"
             )
             return {"refs": stat.refs, REJECTS: stat[REJECTS], SKIPPED: stat[SKIPPED]}
-        glob = pbegin | "Glob" >> beam.Create([layout.pattern])
-        files = (
-            glob
-            # FileMetadata. No reshuffle here: turning metadata into refs is
-            # cheap, and the expensive work comes after the group-by-shard.
-            | "Match" >> fileio.MatchAll()
+        if lists_whole_folder(layout):
+            folder = pbegin | "ListFolder" >> ListFolder(layout.root)
+            files, odd = folder[FILES], folder[REJECTS]
+        else:  # a glob: one match, which is how far the user's pattern can be split
+            glob = pbegin | "Glob" >> beam.Create([layout.pattern])
+            files = glob | "Match" >> fileio.MatchAll()  # FileMetadata
+            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if "://" not in layout.root else None
+        spread = (
+            files
+            | "PathAndSize" >> beam.Map(_to_listed)
+            # (path bytes, size): the fusion break after listing, with the smallest
+            # element that still makes a Ref; everything per file comes after it
+            | "SpreadFiles" >> SpreadInBatches()
         )
-        listed = files | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
+        listed = spread | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
             REJECTS, SKIPPED, main="refs"
         )
         rejects = listed[REJECTS]
-        if "://" not in layout.root:
-            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout))
+        if odd is not None:
             rejects = (rejects, odd) | "ListingRejects" >> beam.Flatten()
         return {"refs": listed.refs, REJECTS: rejects, SKIPPED: listed[SKIPPED]}
 

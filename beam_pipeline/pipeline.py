@@ -122,6 +122,9 @@ def build_pipeline(
                     file_name_suffix=".gz" if cfg.compression == "gzip" else "",
                     compression_type=compression_type(cfg.compression),
                 )
+                # one element per written shard file: spread them so the
+                # record counts (a full read of each shard) run in parallel
+                | f"SpreadShardFiles_{split}" >> beam.Reshuffle()
                 | f"Describe_{split}" >> beam.Map(_describe_wtt_file, split)
             )
             per_split.append(files)
@@ -170,7 +173,15 @@ def build_pipeline(
 
         # The Reshuffle commits finalize's output before the post-steps start:
         # a failed (retried) post-step does not run finalize again.
-        _ = finalized | "AfterFinalize" >> beam.Reshuffle() | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout))
+        committed = finalized | "AfterFinalize" >> beam.Reshuffle()
+        stats = []
+        if cfg.transform and cfg.image_stats:
+            from .analysis import TrainPixelStats
+
+            # every train shard decoded on some worker; one small dict comes back
+            pixel_stats = committed | "TrainPixelStats" >> TrainPixelStats(layout.tmp_dir, cfg.output, cfg.image_size)
+            stats = [beam.pvalue.AsSingleton(pixel_stats)]
+        _ = committed | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout), *stats)
     return p
 
 

@@ -9,7 +9,9 @@ They run where ``--post-steps`` says:
   job and leaves (``--detach``), so only the job can write ``_SUCCESS``.
   The analysis then runs on that one worker, in process: without
   ``--image-stats`` it reads no image (the label vocabulary comes from the
-  label list), with it the worker re-reads the train split.
+  label list). With ``--image-stats`` the per-channel statistics come in
+  as a side input, computed by the job itself over every train shard in
+  parallel (``analysis.TrainPixelStats``): this worker reads no image.
 
 Either way the steps read and write the run's staging folder only, so a
 failure leaves an older dataset in the output untouched. In the job, a
@@ -35,9 +37,19 @@ from .finalize import OK, publish, published_run, read_json, write_text
 
 
 def run_post_steps(
-    cfg: ConvertConfig, layout: Layout, info: dict[str, Any], *, options: Any, runner: Any, temp_root: str | None
+    cfg: ConvertConfig,
+    layout: Layout,
+    info: dict[str, Any],
+    *,
+    options: Any,
+    runner: Any,
+    temp_root: str | None,
+    pixel_stats: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """TFT artifacts and TFDS metadata into the staging folder, then publish. Returns dataset.json's content."""
+    """TFT artifacts and TFDS metadata into the staging folder, then publish. Returns dataset.json's content.
+
+    ``pixel_stats``: the train split's statistics when the job computed them (``--image-stats``).
+    """
     from . import tfds_metadata
 
     staging = layout.tmp_dir
@@ -54,6 +66,7 @@ def run_post_steps(
                 options=options,
                 runner=runner,
                 temp_root=temp_root,
+                pixel_stats=pixel_stats,
             )
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {last_line(e)}") from e
@@ -74,7 +87,7 @@ class PostStepsFn(beam.DoFn):
         self._cfg = cfg
         self._layout = layout
 
-    def process(self, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def process(self, info: dict[str, Any], pixel_stats: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         cfg, layout = self._cfg, self._layout
         if info.get("status", OK) != OK:  # finalize decided: nothing to analyse or publish
             yield info
@@ -87,4 +100,12 @@ class PostStepsFn(beam.DoFn):
 
         options, runner = make_options(["--runner=DirectRunner"])
         staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
-        yield run_post_steps(cfg, layout, read_json(staging_info), options=options, runner=runner, temp_root=None)
+        yield run_post_steps(
+            cfg,
+            layout,
+            read_json(staging_info),
+            options=options,
+            runner=runner,
+            temp_root=None,
+            pixel_stats=pixel_stats,
+        )

@@ -63,10 +63,10 @@ def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
     assert env["sdkPipelineOptions"]["options"]["project"] == "my-project"
     staged = {p["name"]: p["location"] for p in pool["packages"]}
     assert "workflow.tar.gz" in staged  # the sdist of setup.py that workers install
-    # TFT is an extra: --setup_file workers that run the analysis get it from a staged requirements file
-    requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"][len(f"storage.googleapis.com/{BUCKET}/") :])
-    assert "tensorflow-transform>=1.21,<1.22" in requirements.download_as_bytes().decode()
     prefix = f"storage.googleapis.com/{BUCKET}/"
+    # TFT is an extra: --setup_file workers that run the analysis get it from the staged requirements file
+    requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"][len(prefix) :]).download_as_bytes().decode()
+    assert "tensorflow-transform==" in requirements
     sdist = gcs.bucket(BUCKET).blob(staged["workflow.tar.gz"][len(prefix) :]).download_as_bytes()
     with tarfile.open(fileobj=io.BytesIO(sdist)) as tar:
         assert any(n.endswith("beam_pipeline/poststeps.py") for n in tar.getnames())
@@ -98,3 +98,27 @@ def test_sdist_for_setup_file_carries_the_package_and_its_requirements(tmp_path)
     for requirement in ("apache-beam[gcp]", "tensorflow<3,>=2.16", "tensorflow-datasets", "pillow"):
         assert requirement in base, requirement
     assert "tensorflow-transform" not in base and "[transform]\ntensorflow<2.22,>=2.21" in requires
+
+
+def test_worker_requirements_carry_the_transform_extra_at_the_pinned_versions():
+    """Workers get setup.py without extras: the transform extra's packages must be in the worker requirements file,
+    at the version requirements/constraints.txt pins (what the tests and the Dockerfile install)."""
+    import re
+
+    pins = dict(
+        re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line).groups()
+        for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines()
+        if re.match(r"^[A-Za-z0-9_.-]+==", line)
+    )
+    workers = {}
+    for line in (REPO / "configs" / "dataflow-requirements.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.strip().split("==")
+            workers[name] = version
+    setup_text = (REPO / "setup.py").read_text()
+    extra = re.search(r"^TRANSFORM = \[([^\]]*)\]", setup_text, re.M).group(1)
+    for requirement in re.findall(r'"([A-Za-z0-9_.-]+?)[<>=\[]', extra):
+        assert requirement in workers, requirement
+        assert workers[requirement] == pins[requirement], requirement
+    assert "requirements_file: ./configs/dataflow-requirements.txt" in (REPO / "configs" / "dataflow.yaml").read_text()
+    assert '".[transform]"' in (REPO / "Dockerfile").read_text()  # the prebuilt worker image has the extra too

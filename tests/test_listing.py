@@ -20,7 +20,7 @@ from beam_pipeline.listing import (
     value_type,
 )
 
-from .conftest import local_pipeline
+from .conftest import BUCKET, local_pipeline
 from .imagegen import image_bytes, write
 
 CFG = ConvertConfig(output="/out", name="ds", input="/in")
@@ -184,3 +184,151 @@ def test_list_inputs_transform(tmp_path):
             label="Rejects",
         )
         assert_that(listed["skipped"], equal_to(["not_an_image_extension", "hidden_or_os_file"]), label="Skipped")
+
+
+# ---- folder listing fanned out: the same files and odd entries as one MatchAll ----
+
+
+def _messy_tree(root) -> None:
+    """Files at every depth, linked and odd entries at every level, names with glob characters."""
+    import os
+
+    write(str(root / "top.jpg"), b"1")
+    write(str(root / ".hidden.jpg"), b"22")
+    write(str(root / "a[1].jpg"), b"333")
+    (root / "root-dir.jpg").mkdir()
+    os.symlink(str(root / "nowhere.png"), str(root / "dangling-top.png"))
+    for depth in range(1, 6):
+        folder = root.joinpath(*[f"d{i}[x]" if i == 2 else f"d{i}" for i in range(1, depth + 1)])
+        write(str(folder / f"f{depth}.png"), b"x" * depth)
+        write(str(folder / "notes.txt"), b"t")
+        (folder / f"sub{depth}.jpg").mkdir()
+        (folder / "empty").mkdir()
+        os.symlink(str(folder / "gone.jpg"), str(folder / f"dangling{depth}.jpg"))
+        os.symlink(str(root / "d1"), str(folder / f"link{depth}.jpg"))  # a linked folder: not descended
+    write(str(root / ".git" / "objects" / "x.png"), b"h")
+    write(str(root / "wide" / "b" / "c.gif"), b"gif")
+    latin1 = os.fsdecode(str(root).encode() + b"/caf\xe9")  # a folder name that is not UTF-8
+    write(os.path.join(latin1, "x.jpg"), b"xx")
+    write(os.path.join(latin1, "sub", "y.jpg"), b"yy")
+    write(os.path.join(latin1, "sub", "deeper", "z.jpg"), b"zz")
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 3])
+def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_pipeline.listing import FILES, REJECTS, ListFolder, _OddLocalEntries
+
+    root = tmp_path / "in"
+    _messy_tree(root)
+    pattern = str(root / "**")
+
+    # what the listing was before: one match of root/** and one walk for the odd entries
+    def as_bytes(m):  # paths that are not UTF-8 compare as bytes (Beam's coders refuse such text)
+        return m.path.encode("utf-8", "surrogateescape"), m.size_in_bytes
+
+    expected_files = [as_bytes(m) for m in FileSystems.match([pattern])[0].metadata_list]
+    expected_odd = list(_OddLocalEntries(layout(root=str(root), pattern=pattern)).process(pattern))
+    assert len(expected_files) == 15 + 3 and len(expected_odd) == 2 + 5 * 3
+    with local_pipeline() as p:
+        fanned = p | ListFolder(str(root), depth=depth)
+        files = fanned[FILES] | "Paths" >> beam.Map(as_bytes)
+        assert_that(files, equal_to(expected_files), label="SameFiles")
+        assert_that(fanned[REJECTS], equal_to(expected_odd), label="SameOddEntries")
+
+
+def test_fanned_out_gcs_listing_equals_one_match(gcs):
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.listing import FILES, ListFolder
+
+    use_anonymous_gcs_for_emulator()
+    bucket = gcs.bucket(BUCKET)
+    names = ["top.jpg", "a[1].jpg", "d1/", "d1/x.png", "d1/d2/y.png", "d1/d2/d3/z.png", "d1/d2/d3/d4/w.png",
+             "e/f/g.jpg", "e/.hidden/h.jpg", "e/notes.txt"]  # fmt: skip
+    for i, name in enumerate(names):
+        bucket.blob(f"fan/in/{name}").upload_from_string(b"x" * (i + 1))
+    bucket.blob("fan/inside-not.jpg").upload_from_string(b"not under fan/in/")
+    root = f"gs://{BUCKET}/fan/in"
+    expected = [(m.path, m.size_in_bytes) for m in FileSystems.match([root + "/**"])[0].metadata_list]
+    assert len(expected) == len(names)
+    for depth in (0, 1, 2):
+        with local_pipeline() as p:
+            files = (p | ListFolder(root, depth=depth))[FILES]
+            paths = files | "Paths" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
+            assert_that(paths, equal_to(expected))
+    # the whole bucket as the input root
+    everything = [(m.path, m.size_in_bytes) for m in FileSystems.match([f"gs://{BUCKET}/**"])[0].metadata_list]
+    for depth in (0, 2):
+        with local_pipeline() as p:
+            files = (p | ListFolder(f"gs://{BUCKET}", depth=depth))[FILES]
+            paths = files | "Paths" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
+            assert_that(paths, equal_to(everything))
+
+
+def test_manifest_paths_with_glob_characters_are_stat_literally(tmp_path):
+    root = tmp_path / "in"
+    for name, size in [("a[1].jpg", 3), ("a1.jpg", 5), ("b*.jpg", 7), ("bb.jpg", 11), ("c?.jpg", 13), ("cc.jpg", 17)]:
+        write(str(root / name), b"x" * size)
+    manifest = root / "list.csv"
+    manifest.write_text("path,label\na[1].jpg,x\nb*.jpg,x\nc?.jpg,x\nd[2].jpg,x\n")
+    lay = Layout(root=str(root), pattern=None, manifest=str(manifest), manifest_format="csv", label_source="manifest")
+    with local_pipeline() as p:
+        listed = p | ListInputs(CFG, lay)
+        sizes = listed["refs"] | "Sizes" >> beam.Map(lambda r: (r.relpath, r.size))
+        assert_that(sizes, equal_to([("a[1].jpg", 3), ("b*.jpg", 7), ("c?.jpg", 13)]), label="Refs")
+        reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (r["path"], r["reason"], r["detail"]))
+        expected = [(str(root / "d[2].jpg"), "missing", "file does not exist")]
+        assert_that(reasons, equal_to(expected), label="Rejects")
+
+
+def test_gcs_manifest_paths_with_glob_characters_are_stat_literally(gcs):
+    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+
+    use_anonymous_gcs_for_emulator()
+    bucket = gcs.bucket(BUCKET)
+    for name, size in [("a[1].jpg", 3), ("a1.jpg", 5), ("b*.jpg", 7), ("c?.jpg", 13), ("cc.jpg", 17)]:
+        bucket.blob(f"lit/{name}").upload_from_string(b"x" * size)
+    bucket.blob("lit/list.csv").upload_from_string("path\na[1].jpg\nb*.jpg\nc?.jpg\nd[2].jpg\n")
+    root = f"gs://{BUCKET}/lit"
+    lay = Layout(root=root, pattern=None, manifest=f"{root}/list.csv", manifest_format="csv", label_source="none")
+    with local_pipeline() as p:
+        listed = p | ListInputs(CFG, lay)
+        sizes = listed["refs"] | "Sizes" >> beam.Map(lambda r: (r.relpath, r.size))
+        assert_that(sizes, equal_to([("a[1].jpg", 3), ("b*.jpg", 7), ("c?.jpg", 13)]), label="Refs")
+        reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (r["path"], r["reason"], r["detail"]))
+        assert_that(reasons, equal_to([(f"{root}/d[2].jpg", "missing", "file does not exist")]), label="Rejects")
+
+
+def test_convert_keeps_manifest_files_whose_names_look_like_globs(tmp_path):
+    """End to end: a[1].jpg exists and becomes a record (it used to be matched as a pattern: `missing`)."""
+    from .conftest import convert, read_records
+
+    root = tmp_path / "in"
+    names = ["a[1].jpg", "b*.png", "c?.jpg", "plain.jpg"]
+    for i, name in enumerate(names):
+        write(str(root / name), image_bytes("png" if name.endswith("png") else "jpeg", seed=i))
+    write(str(root / "a1.jpg"), image_bytes("jpeg", seed=99))  # what the pattern a[1].jpg would have matched
+    (root / "list.csv").write_text("path,label\n" + "".join(f"{n},x\n" for n in names))
+    out = tmp_path / "out"
+    convert("--manifest", str(root / "list.csv"), "--output", str(out))
+    rows = read_records(out)
+    assert sorted(r["image/filename"].decode() for r in rows) == sorted(names)
+    assert (out / "rejects.jsonl").read_text() == ""
+
+
+def test_only_transient_stat_errors_fail_the_bundle():
+    """A busy or unreachable server is retried by the runner; anything else about a row is a reject."""
+    from apache_beam.io.filesystem import BeamIOError
+    from google.api_core import exceptions as gexc
+
+    from beam_pipeline.listing import is_transient
+
+    for error in (gexc.ServiceUnavailable("busy"), gexc.TooManyRequests("slow down"), ConnectionResetError()):
+        assert is_transient(error)
+        assert is_transient(BeamIOError("Metadata operation failed", {"gs://b/x.jpg": error}))
+    for error in (gexc.NotFound("gone"), gexc.Forbidden("no"), ValueError("bad path")):
+        assert not is_transient(error)
+        assert not is_transient(BeamIOError("Metadata operation failed", {"gs://b/x.jpg": error}))

@@ -113,3 +113,38 @@ def test_a_file_name_that_is_not_utf8_is_a_reject_not_a_crash(tmp_path):
     assert len(read_records(out)) == 30
     [line] = [json.loads(x) for x in (out / "rejects.jsonl").read_text(encoding="utf-8").splitlines()]
     assert line["reason"] == "bad_filename" and line["path"].endswith("cat/caf\\xe9.jpg")
+
+
+def test_dedupe_transform_keeps_the_same_copy_whatever_the_order(tmp_path):
+    """Hashing runs per ref wherever it lands; the kept copy depends on paths only, and a path listed twice
+    (a manifest may) is kept once, its second row a duplicate."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beam_pipeline.dedupe import DropDuplicates, split_duplicates
+    from beam_pipeline.listing import Ref
+
+    from .conftest import local_pipeline
+
+    same = image_bytes("jpeg", seed=3)
+    for name in ("m/b.jpg", "k/c.jpg", "z/a.jpg"):
+        write(str(tmp_path / name), same)
+    write(str(tmp_path / "other.jpg"), image_bytes("jpeg", seed=4))
+
+    def ref(name: str) -> Ref:
+        return Ref(str(tmp_path / name), name, 1, "train", None, 0)
+
+    refs = [ref("m/b.jpg"), ref("z/a.jpg"), ref("k/c.jpg"), ref("other.jpg"), ref("k/c.jpg"), ref("gone.jpg")]
+    for ordered in (refs, refs[::-1], refs[2:] + refs[:2]):
+        with local_pipeline() as p:
+            kept, rejects = p | beam.Create(ordered) | DropDuplicates()
+            assert_that(kept | beam.Map(lambda r: r.relpath), equal_to(["k/c.jpg", "other.jpg", "gone.jpg"]))
+            assert_that(
+                rejects | "Why" >> beam.Map(lambda r: (os.path.relpath(r["path"], tmp_path), r["detail"])),
+                equal_to([(n, "same bytes as k/c.jpg") for n in ("m/b.jpg", "z/a.jpg", "k/c.jpg")]),
+                label="Duplicates",
+            )
+    # a group is read twice, never sorted: the kept ref is the minimum whatever the group's order
+    group = [ref("m/b.jpg"), ref("k/c.jpg"), ref("z/a.jpg")]
+    out = list(split_duplicates(("digest", group)))
+    assert out[0].relpath == "k/c.jpg" and len(out) == 3

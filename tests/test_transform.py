@@ -143,3 +143,50 @@ def test_detach_is_for_remote_runners_only(tmp_path):
     write(str(tmp_path / "in" / "cat" / "a.jpg"), image_bytes("jpeg"))
     result = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o"), "--detach")
     assert result.returncode == 2 and "--detach needs a remote runner" in result.stderr
+
+
+def test_pixel_moments_merge_like_one_pass():
+    from beam_pipeline.analysis import EMPTY_MOMENTS, merge_moments, moments_of, stats_from_moments
+
+    rng = np.random.default_rng(0)
+    pixels = rng.random((5000, 3)) * [1.0, 0.5, 0.1] + [0.0, 0.25, 0.9]
+    merged = EMPTY_MOMENTS
+    for part in np.split(pixels, [7, 7, 1000, 4321]):  # uneven parts, one empty
+        merged = merge_moments(merged, moments_of(part))
+    stats = stats_from_moments(merged)
+    assert stats["pixels"] == 5000
+    np.testing.assert_allclose(stats["image_mean"], pixels.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(stats["image_std"], pixels.std(axis=0), rtol=1e-12)
+
+
+def test_train_pixel_stats_transform_reads_each_shard_and_matches_dataset_json(dataset, tf):
+    """The distributed statistics (one element per train shard) over the published shards (the staging folder
+    is gone: a retried step after publishing) equal what the run recorded and a NumPy pass over the images."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that
+
+    from beam_pipeline.analysis import TrainPixelStats
+
+    from .conftest import local_pipeline
+
+    info = load_info(dataset)
+    assert info["splits"]["train"]["num_shards"] >= 1
+    recorded = info["transform"]
+    pixels = []
+    for r in reader.load(str(dataset), "train", shuffle_files=False):
+        image = tf.io.decode_image(r["image/encoded"], channels=3)
+        image = tf.image.resize_with_pad(tf.image.convert_image_dtype(image, tf.float32), SIZE, SIZE)
+        pixels.append(image.numpy().reshape(-1, 3))
+    pixels = np.concatenate(pixels)
+
+    def check(outputs):
+        [stats] = outputs
+        assert stats["pixels"] == len(pixels) == info["splits"]["train"]["examples"] * SIZE * SIZE
+        np.testing.assert_allclose(stats["image_mean"], recorded["image_mean"], atol=1e-6)
+        np.testing.assert_allclose(stats["image_std"], recorded["image_std"], atol=1e-6)
+        np.testing.assert_allclose(stats["image_mean"], pixels.mean(axis=0), atol=1e-5)
+        np.testing.assert_allclose(stats["image_std"], pixels.std(axis=0), atol=1e-5)
+
+    with local_pipeline() as p:
+        stats = p | beam.Create([info]) | TrainPixelStats(str(dataset / ".gone-staging"), str(dataset), SIZE)
+        assert_that(stats, check)
