@@ -260,8 +260,22 @@ def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
             direct.direct_running_mode = "in_memory"
         if "direct_num_workers" not in given:
             direct.direct_num_workers = 1
-        return options, FnApiRunner()
+        return options, FnApiRunner(provision_info=_provision_info(options))
     return options, None
+
+
+def _provision_info(options: PipelineOptions) -> Any:
+    """The pipeline's options for the runner's workers, as Beam's DirectRunner hands them over.
+
+    Without it, multi_processing workers (fresh processes) start with no
+    options: no GCS settings for FileSystems, no ``--beam_plugin``.
+    """
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
 
 
 class LiveProgress:

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import apache_beam as beam
+
 from .conftest import BUCKET, convert, load_info, run_cli
 from .imagegen import broken_bytes, image_bytes, write
 
@@ -151,3 +153,30 @@ def test_publish_on_gcs_finishes_after_a_crash_at_any_batch(gcs, monkeypatch):
                 break
             swept[point] = k
     assert swept == {"publish.move": 7, "publish.delete": 5, "publish.success": 1}
+
+
+class _ProjectSeenByWorker(beam.DoFn):
+    def process(self, _):
+        from apache_beam.io.filesystems import FileSystems
+        from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+        options = FileSystems._pipeline_options  # noqa: SLF001 - what Beam's GCS file system reads
+        yield None if options is None else options.view_as(GoogleCloudOptions).project
+
+
+def test_multi_processing_workers_get_the_pipeline_options(tmp_path):
+    """A fresh worker process sees the job's options (GCS settings for FileSystems), as in Beam's DirectRunner."""
+    from beam_pipeline.launcher import make_options
+
+    options, runner = make_options(
+        ["--direct_running_mode=multi_processing", "--direct_num_workers=2", "--project=probe-project"]
+    )
+    out = tmp_path / "seen"
+    with beam.Pipeline(runner=runner, options=options) as p:
+        _ = (
+            p
+            | beam.Create([1])
+            | beam.ParDo(_ProjectSeenByWorker())
+            | beam.Map(lambda v, path=str(out): open(path, "w").write(str(v)))
+        )
+    assert out.read_text() == "probe-project"

@@ -63,7 +63,7 @@ def test_image_stats_in_the_job_are_a_distributed_step_feeding_the_post_steps(tm
     steps = _producers(build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions()))
     # one element per train shard, spread before the shards are decoded
     assert steps["TrainPixelStats/ShardMoments"][0].startswith("TrainPixelStats/SpreadTrainShards/")
-    assert steps["TrainPixelStats/TrainShardPaths"] == ["Finalize"]
+    assert steps["TrainPixelStats/TrainShardPaths"] == ["AfterFinalize/RemoveRandomKeys"]  # after the fusion break
     p = build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions())
     side = {}
 
