@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import os
@@ -251,6 +252,23 @@ class Budget:
     def _take(self, nbytes: int) -> int:
         return min(max(0, nbytes), self.capacity)
 
+    def clamp(self, nbytes: int) -> int:
+        """What ``acquire(nbytes)`` actually takes: a request over the capacity takes all of it."""
+        return self._take(nbytes)
+
+    def adjust(self, delta: int) -> None:
+        """Charges ``delta`` more bytes (or gives ``-delta`` back) at once, without waiting.
+
+        For memory that already exists: a finished result larger than what its
+        read was charged. The held total may go over the capacity; then nobody
+        new is let in until enough is given back.
+        """
+        with self._cond:
+            self.held = max(0, self.held + delta)
+            self.peak = max(self.peak, self.held)
+            if delta < 0:
+                self._cond.notify_all()
+
     def try_acquire(self, nbytes: int) -> bool:
         """Takes ``nbytes`` if it fits now and nobody is waiting."""
         take = self._take(nbytes)
@@ -404,6 +422,18 @@ def _done(value: Any) -> Future:
     return future
 
 
+class _InFlight:
+    """One item of read_then_convert: what the budget holds for it until its result is taken."""
+
+    __slots__ = ("item", "charged", "future", "closed")
+
+    def __init__(self, item: Any, charged: int) -> None:
+        self.item = item
+        self.charged = charged
+        self.future: Future | None = None
+        self.closed = False
+
+
 def read_then_convert(
     items: Iterable[Any],
     read: Callable[[Any], Any],
@@ -414,34 +444,62 @@ def read_then_convert(
     window: int,
     budget: Budget,
     cost: Callable[[Any], int],
+    size: Callable[[Any], int] | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """(item, convert(item, read(item))) in input order; ``read`` may return a Rejected, which is passed through.
 
     Reads run on ``io_pool`` and each read's result is then converted on
     ``decode_pool``, so reads run ahead of decodes. An item is in flight from
     the start of its read until its result is taken: at most ``window`` items
-    and ``budget`` bytes (``cost(item)``, e.g. its listed size) at a time. When
-    the budget is short the caller's earlier results are taken first (they
-    give bytes back); only with nothing of its own in flight does it wait for
-    other writers of the process, so it never waits on itself. An exception
-    (a transient read error, a MemoryError) is raised from the result it
-    belongs to, after every byte this call held is given back.
-    """
-    pending: collections.deque[tuple[Any, int, Future]] = collections.deque()
+    and ``budget`` bytes at a time. A read is charged ``cost(item)`` (e.g. its
+    listed size) before it starts; when its result is ready the charge becomes
+    ``size(result)``, the bytes the result really holds while it waits to be
+    taken (a re-encoded image can be 20 times its file), so later reads, of
+    this writer and every other one in the process, wait for them. That
+    adjustment never waits (the bytes already exist), so no pool thread
+    blocks on the budget; the result may take the budget over its capacity,
+    and then nothing new starts until taken results give bytes back.
 
-    def start(item: Any) -> Future:
+    When the budget is short the caller's earlier results are taken first
+    (they give bytes back); only with nothing of its own in flight does it
+    wait for other writers of the process, so it never waits on itself. An
+    exception (a transient read error, a MemoryError) is raised from the
+    result it belongs to, after every byte this call held is given back.
+    """
+    pending: collections.deque[_InFlight] = collections.deque()
+    lock = threading.Lock()
+
+    def settle(entry: _InFlight, result: Any) -> Any:
+        if size is not None:
+            real = max(0, size(result))
+            with lock:
+                if not entry.closed:  # not given back already (the caller stopped early)
+                    budget.adjust(real - entry.charged)
+                    entry.charged = real
+        return result
+
+    def give_back(entry: _InFlight) -> None:
+        with lock:
+            if not entry.closed:
+                entry.closed = True
+                budget.adjust(-entry.charged)
+
+    def start(entry: _InFlight) -> Future:
         def run() -> Future:
-            data = read(item)
-            return _done(data) if isinstance(data, Rejected) else decode_pool.submit(convert, item, data)
+            data = read(entry.item)
+            if isinstance(data, Rejected):
+                return _done(settle(entry, data))
+            return decode_pool.submit(lambda: settle(entry, convert(entry.item, data)))
 
         return io_pool.submit(run)
 
     def take() -> tuple[Any, Any]:
-        item, nbytes, outer = pending.popleft()
+        entry = pending.popleft()
         try:
-            return item, outer.result().result()
+            assert entry.future is not None
+            return entry.item, entry.future.result().result()
         finally:
-            budget.release(nbytes)
+            give_back(entry)
 
     try:
         for item in items:
@@ -451,14 +509,22 @@ def read_then_convert(
                     budget.acquire(nbytes)
                     break
                 yield take()
-            pending.append((item, nbytes, start(item)))
+            entry = _InFlight(item, budget.clamp(nbytes))
+            entry.future = start(entry)
+            pending.append(entry)
         while pending:
             yield take()
     finally:
-        for _, nbytes, outer in pending:  # left behind by an exception: their bytes go back
-            outer.cancel()
-            budget.release(nbytes)
+        for entry in pending:  # left behind by an exception: their bytes go back
+            if entry.future is not None:
+                entry.future.cancel()
+            give_back(entry)
         pending.clear()
+
+
+def result_bytes(result: tuple[bytes, Prepared] | Rejected) -> int:
+    """Bytes a finished result of WriteShardFn holds while it waits: its record (a reject: nothing)."""
+    return 0 if isinstance(result, Rejected) else len(result[0]) + len(result[1].data)
 
 
 def decode_threads(requested: int) -> int:
@@ -512,7 +578,12 @@ class WriteShardFn(beam.DoFn):
                 return r
 
         def convert(ref: Ref, data: bytes) -> tuple[bytes, Prepared] | Rejected:
-            return decode_one(ref, data, label_ids, extra_types, options, self._decode_budget.hold)
+            result = decode_one(ref, data, label_ids, extra_types, options, self._decode_budget.hold)
+            if isinstance(result, Rejected):
+                return result
+            # The record holds the image bytes; the waiting result keeps no second copy of them.
+            record, prepared = result
+            return record, dataclasses.replace(prepared, data=b"")
 
         results = read_then_convert(
             ordered,
@@ -523,6 +594,7 @@ class WriteShardFn(beam.DoFn):
             window=window,
             budget=self._read_budget,
             cost=lambda ref: 0 if limit and ref.size > limit else max(ref.size, 0),  # too large: never read
+            size=result_bytes,
         )
         # closing(): if writing fails, the reads still in flight give their bytes back at once.
         with (

@@ -1,0 +1,117 @@
+"""The read budget sees what finished results really hold, and shared pools stay deadlock-free."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from beam_pipeline.writing import Budget, read_then_convert
+
+GROWTH = 20  # a small CMYK JPEG re-encoded as PNG: ~20 times its file
+
+
+def _wait_for(predicate, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
+
+
+def test_results_waiting_in_the_queue_are_charged_at_their_real_size():
+    budget = Budget(1000)
+    lock = threading.Lock()
+    real: dict[int, int] = {}  # item -> bytes it holds now (input while reading, output once converted)
+    taken: set[int] = set()
+
+    def read(i):
+        with lock:
+            real[i] = 10
+        return b"r" * 10
+
+    def convert(i, data):
+        out = data * GROWTH
+        with lock:
+            real[i] = len(out)
+        return out
+
+    def in_flight() -> int:
+        with lock:
+            return sum(n for i, n in real.items() if i not in taken)
+
+    with ThreadPoolExecutor(4) as io_pool, ThreadPoolExecutor(2) as decode_pool:
+        results = read_then_convert(
+            range(30), read, convert, io_pool, decode_pool, window=8, budget=budget, cost=lambda i: 10, size=len
+        )
+        seen = []
+        for i, out in results:
+            with lock:
+                taken.add(i)
+            seen.append((i, len(out)))
+            # Whatever else is done by now waits in the queue: the budget must be holding it.
+            assert _wait_for(lambda: budget.held >= in_flight()), (budget.held, in_flight())
+    assert seen == [(i, 10 * GROWTH) for i in range(30)]
+    assert budget.held == 0
+    assert budget.peak >= 8 * 10 * GROWTH // 2  # without the adjustment it never passes 8 reads of 10 bytes
+
+
+def test_outputs_larger_than_the_whole_budget_finish_for_two_writers_sharing_it():
+    budget = Budget(100)
+    done: dict[str, list] = {}
+
+    def writer(name: str, io_pool: ThreadPoolExecutor, decode_pool: ThreadPoolExecutor) -> None:
+        sizes = {i: (250 if i % 5 == 0 else 20) for i in range(25)}  # every 5th input alone is over the budget
+        results = read_then_convert(
+            range(25),
+            lambda i: b"r" * sizes[i],
+            lambda i, data: data * 30,  # every output is over the budget
+            io_pool,
+            decode_pool,
+            window=6,
+            budget=budget,
+            cost=sizes.__getitem__,
+            size=len,
+        )
+        done[name] = [(i, len(out)) for i, out in results]
+
+    # The pools are shared as the process-wide ones are: few decode threads for both writers.
+    with ThreadPoolExecutor(4) as io_pool, ThreadPoolExecutor(2) as decode_pool:
+        threads = [threading.Thread(target=writer, args=(n, io_pool, decode_pool), daemon=True) for n in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "read_then_convert deadlocked on the shared budget"
+    expected = [(i, (250 if i % 5 == 0 else 20) * 30) for i in range(25)]
+    assert done == {"a": expected, "b": expected}
+    assert budget.held == 0
+
+
+def test_an_early_stop_gives_back_what_results_finished_later_were_charged():
+    budget = Budget(1000)
+    release = threading.Event()
+
+    def read(i):
+        release.wait(5)
+        return b"r" * 10
+
+    with ThreadPoolExecutor(4) as io_pool, ThreadPoolExecutor(2) as decode_pool:
+        results = read_then_convert(
+            range(10),
+            read,
+            lambda i, d: d * GROWTH,
+            io_pool,
+            decode_pool,
+            window=6,
+            budget=budget,
+            cost=lambda i: 10,
+            size=len,
+        )
+        release.set()
+        next(results)
+        results.close()  # the writer failed: reads still running finish after their bytes went back
+    assert _wait_for(lambda: budget.held == 0)
+    time.sleep(0.2)
+    assert budget.held == 0
