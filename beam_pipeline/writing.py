@@ -4,7 +4,9 @@
 sorts them by shuffle key, reads them on a pool of I/O threads (more reads
 in flight than decode threads, so small objects on GCS are not
 latency-bound), decodes them on a pool of one thread per core (Pillow and
-hashlib release the GIL), takes the results in order and streams TFRecords to
+hashlib release the GIL); both pools are the process's, shared by every
+writer instance in it (a Dataflow SDK process runs one per bundle thread).
+It takes the results in order and streams TFRecords to
 a uniquely named temp file through Beam ``FileSystems``.  Finalize later gives
 the temp file its final name.
 
@@ -318,6 +320,27 @@ def process_budget(kind: str, capacity: int) -> Budget:
         return budget
 
 
+_POOLS: dict[tuple[str, int, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def process_pool(kind: str, threads: int) -> ThreadPoolExecutor:
+    """The one thread pool of this kind and size in this process, shared by every writer in it.
+
+    On Dataflow one SDK process may run a dozen writer instances at once (one
+    per bundle thread): a pool per instance would mean hundreds of threads and
+    GCS clients (one per read thread) per process. Never shut down: it lives
+    as long as the process, like its threads' clients. Keyed by process id
+    too: a forked child has none of its parent's threads.
+    """
+    key = (kind, threads, os.getpid())
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix=f"beam-pipeline-{kind}")
+        return pool
+
+
 def sdk_processes_per_machine() -> int:
     """How many processes of this job share this machine's memory budget.
 
@@ -544,13 +567,10 @@ class WriteShardFn(beam.DoFn):
         self._shards = beam.metrics.Metrics.counter(NAMESPACE, "shards_written")
 
     def setup(self) -> None:
-        self._pool = ThreadPoolExecutor(decode_threads(self._threads), thread_name_prefix="decode")
-        self._io_pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="read")
+        # Shared by the writers of this process (like the budgets); each keeps its own window.
+        self._pool = process_pool("decode", decode_threads(self._threads))
+        self._io_pool = process_pool("read", IO_THREADS)
         self._read_budget, self._decode_budget = budgets(self._image_options)
-
-    def teardown(self) -> None:
-        self._pool.shutdown(wait=False)
-        self._io_pool.shutdown(wait=False)
 
     def process(
         self,

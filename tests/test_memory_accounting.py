@@ -115,3 +115,49 @@ def test_an_early_stop_gives_back_what_results_finished_later_were_charged():
     assert _wait_for(lambda: budget.held == 0)
     time.sleep(0.2)
     assert budget.held == 0
+
+
+def test_writer_instances_of_one_process_share_its_read_and_decode_pools(tmp_path):
+    from beam_pipeline import hashing
+    from beam_pipeline.examples import parse_example
+    from beam_pipeline.listing import Ref
+    from beam_pipeline.writing import IO_THREADS, WriteShardFn, count_records
+
+    from .imagegen import image_bytes, write
+
+    fns = [WriteShardFn(str(tmp_path / "tmp"), "none", 2) for _ in range(2)]
+    for fn in fns:
+        fn.setup()
+    assert fns[0]._io_pool is fns[1]._io_pool and fns[0]._pool is fns[1]._pool
+    assert fns[0]._io_pool._max_workers == IO_THREADS
+
+    def shard(n: int) -> list[Ref]:
+        refs = []
+        for i in range(8):
+            rel = f"cat/{n}-{i}.png"
+            path = write(str(tmp_path / "in" / rel), image_bytes("png", seed=10 * n + i))
+            refs.append(Ref(path, rel, len(open(path, "rb").read()), "train", "cat", hashing.shuffle_key(rel, 0)))
+        return refs
+
+    outputs: dict[int, list] = {}
+
+    def run(n: int) -> None:  # two bundles at once in one process, as on a Dataflow worker
+        outputs[n] = list(fns[n].process((("train", n), shard(n)), ["cat"], {}))
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    for n in range(2):
+        [result] = outputs[n]
+        assert result["records"] == 8 and count_records(result["tmp_path"]) == 8
+        from apache_beam.io.tfrecordio import _TFRecordUtil
+
+        with open(result["tmp_path"], "rb") as fh:
+            names = [
+                parse_example(rec)["image/filename"][0].decode()
+                for rec in iter(lambda: _TFRecordUtil.read_record(fh), None)
+            ]
+        assert sorted(names) == sorted(f"cat/{n}-{i}.png" for i in range(8))
