@@ -146,6 +146,41 @@ def permanent_reason(error: BaseException) -> str | None:
     return None
 
 
+def permission_denied(error: BaseException) -> bool:
+    """True when ``error`` (or what it wraps) says this job may not read the file.
+
+    EACCES/EPERM locally; on GCS a 403 that is not a rate limit.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is not None:
+            return error.errno in (errno.EACCES, errno.EPERM)
+        try:
+            from google.api_core import exceptions as gexc
+        except ImportError:
+            gexc = None
+        if gexc is not None and isinstance(error, gexc.Forbidden):
+            return permanent_reason(error) == UNREADABLE
+        details = getattr(error, "exception_details", None)
+        if isinstance(details, dict) and len(details) == 1:
+            error = next(iter(details.values()))
+            continue
+        error = error.__cause__ or error.__context__
+    return False
+
+
+# A shard with at least this many refs, every one of them denied, fails its bundle (see WriteShardFn).
+DENIED_SHARD_MIN = 8
+
+
+def _storage_root(path: str) -> str:
+    """``gs://bucket`` of a GCS path; the folder of a local one: where a permission problem lives."""
+    if path.startswith("gs://"):
+        return "gs://" + path[len("gs://") :].split("/", 1)[0]
+    return os.path.dirname(path) or "."
+
+
 _THREAD = threading.local()
 
 
@@ -226,7 +261,9 @@ def read_bytes(path: str, size: int = -1, options: ImageOptions | None = None) -
         reason = permanent_reason(e)
         if reason is None:
             raise
-        raise Rejected(reason, f"{type(e).__name__}: {e}") from None
+        rejected = Rejected(reason, f"{type(e).__name__}: {e}")
+        rejected.denied = permission_denied(e)  # type: ignore[attr-defined] - read by WriteShardFn
+        raise rejected from None
     if limit and len(data) > limit:  # the file grew after it was listed
         raise Rejected(TOO_LARGE, f"{len(data)} bytes is over --max-file-mb {limit / MB:g}")
     return data
@@ -585,6 +622,7 @@ class WriteShardFn(beam.DoFn):
         # path reaches finalize, so attempts never mix.
         tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{uuid.uuid4().hex}.tfrecord")
         records = 0
+        denied: list[Rejected] = []
         label_counts: collections.Counter[str] = collections.Counter()
         converted: collections.Counter[str] = collections.Counter()
         window = max(IO_THREADS, PREFETCH_PER_THREAD * decode_threads(self._threads))
@@ -623,6 +661,8 @@ class WriteShardFn(beam.DoFn):
         ):
             for ref, result in results:
                 if isinstance(result, Rejected):
+                    if getattr(result, "denied", False):
+                        denied.append(result)
                     self._rejected.inc()
                     PROGRESS.add(rejected=1)
                     yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
@@ -636,6 +676,17 @@ class WriteShardFn(beam.DoFn):
                     label_counts[ref.label] += 1
                 if prepared.converted_from:
                     converted[prepared.converted_from] += 1
+        if len(denied) >= DENIED_SHARD_MIN and len(denied) == len(ordered):
+            # Not one image of the shard may be read: the job's account lacks access, and every
+            # image becoming an "unreadable" reject would hide that. The bundle fails, with the
+            # reason, so the job does too.
+            where = sorted({_storage_root(ref.path) for ref in ordered})
+            raise PermissionError(
+                f"permission denied reading every one of the {len(ordered)} images of shard {split}-{shard:05d} "
+                f"from {', '.join(where[:3])}{' …' if len(where) > 3 else ''}: the account the job runs as may not "
+                "read them (on GCS: grant the workers' service account storage.objects.get, e.g. "
+                f"roles/storage.objectViewer, on the bucket); first error: {denied[0].detail}"
+            )
         self._records.inc(records)
         self._shards.inc()
         PROGRESS.add(shards=1)

@@ -161,3 +161,54 @@ def test_writer_instances_of_one_process_share_its_read_and_decode_pools(tmp_pat
                 for rec in iter(lambda: _TFRecordUtil.read_record(fh), None)
             ]
         assert sorted(names) == sorted(f"cat/{n}-{i}.png" for i in range(8))
+
+
+def _denied_refs(n: int, bucket: str = "secret-bucket") -> list:
+    from beam_pipeline import hashing
+    from beam_pipeline.listing import Ref
+
+    return [
+        Ref(f"gs://{bucket}/cat/{i}.jpg", f"cat/{i}.jpg", 1000, "train", "cat", hashing.shuffle_key(f"{i}", 0))
+        for i in range(n)
+    ]
+
+
+def _forbid_every_read(monkeypatch) -> None:
+    from google.api_core import exceptions as gexc
+
+    from beam_pipeline import writing
+
+    def forbidden(path, size, options):
+        raise gexc.Forbidden(f"GET {path}: sa@p.iam.gserviceaccount.com does not have storage.objects.get access")
+
+    monkeypatch.setattr(writing, "_read_gcs", forbidden)
+
+
+def test_a_shard_whose_every_read_is_forbidden_fails_naming_the_bucket(tmp_path, monkeypatch):
+    import pytest
+
+    from beam_pipeline.writing import WriteShardFn
+
+    _forbid_every_read(monkeypatch)
+    fn = WriteShardFn(str(tmp_path / "tmp"), "none", 2)
+    fn.setup()
+    with pytest.raises(PermissionError) as err:
+        list(fn.process((("train", 3), _denied_refs(10)), ["cat"], {}))
+    message = str(err.value)
+    assert "gs://secret-bucket" in message and "permission denied" in message and "train-00003" in message
+    assert "roles/storage.objectViewer" in message and "storage.objects.get access" in message
+    assert fn._read_budget.held == 0
+
+
+def test_a_few_forbidden_files_are_still_rejects(tmp_path, monkeypatch):
+    from beam_pipeline.listing import REJECTS
+    from beam_pipeline.writing import DENIED_SHARD_MIN, WriteShardFn
+
+    _forbid_every_read(monkeypatch)
+    fn = WriteShardFn(str(tmp_path / "tmp"), "none", 2)
+    fn.setup()
+    out = list(fn.process((("train", 0), _denied_refs(DENIED_SHARD_MIN - 1)), ["cat"], {}))
+    rejects = [o.value["reason"] for o in out if getattr(o, "tag", None) == REJECTS]
+    assert rejects == ["unreadable"] * (DENIED_SHARD_MIN - 1)
+    [result] = [o for o in out if isinstance(o, dict)]
+    assert result["records"] == 0
