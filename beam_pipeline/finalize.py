@@ -361,7 +361,8 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         raise FileNotFoundError(f"{staging}: no {metadata.DATASET_JSON} to publish")
     old = _output_sizes(out_dir)
     stale = sorted(rel for rel in old if _is_published_name(rel) and rel not in staged)
-    return {"files": dict(sorted(staged.items())), "stale": stale, "complete": complete}
+    run_id = read_json(FileSystems.join(staging, metadata.DATASET_JSON)).get("run_id")
+    return {"files": dict(sorted(staged.items())), "stale": stale, "complete": complete, "run_id": run_id}
 
 
 def _read_manifest(staging: str) -> dict[str, Any] | None:
@@ -391,6 +392,30 @@ def _write_manifest(staging: str, manifest: Mapping[str, Any]) -> None:
     else:
         write_text(path + ".part", text)
         os.replace(path + ".part", path)
+
+
+class PublishConflict(RuntimeError):
+    """Another run published into the same output while this one was publishing."""
+
+
+def _check_still_ours(out_dir: str, run_id: str | None) -> None:
+    """Raises PublishConflict unless the output's dataset.json is still this run's.
+
+    Two runs publishing into one output at once can leave files of both; the
+    last check before ``_SUCCESS`` is that the dataset.json there is the one
+    this run moved. Then no ``_SUCCESS`` marks a mix complete (the other run's
+    own check fails the same way, or it finished first and this one is the
+    stale one). A narrow guard, not a lock: one run per output at a time.
+    """
+    if not run_id:  # a manifest from before run ids were recorded
+        return
+    there = read_json(FileSystems.join(out_dir, metadata.DATASET_JSON)).get("run_id")
+    if there != run_id:
+        raise PublishConflict(
+            f"another run ({there}) published into {out_dir} while run {run_id} was publishing; not writing "
+            f"{metadata.SUCCESS}: the folder may mix both runs' files. Run one conversion per output at a time "
+            "and run again."
+        )
 
 
 def publish(staging: str, out_dir: str, complete: bool = True) -> None:
@@ -440,6 +465,7 @@ def publish(staging: str, out_dir: str, complete: bool = True) -> None:
         )
     if manifest.get("complete", True):
         failpoints.hit("publish.success")
+        _check_still_ours(out_dir, manifest.get("run_id"))
         write_text(success, "")
     cleanup_staging(staging, out_dir)
 

@@ -406,3 +406,29 @@ def test_a_manifest_that_cannot_be_read_fails_the_publish_instead_of_planning_ag
     monkeypatch.setattr(finalize, "read_json", unavailable)
     with pytest.raises(ConnectionResetError):
         finalize.publish(str(staging), str(tmp_path / "out"))
+
+
+def test_a_run_published_over_mid_publish_writes_no_success(tmp_path, monkeypatch):
+    """Run B's publish, with run A's dataset.json put back right before B's last check: no _SUCCESS."""
+    from beam_pipeline import finalize
+
+    out = tmp_path / "out"
+    run_until_finalized(_job(tmp_path / "in-a", out, OLD_RUN, 1, post_steps=False), lambda: None)
+    assert (out / "_SUCCESS").exists()
+    theirs = (out / "dataset.json").read_bytes()
+    real_hit = failpoints.hit
+
+    def interleave(point: str) -> None:
+        if point == "publish.success":  # run A publishes again, its dataset.json last
+            (out / "dataset.json").write_bytes(theirs)
+        real_hit(point)
+
+    monkeypatch.setattr(failpoints, "hit", interleave)
+    job = _job(tmp_path / "in-b", out, NEW_RUN, 1, post_steps=False)
+    with pytest.raises(finalize.PublishConflict, match=f"another run \\({OLD_RUN}\\) published into .* {NEW_RUN}"):
+        run_until_finalized(job, lambda: None)
+    assert not (out / "_SUCCESS").exists()
+    # A retry of the step (Dataflow's) fails the same way: the job fails, nothing marks the mix complete.
+    with pytest.raises(finalize.PublishConflict):
+        run_until_finalized(job, lambda: None)
+    assert not (out / "_SUCCESS").exists()
