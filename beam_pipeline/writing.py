@@ -275,10 +275,16 @@ def read_bytes(path: str, size: int = -1, options: ImageOptions | None = None) -
 class Budget:
     """Bytes in flight in one process: taken before work, given back after.
 
-    Requests are served first come, first served; one larger than the whole
-    budget waits until nothing else is held and then runs alone. A holder
-    never waits for another budget while holding this one, so it cannot
-    deadlock.
+    Waiting requests (``acquire``) are served first come, first served; one
+    larger than the whole budget waits until nothing else is held and then
+    runs alone. A holder never waits for another budget while holding this
+    one, so it cannot deadlock.
+
+    ``try_acquire`` (a writer's read-ahead, which never waits) may pass the
+    first waiter, but only by one capacity's worth of bytes in all while that
+    waiter waits: enough that one writer waiting for a large file does not
+    stall every other writer's reads at once, and bounded, so the stream of
+    small reads dries up and the waiter's bytes do come free (no starvation).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -287,6 +293,7 @@ class Budget:
         self.peak = 0
         self._cond = threading.Condition()
         self._queue: collections.deque[object] = collections.deque()
+        self._passed = 0  # bytes try_acquire let past the first waiter since it became first
 
     def _take(self, nbytes: int) -> int:
         return min(max(0, nbytes), self.capacity)
@@ -309,11 +316,15 @@ class Budget:
                 self._cond.notify_all()
 
     def try_acquire(self, nbytes: int) -> bool:
-        """Takes ``nbytes`` if it fits now and nobody is waiting."""
+        """Takes ``nbytes`` if it fits now and no waiter has been passed by a capacity's worth already."""
         take = self._take(nbytes)
         with self._cond:
-            if self._queue or self.held + take > self.capacity:
+            if self.held + take > self.capacity:
                 return False
+            if self._queue:
+                if self._passed + take > self.capacity:
+                    return False
+                self._passed += take
             self.held += take
             self.peak = max(self.peak, self.held)
             return True
@@ -326,6 +337,7 @@ class Budget:
             while self._queue[0] is not ticket or self.held + take > self.capacity:
                 self._cond.wait()
             self._queue.popleft()
+            self._passed = 0  # the next waiter's allowance starts now
             self.held += take
             self.peak = max(self.peak, self.held)
             self._cond.notify_all()

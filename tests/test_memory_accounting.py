@@ -212,3 +212,55 @@ def test_a_few_forbidden_files_are_still_rejects(tmp_path, monkeypatch):
     assert rejects == ["unreadable"] * (DENIED_SHARD_MIN - 1)
     [result] = [o for o in out if isinstance(o, dict)]
     assert result["records"] == 0
+
+
+def _waiting_for(budget: Budget, nbytes: int) -> tuple[threading.Thread, threading.Event]:
+    served = threading.Event()
+
+    def wait() -> None:
+        budget.acquire(nbytes)
+        served.set()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    assert _wait_for(lambda: len(budget._queue) == 1 or served.is_set())
+    return waiter, served
+
+
+def test_read_ahead_may_pass_a_waiting_large_request_by_one_budget_at_most():
+    budget = Budget(100)
+    assert budget.try_acquire(60)
+    waiter, served = _waiting_for(budget, 80)  # a writer with nothing in flight, waiting for a large file
+    for _ in range(3):  # other writers keep reading while it waits: 90 bytes past it ...
+        assert budget.try_acquire(30)
+        budget.release(30)
+    assert not budget.try_acquire(30)  # ... then they stop, so its bytes come free
+    assert not served.is_set()
+    budget.release(60)
+    assert served.wait(5) and budget.held == 80
+    assert budget.try_acquire(20) and not budget.try_acquire(1)
+    waiter.join(5)
+
+
+def test_a_stream_of_small_reads_never_starves_a_waiting_large_one():
+    budget = Budget(100)
+    stop = threading.Event()
+
+    def reader() -> None:  # a writer reading small files back to back, never waiting
+        while not stop.is_set():
+            if budget.try_acquire(10):
+                time.sleep(0.001)
+                budget.release(10)
+
+    readers = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
+    for t in readers:
+        t.start()
+    try:
+        waiter, served = _waiting_for(budget, 95)
+        assert served.wait(20), "the large request starved behind small reads"
+        budget.release(95)
+    finally:
+        stop.set()
+        for t in readers:
+            t.join(5)
+    assert budget.held == 0
