@@ -16,9 +16,11 @@ and decoded pixels in flight each have a per-process budget (``Budget``;
 of a worker VM). A file over ``--max-file-mb`` (from the listing) is never
 read; a large file's head is read and checked first.
 
-Errors: a missing file or one this job may not read is a reject; any other
-I/O error (a GCS 429/503, a reset connection, an expired token) fails the
-bundle so the runner retries it: a transient error must not drop an image.
+Errors: a missing file or one this job may not read is a reject (but a shard
+of 8 or more refs that are all denied fails: the job's account lacks access,
+and the error names the bucket); any other I/O error (a GCS 429/503, a
+reset connection, an expired token) fails the bundle so the runner retries
+it: a transient error must not drop an image.
 
     (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "records", "bytes", "labels"}
                          └──► rejects: {"path", "reason", "detail"}
@@ -634,7 +636,7 @@ class WriteShardFn(beam.DoFn):
         # path reaches finalize, so attempts never mix.
         tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{uuid.uuid4().hex}.tfrecord")
         records = 0
-        denied: list[Rejected] = []
+        denied, first_denied = 0, ""  # reads refused for permission (not the tracebacks: a shard may have 100k)
         label_counts: collections.Counter[str] = collections.Counter()
         converted: collections.Counter[str] = collections.Counter()
         window = max(IO_THREADS, PREFETCH_PER_THREAD * decode_threads(self._threads))
@@ -674,7 +676,8 @@ class WriteShardFn(beam.DoFn):
             for ref, result in results:
                 if isinstance(result, Rejected):
                     if getattr(result, "denied", False):
-                        denied.append(result)
+                        denied += 1
+                        first_denied = first_denied or result.detail
                     self._rejected.inc()
                     PROGRESS.add(rejected=1)
                     yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
@@ -688,7 +691,7 @@ class WriteShardFn(beam.DoFn):
                     label_counts[ref.label] += 1
                 if prepared.converted_from:
                     converted[prepared.converted_from] += 1
-        if len(denied) >= DENIED_SHARD_MIN and len(denied) == len(ordered):
+        if denied >= DENIED_SHARD_MIN and denied == len(ordered):
             # Not one image of the shard may be read: the job's account lacks access, and every
             # image becoming an "unreadable" reject would hide that. The bundle fails, with the
             # reason, so the job does too.
@@ -697,7 +700,7 @@ class WriteShardFn(beam.DoFn):
                 f"permission denied reading every one of the {len(ordered)} images of shard {split}-{shard:05d} "
                 f"from {', '.join(where[:3])}{' …' if len(where) > 3 else ''}: the account the job runs as may not "
                 "read them (on GCS: grant the workers' service account storage.objects.get, e.g. "
-                f"roles/storage.objectViewer, on the bucket); first error: {denied[0].detail}"
+                f"roles/storage.objectViewer, on the bucket); first error: {first_denied}"
             )
         self._records.inc(records)
         self._shards.inc()
