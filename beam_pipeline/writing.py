@@ -192,16 +192,23 @@ def _gcs() -> Any:
     Beam's GCSFileSystem makes a new GcsIO, hence a new storage.Client and a
     new connection pool, on every open, and its reader fetches the object's
     metadata before its bytes: two round trips and a TLS handshake per image.
+    The read threads live as long as the process (process_pool), so a client
+    is rebuilt when the options (a later pipeline in the same process) or the
+    emulator endpoint changed.
     """
-    client = getattr(_THREAD, "gcsio", None)
-    if client is None:
-        from apache_beam.io.gcp import gcsio, gcsio_retry
-        from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions
 
-        # The options FileSystems.set_options gave this worker (Beam's GCS file system reads them the same way).
-        options = getattr(FileSystems, "_pipeline_options", None) or PipelineOptions()
-        client = _THREAD.gcsio = gcsio.GcsIO(pipeline_options=options)
-        _THREAD.retry = gcsio_retry.get_retry(options)
+    # The options FileSystems.set_options gave this worker (Beam's GCS file system reads them the same way).
+    options = getattr(FileSystems, "_pipeline_options", None)
+    made_for = (options, os.environ.get("STORAGE_EMULATOR_HOST"))
+    client = getattr(_THREAD, "gcsio", None)
+    old = getattr(_THREAD, "made_for", None)
+    if client is None or old is None or old[0] is not made_for[0] or old[1] != made_for[1]:
+        from apache_beam.io.gcp import gcsio, gcsio_retry
+
+        client = _THREAD.gcsio = gcsio.GcsIO(pipeline_options=options or PipelineOptions())
+        _THREAD.retry = gcsio_retry.get_retry(options or PipelineOptions())
+        _THREAD.made_for = made_for
     return client
 
 

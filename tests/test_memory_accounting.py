@@ -264,3 +264,18 @@ def test_a_stream_of_small_reads_never_starves_a_waiting_large_one():
         for t in readers:
             t.join(5)
     assert budget.held == 0
+
+
+def test_a_read_threads_gcs_client_follows_the_emulator_endpoint(gcs, monkeypatch):
+    """Read threads outlive a pipeline now: a later one with other GCS settings gets a new client."""
+    import os
+
+    from beam_pipeline import writing
+    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+
+    use_anonymous_gcs_for_emulator()
+    with ThreadPoolExecutor(1) as thread:  # one read thread, as the process pool's live on
+        first = thread.submit(writing._gcs).result()
+        assert thread.submit(writing._gcs).result() is first  # built once per thread
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", os.environ["STORAGE_EMULATOR_HOST"].rstrip("/") + "/")
+        assert thread.submit(writing._gcs).result() is not first
