@@ -18,7 +18,7 @@ Errors: a missing file or one this job may not read is a reject; any other
 I/O error (a GCS 429/503, a reset connection, an expired token) fails the
 bundle so the runner retries it: a transient error must not drop an image.
 
-    (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "records", "bytes", "labels"}
+    (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "index_path", "records", "bytes", "labels"}
                          └──► rejects: {"path", "reason", "detail"}
 """
 
@@ -41,7 +41,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from . import examples, failpoints
+from . import examples, failpoints, index
 from .images import (
     DECODE_ERROR,
     MISSING,
@@ -497,7 +497,10 @@ class WriteShardFn(beam.DoFn):
         label_ids = {label: i for i, label in enumerate(labels)}
         # A retried bundle writes a new temp file; only the committed attempt's
         # path reaches finalize, so attempts never mix.
-        tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{uuid.uuid4().hex}.tfrecord")
+        attempt = uuid.uuid4().hex
+        tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{attempt}.tfrecord")
+        index_path = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{split}-{shard:05d}-{attempt}.jsonl")
+        offset = 0  # in the uncompressed stream
         records = 0
         label_counts: collections.Counter[str] = collections.Counter()
         converted: collections.Counter[str] = collections.Counter()
@@ -528,6 +531,7 @@ class WriteShardFn(beam.DoFn):
         with (
             contextlib.closing(results),
             FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out,
+            FileSystems.create(index_path, compression_type=CompressionTypes.UNCOMPRESSED) as index_out,
         ):
             for ref, result in results:
                 if isinstance(result, Rejected):
@@ -539,6 +543,10 @@ class WriteShardFn(beam.DoFn):
                 record, prepared = result
                 failpoints.hit("writer.record")
                 _TFRecordUtil.write_record(out, record)
+                label_id = label_ids[ref.label] if ref.label is not None else None
+                sha = hashlib.sha256(prepared.data).hexdigest()
+                index_out.write(index.part_line(ref, records, offset, len(record), sha, label_id).encode("utf-8"))
+                offset += len(record) + index.FRAME_OVERHEAD
                 records += 1
                 if ref.label is not None:
                     label_counts[ref.label] += 1
@@ -553,6 +561,7 @@ class WriteShardFn(beam.DoFn):
             "split": split,
             "shard": shard,
             "tmp_path": tmp_path,
+            "index_path": index_path,
             "records": records,
             "bytes": size,
             "labels": dict(sorted(label_counts.items())),

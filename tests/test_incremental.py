@@ -1,0 +1,63 @@
+"""The per-file index (index.jsonl) and incremental runs (--incremental-from), end to end through the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from beam_pipeline.index import read_record_at
+
+from .conftest import convert, load_info, read_records
+from .imagegen import image_bytes, write
+
+ARGS = ["--split-ratios", "train=0.7,test=0.3", "--seed", "3", "--target-shard-mb", "0.004"]
+
+
+def make_images(root: Path, labels: dict[str, int], start: int = 0) -> None:
+    for li, (label, n) in enumerate(sorted(labels.items())):
+        for i in range(start, start + n):
+            write(
+                str(root / label / f"{label}_{i:03d}.png"),
+                image_bytes("png", height=20 + i, width=24, seed=li * 97 + i),
+            )
+
+
+def index_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+
+
+def test_index_offsets_read_each_record_back(tmp_path, tf):
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_images(src, {"cat": 9, "dog": 8})
+    write(str(src / "dog" / "broken.png"), b"not an image")
+    convert("--input", str(src), "--output", str(out), *ARGS, "--max-reject-fraction", "1")
+    info, entries = load_info(out), index_of(out)
+    records = read_records(out)
+    assert len(entries) == len(records) == info["examples"] == 17
+    assert "dog/broken.png" not in {e["path"] for e in entries}  # rejects are not indexed
+    # shard order, then record order: the same order as the records
+    assert [(e["shard"], e["path"]) for e in entries] == [(r["_shard"], r["image/filename"].decode()) for r in records]
+    labels = (out / "labels.txt").read_text().split()
+    for entry, row in zip(entries, records, strict=True):
+        src_file = src / entry["path"]
+        assert entry["size"] == src_file.stat().st_size
+        assert entry["mtime"] == pytest.approx(src_file.stat().st_mtime)
+        assert entry["split"] == row["_split"]
+        assert entry["label"] == row["image/class/text"].decode() == labels[entry["label_id"]]
+        assert entry["label_id"] == row["image/class/label"]
+        assert entry["sha256"] == row["image/key/sha256"].decode() == hashlib.sha256(row["image/encoded"]).hexdigest()
+        with open(out / entry["shard"], "rb") as fh:
+            raw = read_record_at(fh, entry["offset"])
+        assert len(raw) == entry["length"]
+        example = tf.train.Example.FromString(raw)
+        assert example.features.feature["image/filename"].bytes_list.value[0].decode() == entry["path"]
+    per_shard: dict[str, list[int]] = {}
+    for e in entries:
+        per_shard.setdefault(e["shard"], []).append(e["record"])
+    assert all(v == list(range(len(v))) for v in per_shard.values())
+    assert {s["file"]: s["records"] for split in info["splits"].values() for s in split["shards"]} == {
+        k: len(v) for k, v in per_shard.items()
+    }
