@@ -25,7 +25,11 @@ from .writing import DecodeFn, WriteShardFn, compression_type, count_records
 
 
 class CollectLabels(beam.PTransform):
-    """refs → one element: the label list (line k = id k), or [] for an unlabelled run."""
+    """refs → one element: the label list (line k = id k), or [] for an unlabelled run.
+
+    Sorted, unless ``--labels-file`` fixes the order or ``--incremental-from``
+    gives earlier ids to keep (``stable_labels``).
+    """
 
     def __init__(self, layout: Layout) -> None:
         super().__init__()
@@ -41,8 +45,18 @@ class CollectLabels(beam.PTransform):
             | "Labelled" >> beam.Filter(lambda label: label is not None)
             | "DistinctLabels" >> beam.Distinct()
             | "AllLabels" >> beam.combiners.ToList()
-            | "SortLabels" >> beam.Map(sorted)
+            | "SortLabels" >> beam.Map(stable_labels, self._layout.prior_labels or ())
         )
+
+
+def stable_labels(found: list[str], prior: tuple[str, ...] = ()) -> list[str]:
+    """The label list: an earlier run's labels keep their ids (line k = id k), new ones follow, sorted.
+
+    A label of the earlier run that no longer has images keeps its id too: a
+    model trained on yesterday's ids stays valid.
+    """
+    known = set(prior)
+    return [*prior, *sorted(label for label in set(found) if label not in known)]
 
 
 def _split_label_counts(pairs: list[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:

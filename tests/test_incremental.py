@@ -10,7 +10,7 @@ import pytest
 
 from beam_pipeline.index import read_record_at
 
-from .conftest import convert, load_info, read_records
+from .conftest import convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
 
 ARGS = ["--split-ratios", "train=0.7,test=0.3", "--seed", "3", "--target-shard-mb", "0.004"]
@@ -61,3 +61,36 @@ def test_index_offsets_read_each_record_back(tmp_path, tf):
     assert {s["file"]: s["records"] for split in info["splits"].values() for s in split["shards"]} == {
         k: len(v) for k, v in per_shard.items()
     }
+
+
+def test_label_ids_stay_and_new_labels_follow(tmp_path):
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"dog": 3, "emu": 3})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    assert (first / "labels.txt").read_text() == "dog\nemu\n"
+    make_images(src, {"ant": 2, "cat": 2})  # sort before the old labels
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    assert (second / "labels.txt").read_text() == "dog\nemu\nant\ncat\n"
+    ids = {r["image/class/text"].decode(): r["image/class/label"] for r in read_records(second)}
+    assert ids == {"dog": 0, "emu": 1, "ant": 2, "cat": 3}
+    assert load_info(second)["labels"] == ["dog", "emu", "ant", "cat"]
+
+
+def test_incremental_from_must_be_a_complete_dataset(tmp_path):
+    src, first = tmp_path / "src", tmp_path / "first"
+    make_images(src, {"dog": 2})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+
+    def usage(previous: Path) -> str:
+        result = run_cli(
+            "convert", "--input", str(src), "--output", str(tmp_path / "o"), "--incremental-from", str(previous)
+        )
+        assert result.returncode == 2, result
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return result.stderr
+
+    assert "no _SUCCESS" in usage(tmp_path / "nothing")
+    (first / "labels.txt").unlink()
+    assert "no labels.txt" in usage(first)
+    (first / "_SUCCESS").unlink()
+    assert "no _SUCCESS" in usage(first)
