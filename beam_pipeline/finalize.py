@@ -478,6 +478,23 @@ def published_run(out_dir: str, staging: str, run_id: str) -> dict[str, Any] | N
     return info
 
 
+def incremental_summary(
+    previous: str, changes: Mapping[str, int], layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]]
+) -> dict[str, Any]:
+    """What an ``--incremental-from`` run took from the previous dataset, for dataset.json and ``inspect``.
+
+    Listed files: ``added`` (not in the previous index), ``changed`` (size or
+    mtime differ), ``unchanged``; ``dropped``: previous records whose file is
+    no longer listed. Records: ``reused`` (copied, not read or decoded) and
+    ``converted`` (the rest; an unchanged file whose label id or extra
+    columns differ is converted again).
+    """
+    records = sum(r["records"] for files in layout.values() for _, r in files)
+    reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
+    counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
+    return {"from": previous, "reused": reused, "converted": records - reused, **counts}
+
+
 def write_dataset_index(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> None:
     """index.jsonl from the chosen shards' index parts, in published shard order.
 
@@ -517,6 +534,7 @@ class FinalizeFn(beam.DoFn):
         labels: Sequence[str],
         extra_types: Mapping[str, str],
         split_label_counts: Mapping[str, Mapping[str, int]],
+        changes: Mapping[str, int] | None = None,
     ) -> Iterator[dict[str, Any]]:
         cfg, out_dir, staging = self._cfg, self._cfg.output, self._layout.tmp_dir
         done = published_run(out_dir, staging, self._layout.run_id)
@@ -551,6 +569,8 @@ class FinalizeFn(beam.DoFn):
             sink=cfg.sink,
         )
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
+        if self._layout.previous:
+            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout)
         info["status"] = outcome(info["examples"], sum(rejects_by_reason.values()), cfg.max_reject_fraction)
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"

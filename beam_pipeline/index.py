@@ -22,12 +22,15 @@ line at a time, on both sides.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
-from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, NamedTuple
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from .listing import Ref
@@ -107,3 +110,155 @@ def read_record_at(fh: IO[bytes], offset: int) -> bytes:
 def unchanged(entry: Mapping[str, Any], ref: Ref) -> bool:
     """The previous run's entry describes this very file: same relative path, size and mtime."""
     return entry.get("path") == ref.relpath and entry.get("size") == ref.size and entry.get("mtime") == ref.mtime
+
+
+# ---- incremental runs ------------------------------------------------------------------------
+
+# Settings that shape a record's bytes (images.ImageOptions): a previous run's
+# records are reused only when all of them are the same.
+RECORD_POLICY_KEYS = (
+    "max_pixels",
+    "max_total_pixels",
+    "max_frames",
+    "max_file_mb",
+    "min_size",
+    "apply_exif_orientation",
+    "strip_exif",
+    "resize_max_side",
+    "reencode",
+    "on_unsupported",
+)
+# Versions whose change may change what a file decodes to.
+RECORD_VERSION_KEYS = ("beam_pipeline", "pillow")
+ADDED, CHANGED, UNCHANGED, DROPPED = "added", "changed", "unchanged", "dropped"
+
+
+class Previous(NamedTuple):
+    """Where a previous run stored an unchanged file's record, and what went into it."""
+
+    shard: str  # full path of the previous shard
+    offset: int
+    length: int
+    sha256: str
+    label: str | None
+    label_id: int | None
+    extras: str
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """A previous output whose records may be copied (``reusable_run`` checked the run-wide conditions)."""
+
+    output: str
+    features: Mapping[str, Any]  # its dataset.json feature spec: the extra columns' types must match
+
+
+def reusable_run(previous: str, info: Mapping[str, Any], config: Mapping[str, Any]) -> PreviousRun | None:
+    """A PreviousRun when the previous run's records can be this run's, else None (everything is converted).
+
+    Its shards must be uncompressed (a record is read at its offset), and its
+    image policy and beam_pipeline/Pillow versions the same as this run's.
+    """
+    from . import metadata
+
+    old = info.get("config") or {}
+    if info.get("compression") != "none" or any(old.get(k) != config.get(k) for k in RECORD_POLICY_KEYS):
+        return None
+    versions = info.get("versions") or {}
+    now = metadata.package_versions()
+    if any(versions.get(k) != now.get(k) for k in RECORD_VERSION_KEYS):
+        return None
+    return PreviousRun(previous, dict(info.get("features") or {}))
+
+
+def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
+    return Previous(
+        FileSystems.join(output, entry["shard"]),
+        int(entry["offset"]),
+        int(entry["length"]),
+        str(entry["sha256"]),
+        entry.get("label"),
+        entry.get("label_id"),
+        str(entry.get("extras", "")),
+    )
+
+
+def reusable_record(ref: Ref, label_ids: Mapping[str, int]) -> bool:
+    """The previous record of ``ref`` is byte for byte what converting it now would write.
+
+    The file is unchanged (the join attached ``ref.previous`` only then);
+    its label text and id, and its extra columns, must be too.
+    """
+    prev = ref.previous
+    if prev is None:
+        return False
+    label_id = label_ids.get(ref.label) if ref.label is not None else None
+    return prev.label == ref.label and prev.label_id == label_id and prev.extras == extras_digest(ref)
+
+
+def read_previous(prev: Previous) -> bytes:
+    """The previous record's bytes, read at its offset; checked against the index's length."""
+    with FileSystems.open(prev.shard, compression_type="uncompressed") as fh:
+        data = read_record_at(fh, prev.offset)
+    if len(data) != prev.length:
+        raise ValueError(f"{prev.shard}@{prev.offset}: {len(data)} bytes, the index says {prev.length}")
+    return data
+
+
+class MatchPreviousFn(beam.DoFn):
+    """(relpath, {"refs": [Ref], "previous": [entry]}) → Refs, with ``previous`` set when the file is unchanged.
+
+    Tagged CHANGES: one of added/changed/unchanged/dropped per listed file
+    (dropped: per previous entry nobody listed), for dataset.json.
+    """
+
+    def __init__(self, output: str) -> None:
+        self._output = output
+
+    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
+        _, joined = element
+        refs = list(joined["refs"])
+        entries = list(joined["previous"])
+        if not refs:
+            for _ in entries:
+                yield beam.pvalue.TaggedOutput(CHANGES, DROPPED)
+            return
+        for ref in refs:
+            entry = next((e for e in entries if unchanged(e, ref)), None)
+            if entry is None:
+                yield beam.pvalue.TaggedOutput(CHANGES, CHANGED if entries else ADDED)
+                yield ref
+            else:
+                yield beam.pvalue.TaggedOutput(CHANGES, UNCHANGED)
+                yield dataclasses.replace(ref, previous=previous_of(entry, self._output))
+
+
+CHANGES = "changes"
+
+
+class JoinPrevious(beam.PTransform):
+    """refs → {"refs": refs (unchanged files carry ``previous``), CHANGES: {kind: count} (one element)}."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._output = output
+
+    def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
+        previous = (
+            refs.pipeline
+            | "ReadPreviousIndex" >> beam.io.ReadFromText(FileSystems.join(self._output, INDEX_JSONL))
+            | "ParsePreviousIndex" >> beam.Map(json.loads)
+            | "PreviousByPath" >> beam.Map(lambda e: (e["path"], e))
+        )
+        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, r))
+        matched = (
+            {"refs": by_path, "previous": previous}
+            | "JoinByPath" >> beam.CoGroupByKey()
+            | "MatchPrevious" >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, main="refs")
+        )
+        counts = (
+            matched[CHANGES]
+            | "CountChanges" >> beam.combiners.Count.PerElement()
+            | "AllChanges" >> beam.combiners.ToDict()
+        )
+        return {"refs": matched.refs, CHANGES: counts}

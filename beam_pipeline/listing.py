@@ -55,6 +55,9 @@ class Ref:
     # Source modification time (seconds; GCS: the object's update time), as
     # listed: with the size it says whether a file changed since an earlier run.
     mtime: float = 0.0
+    # --incremental-from: where the previous run stored this unchanged file's
+    # record (an index.Previous), set by index.JoinPrevious; None otherwise.
+    previous: tuple[Any, ...] | None = None
 
 
 def printable_path(path: str) -> str:

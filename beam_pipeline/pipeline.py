@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from . import index, metadata
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
-from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
+from .finalize import FinalizeFn, WriteRejectPartFn, read_json, reject_bucket
 from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, with_relative_path
 from .planning import PlanShards, ShardPlan, assign_shard
 from .writing import DecodeFn, WriteShardFn, compression_type, count_records
@@ -87,6 +89,13 @@ def build_pipeline(
     if cfg.dedupe:
         refs, duplicates = refs | "Dedupe" >> DropDuplicates()
         listing_rejects = (listing_rejects, duplicates) | "WithDuplicates" >> beam.Flatten()
+    previous, changes = None, None
+    if layout.previous:
+        # unchanged files (same path, size, mtime) carry where the previous run stored their record
+        joined = refs | "Previous" >> index.JoinPrevious(layout.previous)
+        refs, changes = joined["refs"], joined[index.CHANGES]
+        info = read_json(FileSystems.join(layout.previous, metadata.DATASET_JSON))
+        previous = index.reusable_run(layout.previous, info, cfg.as_dict())
     labels = refs | "Labels" >> CollectLabels(layout)
     extra_types = refs | "ColumnTypes" >> beam.CombineGlobally(InferColumnTypes())
 
@@ -99,7 +108,7 @@ def build_pipeline(
             | "GroupByShard" >> beam.GroupByKey()
             | "WriteShards"
             >> beam.ParDo(
-                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads, cfg.image_options),
+                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads, cfg.image_options, previous),
                 beam.pvalue.AsSingleton(labels),
                 beam.pvalue.AsSingleton(extra_types),
             ).with_outputs(REJECTS, main="results")
@@ -180,6 +189,7 @@ def build_pipeline(
             beam.pvalue.AsSingleton(labels),
             beam.pvalue.AsSingleton(extra_types),
             beam.pvalue.AsSingleton(split_label_counts),
+            *([beam.pvalue.AsSingleton(changes)] if changes is not None else []),
         )
     )
     if cfg.needs_post_steps and cfg.post_steps == "job":

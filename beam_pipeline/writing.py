@@ -34,7 +34,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -465,17 +465,39 @@ def decode_threads(requested: int) -> int:
     return requested if requested > 0 else (os.cpu_count() or 1)
 
 
+class Reused(NamedTuple):
+    """A previous run's record of an unchanged file (``--incremental-from``), copied as it is."""
+
+    record: bytes
+
+
+def examples_features(labels: Sequence[str], extra_types: Mapping[str, str]) -> dict[str, Any]:
+    """This run's feature spec, as dataset.json stores it: a previous run's records fit only if it is the same."""
+    from . import metadata
+
+    return metadata.feature_spec(bool(labels), extra_types)
+
+
 class WriteShardFn(beam.DoFn):
     """((split, shard), [Ref]) → one shard file under the run's temp folder."""
 
-    def __init__(self, tmp_dir: str, compression: str, threads: int, image_options: ImageOptions | None = None) -> None:
+    def __init__(
+        self,
+        tmp_dir: str,
+        compression: str,
+        threads: int,
+        image_options: ImageOptions | None = None,
+        previous: index.PreviousRun | None = None,
+    ) -> None:
         self._tmp_dir = tmp_dir
+        self._previous = previous  # --incremental-from: unchanged files' records are copied from it
         self._compression = compression
         self._threads = threads
         self._image_options = image_options or ImageOptions()
         self._records = beam.metrics.Metrics.counter(NAMESPACE, "records_written")
         self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
         self._shards = beam.metrics.Metrics.counter(NAMESPACE, "shards_written")
+        self._reused = beam.metrics.Metrics.counter(NAMESPACE, "records_reused")
 
     def setup(self) -> None:
         self._pool = ThreadPoolExecutor(decode_threads(self._threads), thread_name_prefix="decode")
@@ -508,13 +530,19 @@ class WriteShardFn(beam.DoFn):
         options = self._image_options
         limit = options.max_file_bytes
 
-        def read(ref: Ref) -> bytes | Rejected:
+        reuse = self._previous is not None and self._previous.features == examples_features(labels, extra_types)
+
+        def read(ref: Ref) -> bytes | Rejected | Reused:
+            if reuse and index.reusable_record(ref, label_ids):
+                return Reused(index.read_previous(ref.previous))  # not read, not decoded again
             try:
                 return read_bytes(ref.path, ref.size, options)
             except Rejected as r:
                 return r
 
-        def convert(ref: Ref, data: bytes) -> tuple[bytes, Prepared] | Rejected:
+        def convert(ref: Ref, data: bytes | Reused) -> tuple[bytes, Prepared] | Rejected | Reused:
+            if isinstance(data, Reused):
+                return data
             return decode_one(ref, data, label_ids, extra_types, options, self._decode_budget.hold)
 
         results = read_then_convert(
@@ -525,8 +553,12 @@ class WriteShardFn(beam.DoFn):
             self._pool,
             window=window,
             budget=self._read_budget,
-            cost=lambda ref: 0 if limit and ref.size > limit else max(ref.size, 0),  # too large: never read
+            # too large: never read; reused: a record, not the file, is read
+            cost=lambda ref: (
+                0 if limit and ref.size > limit else max(ref.previous[2] if reuse and ref.previous else ref.size, 0)
+            ),
         )
+        reused = 0
         # closing(): if writing fails, the reads still in flight give their bytes back at once.
         with (
             contextlib.closing(results),
@@ -540,19 +572,24 @@ class WriteShardFn(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
                     continue
                 PROGRESS.add(images=1)
-                record, prepared = result
+                if isinstance(result, Reused):
+                    record, prepared, sha = result.record, None, ref.previous.sha256
+                    reused += 1
+                else:
+                    record, prepared = result
+                    sha = hashlib.sha256(prepared.data).hexdigest()
                 failpoints.hit("writer.record")
                 _TFRecordUtil.write_record(out, record)
                 label_id = label_ids[ref.label] if ref.label is not None else None
-                sha = hashlib.sha256(prepared.data).hexdigest()
                 index_out.write(index.part_line(ref, records, offset, len(record), sha, label_id).encode("utf-8"))
                 offset += len(record) + index.FRAME_OVERHEAD
                 records += 1
                 if ref.label is not None:
                     label_counts[ref.label] += 1
-                if prepared.converted_from:
+                if prepared is not None and prepared.converted_from:
                     converted[prepared.converted_from] += 1
         self._records.inc(records)
+        self._reused.inc(reused)
         self._shards.inc()
         PROGRESS.add(shards=1)
         size = FileSystems.match([tmp_path])[0].metadata_list[0].size_in_bytes
@@ -566,6 +603,7 @@ class WriteShardFn(beam.DoFn):
             "bytes": size,
             "labels": dict(sorted(label_counts.items())),
             "converted": dict(sorted(converted.items())),
+            "reused": reused,
         }
 
 

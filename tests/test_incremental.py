@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from beam_pipeline.index import read_record_at
 from .conftest import convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
 
-ARGS = ["--split-ratios", "train=0.7,test=0.3", "--seed", "3", "--target-shard-mb", "0.004"]
+ARGS = ["--name", "ds", "--split-ratios", "train=0.7,test=0.3", "--seed", "3", "--target-shard-mb", "0.004"]
 
 
 def make_images(root: Path, labels: dict[str, int], start: int = 0) -> None:
@@ -94,3 +95,57 @@ def test_incremental_from_must_be_a_complete_dataset(tmp_path):
     assert "no labels.txt" in usage(first)
     (first / "_SUCCESS").unlink()
     assert "no _SUCCESS" in usage(first)
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    info = load_info(out)
+    return {s["file"]: (out / s["file"]).read_bytes() for split in info["splits"].values() for s in split["shards"]}
+
+
+def test_incremental_run_equals_a_full_run_and_decodes_only_new_files(tmp_path):
+    src, first, inc, full = tmp_path / "src", tmp_path / "first", tmp_path / "inc", tmp_path / "full"
+    make_images(src, {"cat": 12, "dog": 12})
+    write(str(src / "dog" / "broken.png"), b"not an image")
+    opts = (*ARGS, "--max-reject-fraction", "1")
+    convert("--input", str(src), "--output", str(first), *opts)
+    assert load_info(first)["examples"] == 24
+
+    make_images(src, {"cat": 3, "eel": 2}, start=50)  # added: 3 in an old label, 2 in a new one
+    write(str(src / "cat" / "cat_000.png"), image_bytes("png", height=41, width=17, seed=999))  # changed
+    (src / "dog" / "dog_001.png").unlink()  # deleted
+    (src / "dog" / "dog_002.png").rename(src / "dog" / "renamed.png")  # renamed: dropped + added
+    convert("--input", str(src), "--output", str(inc), *opts, "--incremental-from", str(first))
+    assert (inc / "labels.txt").read_text() == "cat\ndog\neel\n"
+    convert("--input", str(src), "--output", str(full), *opts, "--labels-file", str(inc / "labels.txt"))
+
+    assert shard_bytes(inc) == shard_bytes(full)  # same records, same order, same shards
+    assert (inc / "index.jsonl").read_text() == (full / "index.jsonl").read_text()
+    assert (inc / "rejects.jsonl").read_text() == (full / "rejects.jsonl").read_text()
+    info = load_info(inc)
+    # the broken file is retried (converted again, rejected again), as every previous reject is
+    assert info["incremental"] == {
+        "from": str(first),
+        "reused": 21,  # 24 - changed - deleted - renamed
+        "converted": 7,  # 5 added + 1 changed + 1 renamed
+        "added": 7,  # 5 new files, the renamed one, the broken one (not in the index)
+        "changed": 1,
+        "unchanged": 21,
+        "dropped": 2,
+    }
+    assert info["rejects"]["total"] == 1
+    assert "incremental" not in load_info(full)
+
+
+def test_unchanged_files_are_not_read_again(tmp_path):
+    """Same size and mtime: the previous record is copied, whatever the file holds now (the documented contract)."""
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 4})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    target = src / "cat" / "cat_001.png"
+    stat = target.stat()
+    target.write_bytes(b"x" * stat.st_size)  # not an image any more, same size ...
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # ... and mtime
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    assert shard_bytes(second) == shard_bytes(first)
+    assert load_info(second)["incremental"]["reused"] == 4
+    assert load_info(second)["rejects"]["total"] == 0
