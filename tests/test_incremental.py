@@ -149,3 +149,19 @@ def test_unchanged_files_are_not_read_again(tmp_path):
     assert shard_bytes(second) == shard_bytes(first)
     assert load_info(second)["incremental"]["reused"] == 4
     assert load_info(second)["rejects"]["total"] == 0
+
+
+def test_inspect_shows_what_an_incremental_run_reused(tmp_path):
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 5})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    make_images(src, {"cat": 2}, start=20)
+    (src / "cat" / "cat_000.png").unlink()
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    shown = run_cli("inspect", str(second))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    at = lines.index("incremental: reused 4 records, converted 2")
+    assert lines[at + 1] == "  files: unchanged 4, added 2, changed 0, dropped 1"
+    assert lines[at + 2] == f"  from: {first}"[:80]  # inspect keeps to 80 columns
+    assert "incremental" not in run_cli("inspect", str(first)).stdout
