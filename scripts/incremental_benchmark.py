@@ -58,9 +58,9 @@ def main() -> None:
     common = ["--no-transform", "--no-tfds-metadata", "--name", "bench", "--seed", "1"]
     first = measure("convert", "--input", str(src), "--output", str(work / "first"), *common)
     added = link_tree(Path(a.new), src)
-    inc = measure(
-        "convert", "--input", str(src), "--output", str(work / "inc"), *common, "--incremental-from", str(work / "first")
-    )
+    previous = str(work / "first")
+    inc_out = str(work / "inc")
+    inc = measure("convert", "--input", str(src), "--output", inc_out, *common, "--incremental-from", previous)
     labels = str(work / "inc" / "labels.txt")
     full = measure("convert", "--input", str(src), "--output", str(work / "full"), *common, "--labels-file", labels)
     info = json.loads((work / "inc" / "dataset.json").read_text())
