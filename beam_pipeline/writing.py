@@ -534,7 +534,11 @@ class WriteShardFn(beam.DoFn):
 
         def read(ref: Ref) -> bytes | Rejected | Reused:
             if reuse and index.reusable_record(ref, label_ids):
-                return Reused(index.read_previous(ref.previous))  # not read, not decoded again
+                try:
+                    return Reused(index.read_previous(ref.previous))  # not read, not decoded again
+                except Exception as e:  # noqa: BLE001 - only a gone or damaged previous shard falls through
+                    if not isinstance(e, ValueError) and permanent_reason(e) is None:
+                        raise  # transient: the runner retries the bundle
             try:
                 return read_bytes(ref.path, ref.size, options)
             except Rejected as r:

@@ -165,3 +165,16 @@ def test_inspect_shows_what_an_incremental_run_reused(tmp_path):
     assert lines[at + 1] == "  files: unchanged 4, added 2, changed 0, dropped 1"
     assert lines[at + 2] == f"  from: {first}"[:80]  # inspect keeps to 80 columns
     assert "incremental" not in run_cli("inspect", str(first)).stdout
+
+
+def test_a_previous_shard_gone_is_converted_again(tmp_path):
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 6, "dog": 6})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    expected = shard_bytes(first)
+    [gone, *_] = load_info(first)["splits"]["train"]["shards"]
+    (first / gone["file"]).unlink()
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    assert shard_bytes(second) == expected
+    assert load_info(second)["incremental"]["reused"] == 12 - gone["records"]
+    assert load_info(second)["incremental"]["converted"] == gone["records"]
