@@ -178,3 +178,25 @@ def test_a_previous_shard_gone_is_converted_again(tmp_path):
     assert shard_bytes(second) == expected
     assert load_info(second)["incremental"]["reused"] == 12 - gone["records"]
     assert load_info(second)["incremental"]["converted"] == gone["records"]
+
+
+def test_gzip_offsets_are_in_the_uncompressed_stream_and_gzip_shards_are_not_reused(tmp_path, tf):
+    import gzip
+
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 4})
+    convert("--input", str(src), "--output", str(first), *ARGS, "--compression", "gzip")
+    for entry in index_of(first):
+        with gzip.open(first / entry["shard"], "rb") as fh:
+            example = tf.train.Example.FromString(read_record_at(fh, entry["offset"]))
+        assert example.features.feature["image/filename"].bytes_list.value[0].decode() == entry["path"]
+    convert(
+        "--input", str(src), "--output", str(second), *ARGS, "--compression", "gzip", "--incremental-from", str(first)
+    )
+    assert load_info(second)["incremental"]["reused"] == 0  # a gzip shard is not read at an offset
+    assert [r["image/encoded"] for r in read_records(second)] == [r["image/encoded"] for r in read_records(first)]
+    result = run_cli(
+        "convert", "--input", str(src), "--output", str(tmp_path / "o"), "--sink", "write_to_tfrecord",
+        "--incremental-from", str(first),
+    )  # fmt: skip
+    assert result.returncode == 2 and "needs the planned sink" in result.stderr
