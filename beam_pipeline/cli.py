@@ -42,6 +42,7 @@ CONFIG_KEYS = {
     "labels_from": str,
     "label_regex": str,
     "labels_file": str,
+    "incremental_from": str,
     "split_ratios": str,
     "seed": int,
     "target_shard_mb": float,
@@ -143,6 +144,13 @@ def _convert_parser() -> _Parser:
     )
     lab.add_argument(
         "--labels-file", dest="labels_file", metavar="FILE", help="fixed label order, one per line (line k = id k)"
+    )
+    lab.add_argument(
+        "--incremental-from",
+        dest="incremental_from",
+        metavar="OUTPUT",
+        help="a previous complete output of this tool: its labels keep their ids (new ones are added after them) "
+        "and files unchanged since it (same path, size and mtime) are not read again",
     )
     lab.add_argument(
         "--split-ratios",

@@ -42,6 +42,7 @@ class ConvertConfig:
     labels_from: str | None = None  # None = the natural source for the input kind
     label_regex: str | None = None
     labels_file: str | None = None
+    incremental_from: str | None = None  # a previous complete output: its label ids stay, its records are reused
     split_ratios: tuple[tuple[str, float], ...] | None = None
     seed: int = 0
     target_shard_mb: float = 150.0
@@ -120,6 +121,9 @@ class Layout:
     split_source: str = "default"  # manifest | folders | ratios | default
     label_source: str = "folder"  # folder | manifest | regex | none
     labels: tuple[str, ...] | None = None  # fixed order from --labels-file
+    # --incremental-from: the previous output (absolute) and its labels.txt, whose ids stay.
+    previous: str | None = None
+    prior_labels: tuple[str, ...] | None = None
     tmp_dir: str = ""  # this run's scratch folder inside the output
     run_id: str = ""
     extra_columns: tuple[str, ...] = field(default=())
@@ -211,6 +215,8 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--labels-from manifest needs --manifest")
     if cfg.labels_file and cfg.labels_from == "none":
         raise UsageError("--labels-file cannot be combined with --labels-from none")
+    if cfg.incremental_from and cfg.sink != "planned":
+        raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")
     parse_reencode(cfg.reencode)
     if cfg.on_unsupported not in ("convert", "reject"):
         raise UsageError("--on-unsupported must be convert or reject")

@@ -48,7 +48,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import failpoints, metadata
+from . import failpoints, index, metadata
 from .config import ConvertConfig, Layout
 
 _LOG = logging.getLogger(__name__)
@@ -314,6 +314,7 @@ def concat_files(parts: Sequence[str], dest: str) -> None:
 # older run left and this run did not make is removed when publishing.
 PUBLISHED_FILES = (
     metadata.LABELS_TXT,
+    index.INDEX_JSONL,
     metadata.REJECTS_JSONL,
     metadata.DATASET_JSON,
     "dataset_info.json",
@@ -355,7 +356,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     staged = {
         rel: size
         for rel, size in _sizes_under(staging).items()
-        if not rel.startswith((PUBLISH_MANIFEST, REJECT_PARTS + "/"))
+        if not rel.startswith((PUBLISH_MANIFEST, REJECT_PARTS + "/", index.INDEX_PARTS + "/"))
     }
     if metadata.DATASET_JSON not in staged:
         raise FileNotFoundError(f"{staging}: no {metadata.DATASET_JSON} to publish")
@@ -503,6 +504,37 @@ def published_run(out_dir: str, staging: str, run_id: str) -> dict[str, Any] | N
     return info
 
 
+def incremental_summary(
+    previous: str, changes: Mapping[str, int], layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]]
+) -> dict[str, Any]:
+    """What an ``--incremental-from`` run took from the previous dataset, for dataset.json and ``inspect``.
+
+    Listed files: ``added`` (not in the previous index), ``changed`` (size or
+    mtime differ), ``unchanged``; ``dropped``: previous records whose file is
+    no longer listed. Records: ``reused`` (copied, not read or decoded) and
+    ``converted`` (the rest; an unchanged file whose label id or extra
+    columns differ is converted again).
+    """
+    records = sum(r["records"] for files in layout.values() for _, r in files)
+    reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
+    counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
+    return {"from": previous, "reused": reused, "converted": records - reused, **counts}
+
+
+def write_dataset_index(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> None:
+    """index.jsonl from the chosen shards' index parts, in published shard order.
+
+    Only the planned sink's writers make parts; without them (``--sink
+    write_to_tfrecord``) there is no index. A retried finalize rewrites the
+    same file: the parts stay until the staging folder is removed.
+    """
+    parts = [(r["index_path"], final) for files in layout.values() for final, r in files if r.get("index_path")]
+    if not parts:
+        return
+    failpoints.hit("finalize.write")
+    index.write_index(parts, FileSystems.join(staging, index.INDEX_JSONL))
+
+
 class FinalizeFn(beam.DoFn):
     """Runs once: names the shards, writes the metadata into the staging folder, publishes.
 
@@ -528,6 +560,7 @@ class FinalizeFn(beam.DoFn):
         labels: Sequence[str],
         extra_types: Mapping[str, str],
         split_label_counts: Mapping[str, Mapping[str, int]],
+        changes: Mapping[str, int] | None = None,
     ) -> Iterator[dict[str, Any]]:
         cfg, out_dir, staging = self._cfg, self._cfg.output, self._layout.tmp_dir
         done = published_run(out_dir, staging, self._layout.run_id)
@@ -562,6 +595,8 @@ class FinalizeFn(beam.DoFn):
             sink=cfg.sink,
         )
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
+        if self._layout.previous:
+            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout)
         info["status"] = outcome(info["examples"], sum(rejects_by_reason.values()), cfg.max_reject_fraction)
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
@@ -578,9 +613,9 @@ class FinalizeFn(beam.DoFn):
         ]
         move_files(pairs, in_staging, "finalize.rename")
         keep = {dst for _, dst in pairs}
-        delete_files(
-            [p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(REJECT_PARTS + "/")]
-        )
+        parts = (REJECT_PARTS + "/", index.INDEX_PARTS + "/")
+        delete_files([p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(parts)])
+        write_dataset_index(layout, staging)
         failpoints.hit("finalize.write")
         concat_files(sorted(set(reject_parts)), FileSystems.join(staging, metadata.REJECTS_JSONL))
         if labelled:

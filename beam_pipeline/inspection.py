@@ -91,6 +91,7 @@ def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
         )
     if info.get("converted"):
         lines.append("converted to PNG/JPEG: " + ", ".join(f"{k} {v}" for k, v in info["converted"].items()))
+    lines += incremental_lines(info.get("incremental"))
     cfg = info.get("config", {})
     src = cfg.get("input") or cfg.get("manifest")
     lines += ["", f"source: {src}", f"target shard: {cfg.get('target_shard_mb')} MB, sink {info.get('sink')}"]
@@ -104,6 +105,19 @@ def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
         line += (" " if line.endswith(":") or not line.strip() else ", ") + part
     lines.append(line)
     return "\n".join(line[:WIDTH] if len(line) > WIDTH else line for line in lines)
+
+
+def incremental_lines(inc: dict[str, Any] | None) -> list[str]:
+    """What an --incremental-from run took from the previous dataset (dataset.json "incremental")."""
+    if not inc:
+        return []
+    files = ", ".join(f"{k} {inc.get(k, 0):,}" for k in ("unchanged", "added", "changed", "dropped"))
+    return [
+        "",
+        f"incremental: reused {inc.get('reused', 0):,} records, converted {inc.get('converted', 0):,}",
+        f"  files: {files}",
+        f"  from: {inc.get('from')}",
+    ]
 
 
 def _shard_path(output: str, shard: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineState
 
-from . import metadata
+from . import index, metadata
 from .config import SPLIT_FOLDERS, ConvertConfig, Layout
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, read_json
@@ -131,6 +131,25 @@ def _read_labels_file(path: str) -> tuple[str, ...]:
     return tuple(labels)
 
 
+def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | None]:
+    """(previous output, its labels or None) for --incremental-from; a UsageError if it cannot serve."""
+    flag = f"--incremental-from {path}"
+    if not FileSystems.exists(FileSystems.join(path, metadata.SUCCESS)):
+        raise UsageError(f"{flag}: not a complete dataset (no {metadata.SUCCESS})")
+    if not FileSystems.exists(FileSystems.join(path, index.INDEX_JSONL)):
+        raise UsageError(f"{flag}: has no {index.INDEX_JSONL} (written by the planned sink of this version)")
+    if not labelled:
+        return path, None
+    labels_path = FileSystems.join(path, metadata.LABELS_TXT)
+    if not FileSystems.exists(labels_path):
+        raise UsageError(f"{flag}: has no {metadata.LABELS_TXT}, and this run is labelled")
+    with open_text(labels_path) as stream:
+        labels = tuple(line.rstrip("\n") for line in stream if line.strip())
+    if not labels:
+        raise UsageError(f"{flag}: {metadata.LABELS_TXT} lists no labels")
+    return path, labels
+
+
 def _is_own_file(basename: str) -> bool:
     """A top-level name a run of this tool publishes (shards, metadata, TFT/TFDS artifacts, scratch)."""
     return (
@@ -220,6 +239,9 @@ def prepare(cfg: ConvertConfig, *, check_output: bool = True) -> tuple[ConvertCo
         label_source = "folder"
 
     labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None
+    previous, prior_labels = (
+        _read_previous(absolute(cfg.incremental_from), label_source != "none") if cfg.incremental_from else (None, None)
+    )
     output = _check_output(cfg, None if manifest else root) if check_output else absolute(cfg.output)
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
     cfg = _replace(cfg, output=output, manifest=manifest, input=None if manifest else cfg.input)
@@ -232,6 +254,8 @@ def prepare(cfg: ConvertConfig, *, check_output: bool = True) -> tuple[ConvertCo
         split_source=split_source,
         label_source=label_source,
         labels=labels,
+        previous=previous,
+        prior_labels=prior_labels,
         tmp_dir=FileSystems.join(output, metadata.TMP_PREFIX + run_id),
         run_id=run_id,
     )

@@ -52,6 +52,12 @@ class Ref:
     label: str | None
     key: int  # salted shuffle key: the record's place in the global order
     extras: tuple[tuple[str, Any], ...] = ()
+    # Source modification time (seconds; GCS: the object's update time), as
+    # listed: with the size it says whether a file changed since an earlier run.
+    mtime: float = 0.0
+    # --incremental-from: where the previous run stored this unchanged file's
+    # record (an index.Previous), set by index.JoinPrevious; None otherwise.
+    previous: tuple[Any, ...] | None = None
 
 
 def printable_path(path: str) -> str:
@@ -133,6 +139,7 @@ def make_ref(
     label_value: str | None = None,
     split_value: str | None = None,
     extras: tuple[tuple[str, Any], ...] = (),
+    mtime: float = 0.0,
 ) -> Ref | dict[str, str]:
     """A Ref for a listed file, or a reject dict saying why it cannot be one."""
     if printable_path(relpath) != relpath:
@@ -159,22 +166,23 @@ def make_ref(
             return reject(path, NO_LABEL, f"no label from the {layout.label_source}")
         if layout.labels is not None and label not in layout.labels:
             return reject(path, UNKNOWN_LABEL, f"label {label!r} is not in --labels-file")
-    return Ref(path, relpath, size, split, label, hashing.shuffle_key(relpath, cfg.seed), extras)
+    return Ref(path, relpath, size, split, label, hashing.shuffle_key(relpath, cfg.seed), extras, mtime)
 
 
-def _to_listed(metadata: Any) -> tuple[bytes, int]:
-    """(path as bytes, size): what crosses the shuffle after listing.
+def _to_listed(metadata: Any) -> tuple[bytes, int, float]:
+    """(path as bytes, size, mtime): what crosses the shuffle after listing.
 
     Bytes, not text: a local name that is not valid UTF-8 (kept by Python as
     lone surrogates) would fail Beam's UTF-8 string coder; the ref step turns
     it into a ``bad_filename`` reject.
     """
-    return metadata.path.encode("utf-8", "surrogateescape"), metadata.size_in_bytes
+    mtime = float(getattr(metadata, "last_updated_in_seconds", 0.0) or 0.0)
+    return metadata.path.encode("utf-8", "surrogateescape"), metadata.size_in_bytes, mtime
 
 
-def _from_listed(listed: tuple[bytes, int]) -> tuple[str, int]:
-    path, size = listed
-    return path.decode("utf-8", "surrogateescape"), size
+def _from_listed(listed: tuple[bytes, int, float]) -> tuple[str, int, float]:
+    path, size, mtime = listed
+    return path.decode("utf-8", "surrogateescape"), size, mtime
 
 
 class _MatchedToRef(beam.DoFn):
@@ -182,14 +190,14 @@ class _MatchedToRef(beam.DoFn):
         self._cfg = cfg
         self._layout = layout
 
-    def process(self, listed: tuple[bytes, int]) -> Iterator[Any]:
-        path, size = _from_listed(listed)
+    def process(self, listed: tuple[bytes, int, float]) -> Iterator[Any]:
+        path, size, mtime = _from_listed(listed)
         relpath = relative_path(path, self._layout.root)
         why = skip_reason(relpath, check_extension=True)
         if why:
             yield beam.pvalue.TaggedOutput(SKIPPED, why)
             return
-        out = make_ref(path, relpath, size, self._cfg, self._layout)
+        out = make_ref(path, relpath, size, self._cfg, self._layout, mtime=mtime)
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 
@@ -315,6 +323,7 @@ class _StatManifestRow(beam.DoFn):
             label_value=None if row.get(LABEL_COLUMN) is None else str(row.get(LABEL_COLUMN)),
             split_value=None if row.get(SPLIT_COLUMN) is None else str(row.get(SPLIT_COLUMN)),
             extras=extras,
+            mtime=float(getattr(found, "last_updated_in_seconds", 0.0) or 0.0),
         )
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
@@ -583,7 +592,7 @@ class ListInputs(beam.PTransform):
         spread = (
             files
             | "PathAndSize" >> beam.Map(_to_listed)
-            # (path bytes, size): the fusion break after listing, with the smallest
+            # (path bytes, size, mtime): the fusion break after listing, with the smallest
             # element that still makes a Ref; everything per file comes after it
             | "SpreadFiles" >> SpreadInBatches()
         )

@@ -13,19 +13,25 @@ from collections.abc import Mapping
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from . import index, metadata
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
-from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
+from .finalize import FinalizeFn, WriteRejectPartFn, read_json, reject_bucket
 from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, with_relative_path
 from .planning import PlanShards, ShardPlan, assign_shard
 from .writing import DecodeFn, WriteShardFn, compression_type, count_records
 
 
 class CollectLabels(beam.PTransform):
-    """refs → one element: the label list (line k = id k), or [] for an unlabelled run."""
+    """refs → one element: the label list (line k = id k), or [] for an unlabelled run.
+
+    Sorted, unless ``--labels-file`` fixes the order or ``--incremental-from``
+    gives earlier ids to keep (``stable_labels``).
+    """
 
     def __init__(self, layout: Layout) -> None:
         super().__init__()
@@ -41,8 +47,18 @@ class CollectLabels(beam.PTransform):
             | "Labelled" >> beam.Filter(lambda label: label is not None)
             | "DistinctLabels" >> beam.Distinct()
             | "AllLabels" >> beam.combiners.ToList()
-            | "SortLabels" >> beam.Map(sorted)
+            | "SortLabels" >> beam.Map(stable_labels, self._layout.prior_labels or ())
         )
+
+
+def stable_labels(found: list[str], prior: tuple[str, ...] = ()) -> list[str]:
+    """The label list: an earlier run's labels keep their ids (line k = id k), new ones follow, sorted.
+
+    A label of the earlier run that no longer has images keeps its id too: a
+    model trained on yesterday's ids stays valid.
+    """
+    known = set(prior)
+    return [*prior, *sorted(label for label in set(found) if label not in known)]
 
 
 def _split_label_counts(pairs: list[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:
@@ -73,6 +89,13 @@ def build_pipeline(
     if cfg.dedupe:
         refs, duplicates = refs | "Dedupe" >> DropDuplicates()
         listing_rejects = (listing_rejects, duplicates) | "WithDuplicates" >> beam.Flatten()
+    previous, changes = None, None
+    if layout.previous:
+        # unchanged files (same path, size, mtime) carry where the previous run stored their record
+        joined = refs | "Previous" >> index.JoinPrevious(layout.previous)
+        refs, changes = joined["refs"], joined[index.CHANGES]
+        info = read_json(FileSystems.join(layout.previous, metadata.DATASET_JSON))
+        previous = index.reusable_run(layout.previous, info, cfg.as_dict())
     labels = refs | "Labels" >> CollectLabels(layout)
     extra_types = refs | "ColumnTypes" >> beam.CombineGlobally(InferColumnTypes())
 
@@ -85,7 +108,7 @@ def build_pipeline(
             | "GroupByShard" >> beam.GroupByKey()
             | "WriteShards"
             >> beam.ParDo(
-                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads, cfg.image_options),
+                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads, cfg.image_options, previous),
                 beam.pvalue.AsSingleton(labels),
                 beam.pvalue.AsSingleton(extra_types),
             ).with_outputs(REJECTS, main="results")
@@ -166,6 +189,7 @@ def build_pipeline(
             beam.pvalue.AsSingleton(labels),
             beam.pvalue.AsSingleton(extra_types),
             beam.pvalue.AsSingleton(split_label_counts),
+            *([beam.pvalue.AsSingleton(changes)] if changes is not None else []),
         )
     )
     if cfg.needs_post_steps and cfg.post_steps == "job":

@@ -22,7 +22,7 @@ and the error names the bucket); any other I/O error (a GCS 429/503, a
 reset connection, an expired token) fails the bundle so the runner retries
 it: a transient error must not drop an image.
 
-    (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "records", "bytes", "labels"}
+    (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "index_path", "records", "bytes", "labels"}
                          └──► rejects: {"path", "reason", "detail"}
 """
 
@@ -39,14 +39,14 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from . import examples, failpoints
+from . import examples, failpoints, index
 from .images import (
     DECODE_ERROR,
     MISSING,
@@ -603,26 +603,52 @@ def read_then_convert(
         pending.clear()
 
 
-def result_bytes(result: tuple[bytes, Prepared] | Rejected) -> int:
+def result_bytes(result: Any) -> int:
     """Bytes a finished result of WriteShardFn holds while it waits: its record (a reject: nothing)."""
-    return 0 if isinstance(result, Rejected) else len(result[0]) + len(result[1].data)
+    if isinstance(result, Rejected):
+        return 0
+    if isinstance(result, Reused):
+        return len(result.record)
+    return len(result[0]) + len(result[1].data)
 
 
 def decode_threads(requested: int) -> int:
     return requested if requested > 0 else (os.cpu_count() or 1)
 
 
+class Reused(NamedTuple):
+    """A previous run's record of an unchanged file (``--incremental-from``), copied as it is."""
+
+    record: bytes
+
+
+def examples_features(labels: Sequence[str], extra_types: Mapping[str, str]) -> dict[str, Any]:
+    """This run's feature spec, as dataset.json stores it: a previous run's records fit only if it is the same."""
+    from . import metadata
+
+    return metadata.feature_spec(bool(labels), extra_types)
+
+
 class WriteShardFn(beam.DoFn):
     """((split, shard), [Ref]) → one shard file under the run's temp folder."""
 
-    def __init__(self, tmp_dir: str, compression: str, threads: int, image_options: ImageOptions | None = None) -> None:
+    def __init__(
+        self,
+        tmp_dir: str,
+        compression: str,
+        threads: int,
+        image_options: ImageOptions | None = None,
+        previous: index.PreviousRun | None = None,
+    ) -> None:
         self._tmp_dir = tmp_dir
+        self._previous = previous  # --incremental-from: unchanged files' records are copied from it
         self._compression = compression
         self._threads = threads
         self._image_options = image_options or ImageOptions()
         self._records = beam.metrics.Metrics.counter(NAMESPACE, "records_written")
         self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
         self._shards = beam.metrics.Metrics.counter(NAMESPACE, "shards_written")
+        self._reused = beam.metrics.Metrics.counter(NAMESPACE, "records_reused")
 
     def setup(self) -> None:
         # Shared by the writers of this process (like the budgets); each keeps its own window.
@@ -641,7 +667,10 @@ class WriteShardFn(beam.DoFn):
         label_ids = {label: i for i, label in enumerate(labels)}
         # A retried bundle writes a new temp file; only the committed attempt's
         # path reaches finalize, so attempts never mix.
-        tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{uuid.uuid4().hex}.tfrecord")
+        attempt = uuid.uuid4().hex
+        tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{attempt}.tfrecord")
+        index_path = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{split}-{shard:05d}-{attempt}.jsonl")
+        offset = 0  # in the uncompressed stream
         records = 0
         denied, first_denied = 0, ""  # reads refused for permission (not the tracebacks: a shard may have 100k)
         label_counts: collections.Counter[str] = collections.Counter()
@@ -650,19 +679,29 @@ class WriteShardFn(beam.DoFn):
         options = self._image_options
         limit = options.max_file_bytes
 
-        def read(ref: Ref) -> bytes | Rejected:
+        reuse = self._previous is not None and self._previous.features == examples_features(labels, extra_types)
+
+        def read(ref: Ref) -> bytes | Rejected | Reused:
+            if reuse and index.reusable_record(ref, label_ids):
+                try:
+                    return Reused(index.read_previous(ref.previous))  # not read, not decoded again
+                except Exception as e:  # noqa: BLE001 - only a gone or damaged previous shard falls through
+                    if not isinstance(e, ValueError) and permanent_reason(e) is None:
+                        raise  # transient: the runner retries the bundle
             try:
                 return read_bytes(ref.path, ref.size, options)
             except Rejected as r:
                 return r
 
-        def convert(ref: Ref, data: bytes) -> tuple[bytes, Prepared] | Rejected:
+        def convert(ref: Ref, data: bytes | Reused) -> tuple[bytes, Prepared, str] | Rejected | Reused:
+            if isinstance(data, Reused):
+                return data
             result = decode_one(ref, data, label_ids, extra_types, options, self._decode_budget.hold)
             if isinstance(result, Rejected):
                 return result
-            # The record holds the image bytes; the waiting result keeps no second copy of them.
+            # The record holds the image bytes; the waiting result keeps their digest, no second copy.
             record, prepared = result
-            return record, dataclasses.replace(prepared, data=b"")
+            return record, dataclasses.replace(prepared, data=b""), hashlib.sha256(prepared.data).hexdigest()
 
         results = read_then_convert(
             ordered,
@@ -672,13 +711,18 @@ class WriteShardFn(beam.DoFn):
             self._pool,
             window=window,
             budget=self._read_budget,
-            cost=lambda ref: 0 if limit and ref.size > limit else max(ref.size, 0),  # too large: never read
+            # too large: never read; reused: a record, not the file, is read
+            cost=lambda ref: (
+                0 if limit and ref.size > limit else max(ref.previous[2] if reuse and ref.previous else ref.size, 0)
+            ),
             size=result_bytes,
         )
+        reused = 0
         # closing(): if writing fails, the reads still in flight give their bytes back at once.
         with (
             contextlib.closing(results),
             FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out,
+            FileSystems.create(index_path, compression_type=CompressionTypes.UNCOMPRESSED) as index_out,
         ):
             for ref, result in results:
                 if isinstance(result, Rejected):
@@ -690,13 +734,20 @@ class WriteShardFn(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
                     continue
                 PROGRESS.add(images=1)
-                record, prepared = result
+                if isinstance(result, Reused):
+                    record, prepared, sha = result.record, None, ref.previous.sha256
+                    reused += 1
+                else:
+                    record, prepared, sha = result
                 failpoints.hit("writer.record")
                 _TFRecordUtil.write_record(out, record)
+                label_id = label_ids[ref.label] if ref.label is not None else None
+                index_out.write(index.part_line(ref, records, offset, len(record), sha, label_id).encode("utf-8"))
+                offset += len(record) + index.FRAME_OVERHEAD
                 records += 1
                 if ref.label is not None:
                     label_counts[ref.label] += 1
-                if prepared.converted_from:
+                if prepared is not None and prepared.converted_from:
                     converted[prepared.converted_from] += 1
         if denied >= DENIED_SHARD_MIN and denied == len(ordered):
             # Not one image of the shard may be read: the job's account lacks access, and every
@@ -710,6 +761,7 @@ class WriteShardFn(beam.DoFn):
                 f"roles/storage.objectViewer, on the bucket); first error: {first_denied}"
             )
         self._records.inc(records)
+        self._reused.inc(reused)
         self._shards.inc()
         PROGRESS.add(shards=1)
         size = FileSystems.match([tmp_path])[0].metadata_list[0].size_in_bytes
@@ -718,10 +770,12 @@ class WriteShardFn(beam.DoFn):
             "split": split,
             "shard": shard,
             "tmp_path": tmp_path,
+            "index_path": index_path,
             "records": records,
             "bytes": size,
             "labels": dict(sorted(label_counts.items())),
             "converted": dict(sorted(converted.items())),
+            "reused": reused,
         }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import apache_beam as beam
 import pytest
@@ -131,8 +132,13 @@ def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
             out[REJECTS] | beam.Map(lambda r: (r["path"], r["reason"])), equal_to([(bad, "truncated")]), label="Rej"
         )
 
-    [shard] = list((tmp_path / "out" / ".tmp").iterdir())
+    [shard] = [f for f in (tmp_path / "out" / ".tmp").iterdir() if f.is_file()]
     assert count_records(str(shard)) == 6
+    # the shard's index part (finalize makes index.jsonl of them): same stem, one line per record, in order
+    [part] = list((tmp_path / "out" / ".tmp" / "_index").iterdir())
+    assert part.stem == shard.stem
+    entries = [json.loads(line) for line in part.read_text().splitlines()]
+    assert [e["record"] for e in entries] == list(range(6))
     from apache_beam.io.tfrecordio import _TFRecordUtil
 
     names = []
@@ -146,6 +152,7 @@ def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
             assert ex["image/class/label"] == [0]
     good = [r for r in refs if r.path != bad]
     assert names == [r.relpath for r in sorted(good, key=lambda r: r.key)]
+    assert [e["path"] for e in entries] == names
 
 
 def test_an_unforeseen_error_on_one_image_is_a_reject_not_a_crash(tmp_path, monkeypatch):

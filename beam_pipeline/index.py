@@ -1,0 +1,264 @@
+"""The per-file index (``index.jsonl``): where every converted file's record is, and what it came from.
+
+One JSON line per record, in shard order then record order::
+
+    {"shard": "ds-train.tfrecord-00000-of-00002", "path": "cats/a.jpg", "size": 1234,
+     "mtime": 1700000000.25, "split": "train", "record": 0, "offset": 0, "length": 2345,
+     "sha256": "…", "label": "cats", "label_id": 0}
+
+``offset`` is where the record's TFRecord frame starts in the shard's
+(uncompressed) stream and ``length`` the Example's byte length, so
+``read_record_at(shard, offset)`` reads one record without scanning the
+shard. ``sha256`` is the stored image's (the record's ``image/sha256``);
+``size``/``mtime`` are the source file's as listed (GCS: the object's update
+time). Incremental runs (``--incremental-from``) read it to find files that
+did not change.
+
+Each shard writer writes its shard's lines to a part file next to the temp
+shard (``_index/``, never published); finalize streams the chosen parts into
+``index.jsonl``, putting the final shard name first on each line. Memory: a
+line at a time, on both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from .listing import Ref
+
+INDEX_JSONL = "index.jsonl"
+# Inside the staging folder, never published: one index part per written shard.
+INDEX_PARTS = "_index"
+# A TFRecord frame: length (8 bytes), its CRC (4), data, data CRC (4).
+FRAME_OVERHEAD = 16
+
+
+def extras_digest(ref: Ref) -> str:
+    """A short digest of the manifest's extra columns: a record is reusable only if they are unchanged."""
+    if not ref.extras:
+        return ""
+    text = json.dumps([[k, v] for k, v in ref.extras], sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def part_line(ref: Ref, record: int, offset: int, length: int, sha256: str, label_id: int | None) -> str:
+    """One record's index line as the writer stores it (finalize adds the shard's final name in front)."""
+    entry: dict[str, Any] = {
+        "path": ref.relpath,
+        "size": ref.size,
+        "mtime": ref.mtime,
+        "split": ref.split,
+        "record": record,
+        "offset": offset,
+        "length": length,
+        "sha256": sha256,
+        "label": ref.label,
+        "label_id": label_id,
+    }
+    digest = extras_digest(ref)
+    if digest:
+        entry["extras"] = digest
+    return json.dumps(entry, ensure_ascii=False) + "\n"
+
+
+def with_shard(line: str, shard_file: str) -> str:
+    """A part line with ``"shard"`` first (a string splice: no parse per line in finalize)."""
+    return '{"shard": ' + json.dumps(shard_file, ensure_ascii=False) + ", " + line[1:]
+
+
+def write_index(parts: list[tuple[str, str]], dest: str) -> None:
+    """Streams (part path, final shard file name) parts, in order, into ``dest``."""
+    with FileSystems.create(dest, compression_type="uncompressed") as out:
+        for part, shard_file in parts:
+            with FileSystems.open(part, compression_type="uncompressed") as fh:
+                for raw in fh:
+                    line = raw.decode("utf-8")
+                    if line.strip():
+                        out.write(with_shard(line, shard_file).encode("utf-8"))
+
+
+def read_index(path: str) -> Iterator[dict[str, Any]]:
+    """The entries of an ``index.jsonl`` (local or gs://), streamed."""
+    with FileSystems.open(path, compression_type="uncompressed") as fh:
+        for raw in fh:
+            if raw.strip():
+                yield json.loads(raw.decode("utf-8"))
+
+
+def read_record_at(fh: IO[bytes], offset: int) -> bytes:
+    """The record whose frame starts at ``offset`` of an uncompressed TFRecord stream (CRCs not checked)."""
+    fh.seek(offset)
+    header = fh.read(12)
+    if len(header) != 12:
+        raise ValueError(f"no TFRecord frame at offset {offset}")
+    (length,) = struct.unpack("<Q", header[:8])
+    data = fh.read(length)
+    if len(data) != length:
+        raise ValueError(f"truncated TFRecord at offset {offset}")
+    return data
+
+
+def unchanged(entry: Mapping[str, Any], ref: Ref) -> bool:
+    """The previous run's entry describes this very file: same relative path, size and mtime."""
+    return entry.get("path") == ref.relpath and entry.get("size") == ref.size and entry.get("mtime") == ref.mtime
+
+
+# ---- incremental runs ------------------------------------------------------------------------
+
+# Settings that shape a record's bytes (images.ImageOptions): a previous run's
+# records are reused only when all of them are the same.
+RECORD_POLICY_KEYS = (
+    "max_pixels",
+    "max_total_pixels",
+    "max_frames",
+    "max_file_mb",
+    "min_size",
+    "apply_exif_orientation",
+    "strip_exif",
+    "resize_max_side",
+    "reencode",
+    "on_unsupported",
+)
+# Versions whose change may change what a file decodes to.
+RECORD_VERSION_KEYS = ("beam_pipeline", "pillow")
+ADDED, CHANGED, UNCHANGED, DROPPED = "added", "changed", "unchanged", "dropped"
+
+
+class Previous(NamedTuple):
+    """Where a previous run stored an unchanged file's record, and what went into it."""
+
+    shard: str  # full path of the previous shard
+    offset: int
+    length: int
+    sha256: str
+    label: str | None
+    label_id: int | None
+    extras: str
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """A previous output whose records may be copied (``reusable_run`` checked the run-wide conditions)."""
+
+    output: str
+    features: Mapping[str, Any]  # its dataset.json feature spec: the extra columns' types must match
+
+
+def reusable_run(previous: str, info: Mapping[str, Any], config: Mapping[str, Any]) -> PreviousRun | None:
+    """A PreviousRun when the previous run's records can be this run's, else None (everything is converted).
+
+    Its shards must be uncompressed (a record is read at its offset), and its
+    image policy and beam_pipeline/Pillow versions the same as this run's.
+    """
+    from . import metadata
+
+    old = info.get("config") or {}
+    if info.get("compression") != "none" or any(old.get(k) != config.get(k) for k in RECORD_POLICY_KEYS):
+        return None
+    versions = info.get("versions") or {}
+    now = metadata.package_versions()
+    if any(versions.get(k) != now.get(k) for k in RECORD_VERSION_KEYS):
+        return None
+    return PreviousRun(previous, dict(info.get("features") or {}))
+
+
+def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
+    return Previous(
+        FileSystems.join(output, entry["shard"]),
+        int(entry["offset"]),
+        int(entry["length"]),
+        str(entry["sha256"]),
+        entry.get("label"),
+        entry.get("label_id"),
+        str(entry.get("extras", "")),
+    )
+
+
+def reusable_record(ref: Ref, label_ids: Mapping[str, int]) -> bool:
+    """The previous record of ``ref`` is byte for byte what converting it now would write.
+
+    The file is unchanged (the join attached ``ref.previous`` only then);
+    its label text and id, and its extra columns, must be too.
+    """
+    prev = ref.previous
+    if prev is None:
+        return False
+    label_id = label_ids.get(ref.label) if ref.label is not None else None
+    return prev.label == ref.label and prev.label_id == label_id and prev.extras == extras_digest(ref)
+
+
+def read_previous(prev: Previous) -> bytes:
+    """The previous record's bytes, read at its offset; checked against the index's length."""
+    with FileSystems.open(prev.shard, compression_type="uncompressed") as fh:
+        data = read_record_at(fh, prev.offset)
+    if len(data) != prev.length:
+        raise ValueError(f"{prev.shard}@{prev.offset}: {len(data)} bytes, the index says {prev.length}")
+    return data
+
+
+class MatchPreviousFn(beam.DoFn):
+    """(relpath, {"refs": [Ref], "previous": [entry]}) → Refs, with ``previous`` set when the file is unchanged.
+
+    Tagged CHANGES: one of added/changed/unchanged/dropped per listed file
+    (dropped: per previous entry nobody listed), for dataset.json.
+    """
+
+    def __init__(self, output: str) -> None:
+        self._output = output
+
+    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
+        _, joined = element
+        refs = list(joined["refs"])
+        entries = list(joined["previous"])
+        if not refs:
+            for _ in entries:
+                yield beam.pvalue.TaggedOutput(CHANGES, DROPPED)
+            return
+        for ref in refs:
+            entry = next((e for e in entries if unchanged(e, ref)), None)
+            if entry is None:
+                yield beam.pvalue.TaggedOutput(CHANGES, CHANGED if entries else ADDED)
+                yield ref
+            else:
+                yield beam.pvalue.TaggedOutput(CHANGES, UNCHANGED)
+                yield dataclasses.replace(ref, previous=previous_of(entry, self._output))
+
+
+CHANGES = "changes"
+
+
+class JoinPrevious(beam.PTransform):
+    """refs → {"refs": refs (unchanged files carry ``previous``), CHANGES: {kind: count} (one element)}."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._output = output
+
+    def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
+        previous = (
+            refs.pipeline
+            | "ReadPreviousIndex" >> beam.io.ReadFromText(FileSystems.join(self._output, INDEX_JSONL))
+            | "ParsePreviousIndex" >> beam.Map(json.loads)
+            | "PreviousByPath" >> beam.Map(lambda e: (e["path"], e))
+        )
+        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, r))
+        matched = (
+            {"refs": by_path, "previous": previous}
+            | "JoinByPath" >> beam.CoGroupByKey()
+            | "MatchPrevious" >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, main="refs")
+        )
+        counts = (
+            matched[CHANGES]
+            | "CountChanges" >> beam.combiners.Count.PerElement()
+            | "AllChanges" >> beam.combiners.ToDict()
+        )
+        return {"refs": matched.refs, CHANGES: counts}

@@ -1,0 +1,202 @@
+"""The per-file index (index.jsonl) and incremental runs (--incremental-from), end to end through the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from beam_pipeline.index import read_record_at
+
+from .conftest import convert, load_info, read_records, run_cli
+from .imagegen import image_bytes, write
+
+ARGS = ["--name", "ds", "--split-ratios", "train=0.7,test=0.3", "--seed", "3", "--target-shard-mb", "0.004"]
+
+
+def make_images(root: Path, labels: dict[str, int], start: int = 0) -> None:
+    for li, (label, n) in enumerate(sorted(labels.items())):
+        for i in range(start, start + n):
+            write(
+                str(root / label / f"{label}_{i:03d}.png"),
+                image_bytes("png", height=20 + i, width=24, seed=li * 97 + i),
+            )
+
+
+def index_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+
+
+def test_index_offsets_read_each_record_back(tmp_path, tf):
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_images(src, {"cat": 9, "dog": 8})
+    write(str(src / "dog" / "broken.png"), b"not an image")
+    convert("--input", str(src), "--output", str(out), *ARGS, "--max-reject-fraction", "1")
+    info, entries = load_info(out), index_of(out)
+    records = read_records(out)
+    assert len(entries) == len(records) == info["examples"] == 17
+    assert "dog/broken.png" not in {e["path"] for e in entries}  # rejects are not indexed
+    # shard order, then record order: the same order as the records
+    assert [(e["shard"], e["path"]) for e in entries] == [(r["_shard"], r["image/filename"].decode()) for r in records]
+    labels = (out / "labels.txt").read_text().split()
+    for entry, row in zip(entries, records, strict=True):
+        src_file = src / entry["path"]
+        assert entry["size"] == src_file.stat().st_size
+        assert entry["mtime"] == pytest.approx(src_file.stat().st_mtime)
+        assert entry["split"] == row["_split"]
+        assert entry["label"] == row["image/class/text"].decode() == labels[entry["label_id"]]
+        assert entry["label_id"] == row["image/class/label"]
+        assert entry["sha256"] == row["image/key/sha256"].decode() == hashlib.sha256(row["image/encoded"]).hexdigest()
+        with open(out / entry["shard"], "rb") as fh:
+            raw = read_record_at(fh, entry["offset"])
+        assert len(raw) == entry["length"]
+        example = tf.train.Example.FromString(raw)
+        assert example.features.feature["image/filename"].bytes_list.value[0].decode() == entry["path"]
+    per_shard: dict[str, list[int]] = {}
+    for e in entries:
+        per_shard.setdefault(e["shard"], []).append(e["record"])
+    assert all(v == list(range(len(v))) for v in per_shard.values())
+    assert {s["file"]: s["records"] for split in info["splits"].values() for s in split["shards"]} == {
+        k: len(v) for k, v in per_shard.items()
+    }
+
+
+def test_label_ids_stay_and_new_labels_follow(tmp_path):
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"dog": 3, "emu": 3})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    assert (first / "labels.txt").read_text() == "dog\nemu\n"
+    make_images(src, {"ant": 2, "cat": 2})  # sort before the old labels
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    assert (second / "labels.txt").read_text() == "dog\nemu\nant\ncat\n"
+    ids = {r["image/class/text"].decode(): r["image/class/label"] for r in read_records(second)}
+    assert ids == {"dog": 0, "emu": 1, "ant": 2, "cat": 3}
+    assert load_info(second)["labels"] == ["dog", "emu", "ant", "cat"]
+
+
+def test_incremental_from_must_be_a_complete_dataset(tmp_path):
+    src, first = tmp_path / "src", tmp_path / "first"
+    make_images(src, {"dog": 2})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+
+    def usage(previous: Path) -> str:
+        result = run_cli(
+            "convert", "--input", str(src), "--output", str(tmp_path / "o"), "--incremental-from", str(previous)
+        )
+        assert result.returncode == 2, result
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return result.stderr
+
+    assert "no _SUCCESS" in usage(tmp_path / "nothing")
+    (first / "labels.txt").unlink()
+    assert "no labels.txt" in usage(first)
+    (first / "_SUCCESS").unlink()
+    assert "no _SUCCESS" in usage(first)
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    info = load_info(out)
+    return {s["file"]: (out / s["file"]).read_bytes() for split in info["splits"].values() for s in split["shards"]}
+
+
+def test_incremental_run_equals_a_full_run_and_decodes_only_new_files(tmp_path):
+    src, first, inc, full = tmp_path / "src", tmp_path / "first", tmp_path / "inc", tmp_path / "full"
+    make_images(src, {"cat": 12, "dog": 12})
+    write(str(src / "dog" / "broken.png"), b"not an image")
+    opts = (*ARGS, "--max-reject-fraction", "1")
+    convert("--input", str(src), "--output", str(first), *opts)
+    assert load_info(first)["examples"] == 24
+
+    make_images(src, {"cat": 3, "eel": 2}, start=50)  # added: 3 in an old label, 2 in a new one
+    write(str(src / "cat" / "cat_000.png"), image_bytes("png", height=41, width=17, seed=999))  # changed
+    (src / "dog" / "dog_001.png").unlink()  # deleted
+    (src / "dog" / "dog_002.png").rename(src / "dog" / "renamed.png")  # renamed: dropped + added
+    convert("--input", str(src), "--output", str(inc), *opts, "--incremental-from", str(first))
+    assert (inc / "labels.txt").read_text() == "cat\ndog\neel\n"
+    convert("--input", str(src), "--output", str(full), *opts, "--labels-file", str(inc / "labels.txt"))
+
+    assert shard_bytes(inc) == shard_bytes(full)  # same records, same order, same shards
+    assert (inc / "index.jsonl").read_text() == (full / "index.jsonl").read_text()
+    assert (inc / "rejects.jsonl").read_text() == (full / "rejects.jsonl").read_text()
+    info = load_info(inc)
+    # the broken file is retried (converted again, rejected again), as every previous reject is
+    assert info["incremental"] == {
+        "from": str(first),
+        "reused": 21,  # 24 - changed - deleted - renamed
+        "converted": 7,  # 5 added + 1 changed + 1 renamed
+        "added": 7,  # 5 new files, the renamed one, the broken one (not in the index)
+        "changed": 1,
+        "unchanged": 21,
+        "dropped": 2,
+    }
+    assert info["rejects"]["total"] == 1
+    assert "incremental" not in load_info(full)
+
+
+def test_unchanged_files_are_not_read_again(tmp_path):
+    """Same size and mtime: the previous record is copied, whatever the file holds now (the documented contract)."""
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 4})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    target = src / "cat" / "cat_001.png"
+    stat = target.stat()
+    target.write_bytes(b"x" * stat.st_size)  # not an image any more, same size ...
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # ... and mtime
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    assert shard_bytes(second) == shard_bytes(first)
+    assert load_info(second)["incremental"]["reused"] == 4
+    assert load_info(second)["rejects"]["total"] == 0
+
+
+def test_inspect_shows_what_an_incremental_run_reused(tmp_path):
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 5})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    make_images(src, {"cat": 2}, start=20)
+    (src / "cat" / "cat_000.png").unlink()
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    shown = run_cli("inspect", str(second))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    at = lines.index("incremental: reused 4 records, converted 2")
+    assert lines[at + 1] == "  files: unchanged 4, added 2, changed 0, dropped 1"
+    assert lines[at + 2] == f"  from: {first}"[:80]  # inspect keeps to 80 columns
+    assert "incremental" not in run_cli("inspect", str(first)).stdout
+
+
+def test_a_previous_shard_gone_is_converted_again(tmp_path):
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 6, "dog": 6})
+    convert("--input", str(src), "--output", str(first), *ARGS)
+    expected = shard_bytes(first)
+    [gone, *_] = load_info(first)["splits"]["train"]["shards"]
+    (first / gone["file"]).unlink()
+    convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
+    assert shard_bytes(second) == expected
+    assert load_info(second)["incremental"]["reused"] == 12 - gone["records"]
+    assert load_info(second)["incremental"]["converted"] == gone["records"]
+
+
+def test_gzip_offsets_are_in_the_uncompressed_stream_and_gzip_shards_are_not_reused(tmp_path, tf):
+    import gzip
+
+    src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
+    make_images(src, {"cat": 4})
+    convert("--input", str(src), "--output", str(first), *ARGS, "--compression", "gzip")
+    for entry in index_of(first):
+        with gzip.open(first / entry["shard"], "rb") as fh:
+            example = tf.train.Example.FromString(read_record_at(fh, entry["offset"]))
+        assert example.features.feature["image/filename"].bytes_list.value[0].decode() == entry["path"]
+    convert(
+        "--input", str(src), "--output", str(second), *ARGS, "--compression", "gzip", "--incremental-from", str(first)
+    )
+    assert load_info(second)["incremental"]["reused"] == 0  # a gzip shard is not read at an offset
+    assert [r["image/encoded"] for r in read_records(second)] == [r["image/encoded"] for r in read_records(first)]
+    result = run_cli(
+        "convert", "--input", str(src), "--output", str(tmp_path / "o"), "--sink", "write_to_tfrecord",
+        "--incremental-from", str(first),
+    )  # fmt: skip
+    assert result.returncode == 2 and "needs the planned sink" in result.stderr
