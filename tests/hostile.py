@@ -18,6 +18,12 @@ def _png_chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
 
+def _png(ihdr: bytes, idat: bytes) -> bytes:
+    """A PNG file of one IHDR, one IDAT and IEND."""
+    chunks = [_png_chunk(b"IHDR", ihdr), _png_chunk(b"IDAT", idat), _png_chunk(b"IEND", b"")]
+    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks)
+
+
 def zero_png(width: int, height: int, mode: str = "RGB", seed_row: int = 0) -> bytes:
     """A valid 8-bit PNG of ``width`` × ``height`` black pixels: its zlib stream is ~1/1000 of what it expands to.
 
@@ -34,14 +40,7 @@ def zero_png(width: int, height: int, mode: str = "RGB", seed_row: int = 0) -> b
     for y in range(height):
         parts.append(comp.compress(marked if y == seed_row else row))
     parts.append(comp.flush())
-    return b"".join(
-        [
-            b"\x89PNG\r\n\x1a\n",
-            _png_chunk(b"IHDR", ihdr),
-            _png_chunk(b"IDAT", b"".join(parts)),
-            _png_chunk(b"IEND", b""),
-        ]
-    )
+    return _png(ihdr, b"".join(parts))
 
 
 def png_stream_bomb(width: int = 64, height: int = 64, expands_to: int = 400_000_000) -> bytes:
@@ -51,14 +50,7 @@ def png_stream_bomb(width: int = 64, height: int = 64, expands_to: int = 400_000
     block = b"\x00" * (1 << 20)
     parts = [comp.compress(block) for _ in range(expands_to >> 20)]
     parts.append(comp.flush())
-    return b"".join(
-        [
-            b"\x89PNG\r\n\x1a\n",
-            _png_chunk(b"IHDR", ihdr),
-            _png_chunk(b"IDAT", b"".join(parts)),
-            _png_chunk(b"IEND", b""),
-        ]
-    )
+    return _png(ihdr, b"".join(parts))
 
 
 def _gif_frame_block(width: int, height: int) -> tuple[bytes, bytes]:

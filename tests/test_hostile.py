@@ -24,14 +24,7 @@ from . import hostile
 from .conftest import REPO, load_info, read_records
 from .imagegen import encode, image_bytes, write
 from .test_images import _png_claiming, _tf_shape_matches
-
-
-def _reason(data: bytes, options: ImageOptions | None = None) -> str:
-    try:
-        prepare_image(data, options)
-        return "ok"
-    except Rejected as r:
-        return r.reason
+from .test_images import _verdict as _reason
 
 
 def test_gif_frames_declaring_extents_far_beyond_the_screen_are_refused_before_pillow_sees_them():

@@ -241,7 +241,7 @@ def _corruptions(data: bytes, rng):
         yield "delete", bytes(x)
 
 
-def _verdict(data: bytes, options: ImageOptions) -> str:
+def _verdict(data: bytes, options: ImageOptions | None = None) -> str:
     try:
         prepare_image(data, options)
         return "ok"
