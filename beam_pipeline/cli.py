@@ -49,6 +49,8 @@ CONFIG_KEYS = {
     "compression": str,
     "sink": str,
     "overwrite": bool,
+    "resume": bool,
+    "no_resume": bool,
     "dedupe": bool,
     "run_date": str,
     "decode_threads": int,
@@ -199,6 +201,13 @@ def _convert_parser() -> _Parser:
         dest="run_date",
         metavar="YYYY-MM-DD",
         help="put where --output says {date}; names the Dataflow job too (default: today, UTC)",
+    )
+    out.add_argument(
+        "--no-resume",
+        dest="no_resume",
+        action="store_true",
+        help="write every shard again, even those an earlier killed or failed run of --output finished with the "
+        "same inputs (default: those are taken as they are)",
     )
     out.add_argument("--dedupe", action="store_true", help="keep one copy of identical files, by sha256 (default: off)")
     out.add_argument(
@@ -464,6 +473,8 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
         )
     if settings.pop("no_transform", False):
         settings["transform"] = False
+    if settings.pop("no_resume", False):
+        settings["resume"] = False
     if settings.pop("no_tfds_metadata", False):
         settings["tfds_metadata"] = False
     ratios = settings.pop("split_ratios", None)

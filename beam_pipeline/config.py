@@ -43,6 +43,7 @@ class ConvertConfig:
     label_regex: str | None = None
     labels_file: str | None = None
     incremental_from: str | None = None  # a previous complete output: its label ids stay, its records are reused
+    resume: bool = True  # take the shards earlier killed/failed runs of this output finished (resume.py)
     split_ratios: tuple[tuple[str, float], ...] | None = None
     seed: int = 0
     target_shard_mb: float = 150.0
@@ -125,6 +126,8 @@ class Layout:
     previous: str | None = None
     prior_labels: tuple[str, ...] | None = None
     tmp_dir: str = ""  # this run's scratch folder inside the output
+    # Scratch folders of earlier runs of this output holding finished shards (resume.py), newest first.
+    resume_from: tuple[str, ...] = ()
     run_id: str = ""
     extra_columns: tuple[str, ...] = field(default=())
 

@@ -3,7 +3,9 @@
     BEAM_PIPELINE_FAILPOINTS="publish.move:3,finalize.rename:2" python -m beam_pipeline convert ...
 
 Each entry is ``point:k``: the k-th time this process reaches ``point`` it
-raises ``FailpointError`` (before doing that operation), once; later hits of
+raises ``FailpointError`` (before doing that operation), once; ``point:k:kill``
+kills the process instead (SIGKILL: no cleanup, no ``finally``, as a machine
+that dies or a user's ``kill -9``; the resume tests use it). Later hits of
 the point, in this process, pass. "Once" is per process: a runner that starts
 a fresh worker process for the retry (or several worker processes) counts
 again from zero in each, and an in-process retry (a test calling the step a
@@ -38,42 +40,58 @@ class FailpointError(RuntimeError):
 
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
-_parsed: tuple[str, dict[str, int]] = ("", {})
+_parsed: tuple[str, dict[str, tuple[int, str]]] = ("", {})
+
+
+KILL = "kill"
 
 
 def parse(spec: str) -> dict[str, int]:
     """``"a.b:3,c.d:1"`` → {"a.b": 3, "c.d": 1}; a malformed entry raises ValueError naming it."""
-    out: dict[str, int] = {}
+    return {name: k for name, (k, _) in parse_actions(spec).items()}
+
+
+def parse_actions(spec: str) -> dict[str, tuple[int, str]]:
+    """``"a.b:3,c.d:1:kill"`` → {"a.b": (3, "raise"), "c.d": (1, "kill")}; ValueError names a bad entry."""
+    out: dict[str, tuple[int, str]] = {}
     for entry in spec.split(","):
         entry = entry.strip()
         if not entry:
             continue
+        action = "raise"
+        if entry.endswith(":" + KILL):
+            entry, action = entry[: -len(KILL) - 1], KILL
         name, sep, k = entry.rpartition(":")
         if not sep or not name or not k.isdigit() or int(k) < 1:
-            raise ValueError(f"{ENV}: bad entry {entry!r} (expected point:k with k >= 1)")
-        out[name] = int(k)
+            raise ValueError(f"{ENV}: bad entry {entry!r} (expected point:k or point:k:kill with k >= 1)")
+        out[name] = (int(k), action)
     return out
 
 
-def _armed() -> dict[str, int]:
+def _armed() -> dict[str, tuple[int, str]]:
     global _parsed
     spec = os.environ.get(ENV, "")
     if spec != _parsed[0]:
-        _parsed = (spec, parse(spec))
+        _parsed = (spec, parse_actions(spec))
     return _parsed[1]
 
 
 def hit(point: str) -> None:
-    """Counts one operation of ``point``; raises FailpointError at the armed k-th one."""
+    """Counts one operation of ``point``; raises FailpointError (or kills the process) at the armed k-th one."""
     if not os.environ.get(ENV):
         return
-    k = _armed().get(point)
-    if k is None:
+    armed = _armed().get(point)
+    if armed is None:
         return
+    k, action = armed
     with _lock:
         n = _counts.get(point, 0) + 1
         _counts[point] = n
     if n == k:
+        if action == KILL:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         raise FailpointError(f"failpoint {point} at operation {k}")
 
 

@@ -48,7 +48,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import failpoints, index, metadata
+from . import failpoints, index, metadata, resume
 from .config import ConvertConfig, Layout
 
 _LOG = logging.getLogger(__name__)
@@ -218,10 +218,11 @@ def _run_started(folder_name: str) -> float | None:
 
 
 def stale_tmp_dirs(out_dir: str, keep: str = "", now: float | None = None) -> list[str]:
-    """Scratch folders of runs of this tool in ``out_dir`` that started over STALE_TMP_AGE_S ago.
+    """Scratch folders of runs of this tool in ``out_dir`` that started over STALE_TMP_AGE_S ago,
+    or (local) whose run is dead: nobody holds its lock (resume.is_dead_local_run).
 
-    A younger one may be a run still going (two runs on one output): it is
-    left alone. ``keep`` (this run's own) is never listed.
+    A younger one on GCS may be a run still going (two runs on one output): it
+    is left alone. ``keep`` (this run's own) is never listed.
     """
     pattern = FileSystems.join(out_dir, metadata.TMP_PREFIX + "*")
     prefix = FileSystems.join(out_dir, metadata.TMP_PREFIX)
@@ -232,8 +233,10 @@ def stale_tmp_dirs(out_dir: str, keep: str = "", now: float | None = None) -> li
     now = time.time() if now is None else now
     out = []
     for folder in sorted({prefix + m.path[len(prefix) :].split("/", 1)[0] for m in found}):
+        if folder.rstrip("/") == keep.rstrip("/"):
+            continue
         started = _run_started(folder.rsplit("/", 1)[-1])
-        if folder.rstrip("/") != keep.rstrip("/") and started is not None and now - started > STALE_TMP_AGE_S:
+        if (started is not None and now - started > STALE_TMP_AGE_S) or resume.is_dead_local_run(folder):
             out.append(folder)
     return out
 
@@ -356,7 +359,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     staged = {
         rel: size
         for rel, size in _sizes_under(staging).items()
-        if not rel.startswith((PUBLISH_MANIFEST, REJECT_PARTS + "/", index.INDEX_PARTS + "/"))
+        if not rel.startswith((PUBLISH_MANIFEST, REJECT_PARTS + "/", index.INDEX_PARTS + "/", *resume.SCRATCH_ONLY))
     }
     if metadata.DATASET_JSON not in staged:
         raise FileNotFoundError(f"{staging}: no {metadata.DATASET_JSON} to publish")
@@ -478,7 +481,7 @@ def cleanup_staging(staging: str, out_dir: str) -> None:
     delete_files([manifest])
     if "://" not in staging:
         shutil.rmtree(staging, ignore_errors=True)
-    for stale_tmp in stale_tmp_dirs(out_dir, keep=staging):  # left by killed runs, days ago
+    for stale_tmp in stale_tmp_dirs(out_dir, keep=staging):  # left by killed runs: dead, or days ago
         delete_tree(stale_tmp)
 
 
@@ -519,6 +522,29 @@ def incremental_summary(
     reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
     counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
     return {"from": previous, "reused": reused, "converted": records - reused, **counts}
+
+
+def resumed_summary(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> dict[str, Any]:
+    """What this run took from earlier runs' finished shards (resume.py): shards, records, run ids; {} if none.
+
+    A retried writer that took its own run's finished shard is not counted: a
+    retry must not change dataset.json.
+    """
+    own = staging.rstrip("/")
+    taken = [
+        r
+        for files in layout.values()
+        for _, r in files
+        if r.get("resumed_from") and str(r["resumed_from"]).rstrip("/") != own
+    ]
+    if not taken:
+        return {}
+    runs = {str(r["resumed_from"]).rstrip("/").rsplit("/", 1)[-1] for r in taken}
+    return {
+        "shards": len(taken),
+        "records": sum(r["records"] for r in taken),
+        "from_runs": sorted(name[len(metadata.TMP_PREFIX) :] for name in runs),
+    }
 
 
 def write_dataset_index(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> None:
@@ -597,6 +623,9 @@ class FinalizeFn(beam.DoFn):
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
         if self._layout.previous:
             info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout)
+        resumed = resumed_summary(layout, staging)
+        if resumed:
+            info["resumed"] = resumed
         info["status"] = outcome(info["examples"], sum(rejects_by_reason.values()), cfg.max_reject_fraction)
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
@@ -611,9 +640,14 @@ class FinalizeFn(beam.DoFn):
             for files in layout.values()
             for final, result in files
         ]
+        # Where each shard goes, for a later run that resumes from this one if it dies before publishing.
+        resume.write_atomic(
+            FileSystems.join(staging, resume.DONE, resume.RENAMED),
+            "".join(json.dumps({"from": src, "to": dst}) + "\n" for src, dst in pairs),
+        )
         move_files(pairs, in_staging, "finalize.rename")
         keep = {dst for _, dst in pairs}
-        parts = (REJECT_PARTS + "/", index.INDEX_PARTS + "/")
+        parts = (REJECT_PARTS + "/", index.INDEX_PARTS + "/", *resume.SCRATCH_ONLY)
         delete_files([p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(parts)])
         write_dataset_index(layout, staging)
         failpoints.hit("finalize.write")

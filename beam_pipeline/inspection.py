@@ -92,6 +92,14 @@ def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
     if info.get("converted"):
         lines.append("converted to PNG/JPEG: " + ", ".join(f"{k} {v}" for k, v in info["converted"].items()))
     lines += incremental_lines(info.get("incremental"))
+    resumed = info.get("resumed")
+    if resumed:
+        runs = len(resumed.get("from_runs") or []) or 1
+        lines.append(
+            f"resumed: {resumed['shards']:,} shards ({resumed['records']:,} records) from "
+            + ("an earlier run" if runs == 1 else f"{runs} earlier runs")
+            + " that did not finish"
+        )
     cfg = info.get("config", {})
     src = cfg.get("input") or cfg.get("manifest")
     lines += ["", f"source: {src}", f"target shard: {cfg.get('target_shard_mb')} MB, sink {info.get('sink')}"]

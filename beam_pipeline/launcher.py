@@ -32,7 +32,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineState
 
-from . import index, metadata
+from . import index, metadata, resume
 from .config import SPLIT_FOLDERS, ConvertConfig, Layout
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, read_json
@@ -244,6 +244,9 @@ def prepare(cfg: ConvertConfig, *, check_output: bool = True) -> tuple[ConvertCo
     )
     output = _check_output(cfg, None if manifest else root) if check_output else absolute(cfg.output)
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+    tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)
+    # Earlier runs of this output that died holding finished shards (the same command run again).
+    resume_from = resume.resume_sources(output, tmp_dir) if cfg.resume and cfg.sink == "planned" else ()
     cfg = _replace(cfg, output=output, manifest=manifest, input=None if manifest else cfg.input)
     layout = Layout(
         root=root,
@@ -256,8 +259,9 @@ def prepare(cfg: ConvertConfig, *, check_output: bool = True) -> tuple[ConvertCo
         labels=labels,
         previous=previous,
         prior_labels=prior_labels,
-        tmp_dir=FileSystems.join(output, metadata.TMP_PREFIX + run_id),
+        tmp_dir=tmp_dir,
         run_id=run_id,
+        resume_from=resume_from,
     )
     return cfg, layout
 
@@ -422,30 +426,33 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         FileSystems.set_options(options)
     if options.view_as(TestOptions).dry_run:
         return _dry_run(cfg, layout, options, runner)
-    wtt_shards = None
-    try:
-        if cfg.sink == "write_to_tfrecord":
-            plan_path = FileSystems.join(layout.tmp_dir, "plan.json")
-            _wait(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
-            wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path)["splits"].items()}
-            options, runner = make_options(beam_args)
-        pipeline = build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards)
-        template = options.view_as(GoogleCloudOptions).template_location
-        if template and runner is None:
-            # Dataflow writes the full job request there instead of submitting it.
-            pipeline.run()
-            return {"template_location": template, "output": cfg.output}
-        if cfg.detach:
-            result = pipeline.run()
-            job_id = getattr(result, "job_id", None)
-            return {"detached": True, "job_id": job_id() if callable(job_id) else job_id, "output": cfg.output}
-        with LiveProgress():
-            _wait(pipeline.run())
-    except PipelineError:
-        raise
-    except Exception as e:  # the runner wraps worker errors in assorted types
-        raise PipelineError(last_line(e)) from e
-    return _after_pipeline(cfg, layout, beam_args)
+    # While this process runs, its scratch folder is locked: a later run resumes from it, and
+    # removes it after publishing, only once the lock is free (resume.py). Local outputs only.
+    with resume.run_lock(layout.tmp_dir):
+        wtt_shards = None
+        try:
+            if cfg.sink == "write_to_tfrecord":
+                plan_path = FileSystems.join(layout.tmp_dir, "plan.json")
+                _wait(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
+                wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path)["splits"].items()}
+                options, runner = make_options(beam_args)
+            pipeline = build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards)
+            template = options.view_as(GoogleCloudOptions).template_location
+            if template and runner is None:
+                # Dataflow writes the full job request there instead of submitting it.
+                pipeline.run()
+                return {"template_location": template, "output": cfg.output}
+            if cfg.detach:
+                result = pipeline.run()
+                job_id = getattr(result, "job_id", None)
+                return {"detached": True, "job_id": job_id() if callable(job_id) else job_id, "output": cfg.output}
+            with LiveProgress():
+                _wait(pipeline.run())
+        except PipelineError:
+            raise
+        except Exception as e:  # the runner wraps worker errors in assorted types
+            raise PipelineError(last_line(e)) from e
+        return _after_pipeline(cfg, layout, beam_args)
 
 
 def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:

@@ -108,7 +108,14 @@ def build_pipeline(
             | "GroupByShard" >> beam.GroupByKey()
             | "WriteShards"
             >> beam.ParDo(
-                WriteShardFn(layout.tmp_dir, cfg.compression, cfg.decode_threads, cfg.image_options, previous),
+                WriteShardFn(
+                    layout.tmp_dir,
+                    cfg.compression,
+                    cfg.decode_threads,
+                    cfg.image_options,
+                    previous,
+                    resume_from=layout.resume_from,
+                ),
                 beam.pvalue.AsSingleton(labels),
                 beam.pvalue.AsSingleton(extra_types),
             ).with_outputs(REJECTS, main="results")

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import json
 import os
 import sys
 import threading
@@ -46,7 +47,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from . import examples, failpoints, index
+from . import examples, failpoints, index, resume
 from .images import (
     DECODE_ERROR,
     MISSING,
@@ -639,9 +640,13 @@ class WriteShardFn(beam.DoFn):
         threads: int,
         image_options: ImageOptions | None = None,
         previous: index.PreviousRun | None = None,
+        resume_from: Sequence[str] = (),
     ) -> None:
         self._tmp_dir = tmp_dir
         self._previous = previous  # --incremental-from: unchanged files' records are copied from it
+        # Where finished shards of earlier runs may be (resume.py): this run's own scratch folder
+        # first (a bundle retried after its shard was finished), then earlier runs', newest first.
+        self._resume_from = (tmp_dir, *(s for s in resume_from if s != tmp_dir))
         self._compression = compression
         self._threads = threads
         self._image_options = image_options or ImageOptions()
@@ -649,12 +654,14 @@ class WriteShardFn(beam.DoFn):
         self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
         self._shards = beam.metrics.Metrics.counter(NAMESPACE, "shards_written")
         self._reused = beam.metrics.Metrics.counter(NAMESPACE, "records_reused")
+        self._resumed = beam.metrics.Metrics.counter(NAMESPACE, "shards_resumed")
 
     def setup(self) -> None:
         # Shared by the writers of this process (like the budgets); each keeps its own window.
         self._pool = process_pool("decode", decode_threads(self._threads))
         self._io_pool = process_pool("read", IO_THREADS)
         self._read_budget, self._decode_budget = budgets(self._image_options)
+        self._renamed: dict[str, dict[str, str]] = {}  # resume.find_finished's cache
 
     def process(
         self,
@@ -667,9 +674,18 @@ class WriteShardFn(beam.DoFn):
         label_ids = {label: i for i, label in enumerate(labels)}
         # A retried bundle writes a new temp file; only the committed attempt's
         # path reaches finalize, so attempts never mix.
-        attempt = uuid.uuid4().hex
-        tmp_path = FileSystems.join(self._tmp_dir, f"{split}-{shard:05d}-{attempt}.tfrecord")
-        index_path = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{split}-{shard:05d}-{attempt}.jsonl")
+        stem = f"{split}-{shard:05d}-{uuid.uuid4().hex}"
+        paths = {
+            "tmp_path": FileSystems.join(self._tmp_dir, f"{stem}.tfrecord"),
+            "index_path": FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.jsonl"),
+            "rejects_path": resume.rejects_path(self._tmp_dir, stem),
+        }
+        tmp_path, index_path = paths["tmp_path"], paths["index_path"]
+        digest = resume.shard_digest(split, shard, ordered, labels, extra_types, self._image_options, self._compression)
+        finished = resume.find_finished(self._resume_from, split, shard, digest, self._renamed)
+        if finished is not None:
+            yield from self._resumed_shard(split, shard, digest, finished, paths)
+            return
         offset = 0  # in the uncompressed stream
         records = 0
         denied, first_denied = 0, ""  # reads refused for permission (not the tracebacks: a shard may have 100k)
@@ -723,6 +739,7 @@ class WriteShardFn(beam.DoFn):
             contextlib.closing(results),
             FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out,
             FileSystems.create(index_path, compression_type=CompressionTypes.UNCOMPRESSED) as index_out,
+            FileSystems.create(paths["rejects_path"], compression_type=CompressionTypes.UNCOMPRESSED) as rejects_out,
         ):
             for ref, result in results:
                 if isinstance(result, Rejected):
@@ -731,7 +748,9 @@ class WriteShardFn(beam.DoFn):
                         first_denied = first_denied or result.detail
                     self._rejected.inc()
                     PROGRESS.add(rejected=1)
-                    yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
+                    row = reject(ref.path, result.reason, result.detail)
+                    rejects_out.write((json.dumps(row) + "\n").encode("ascii"))  # \u-escapes keep any path
+                    yield beam.pvalue.TaggedOutput(REJECTS, row)
                     continue
                 PROGRESS.add(images=1)
                 if isinstance(result, Reused):
@@ -765,18 +784,38 @@ class WriteShardFn(beam.DoFn):
         self._shards.inc()
         PROGRESS.add(shards=1)
         size = FileSystems.match([tmp_path])[0].metadata_list[0].size_in_bytes
-        failpoints.hit("writer.result")
-        yield {
+        result = {
             "split": split,
             "shard": shard,
-            "tmp_path": tmp_path,
-            "index_path": index_path,
+            **paths,
             "records": records,
             "bytes": size,
             "labels": dict(sorted(label_counts.items())),
             "converted": dict(sorted(converted.items())),
             "reused": reused,
         }
+        # The shard is closed: a later run (or a retry of this bundle) with the same digest takes it.
+        resume.write_marker(self._tmp_dir, split, shard, digest, result)
+        failpoints.hit("writer.result")
+        yield result
+
+    def _resumed_shard(
+        self, split: str, shard: int, digest: str, finished: Mapping[str, Any], paths: Mapping[str, str]
+    ) -> Iterator[Any]:
+        """A shard an earlier attempt or run finished with the same digest: its files, its rejects, its result."""
+        result = resume.adopt(finished, paths)
+        rejected = 0
+        for row in resume.read_rejects(result["rejects_path"]):
+            rejected += 1
+            yield beam.pvalue.TaggedOutput(REJECTS, row)
+        resume.write_marker(self._tmp_dir, split, shard, digest, result)
+        self._rejected.inc(rejected)
+        self._records.inc(result["records"])
+        self._shards.inc()
+        self._resumed.inc()
+        PROGRESS.add(images=result["records"], rejected=rejected, shards=1)
+        failpoints.hit("writer.result")
+        yield result
 
 
 class DecodeFn(beam.DoFn):

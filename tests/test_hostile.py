@@ -271,8 +271,8 @@ def test_transient_read_errors_fail_the_shard_and_permanent_ones_are_rejects(tmp
             return real_open(path, *args, **kwargs)
 
         monkeypatch.setattr(FileSystems, "open", flaky)
-        with pytest.raises(gexc.ServiceUnavailable):
-            list(writer.process((("train", 0), refs), [], {}))
+        with pytest.raises(gexc.ServiceUnavailable):  # shard 1: shard 0 is finished, a retry would take it
+            list(writer.process((("train", 1), refs), [], {}))
         assert writer._read_budget.held == 0  # noqa: SLF001 - the retried bundle starts with the whole budget
     finally:
         writer.teardown()

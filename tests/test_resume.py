@@ -1,0 +1,297 @@
+"""Resume (resume.py): a run killed half-way, run again with the same command, takes the shards it finished.
+
+The kill is real: ``BEAM_PIPELINE_FAILPOINTS=writer.result:k:kill`` SIGKILLs the
+process (or, with the multi-process runner, a worker) right after its k-th
+finished shard, so nothing of the run's own clean-up happens. The re-run must
+give the same shards, index and rejects as a run that was never killed, and
+must not read the images of the shards it took: those files are overwritten
+with garbage of the same size and mtime before it starts, so a read would make
+them rejects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from beam_pipeline import hashing, resume
+from beam_pipeline.finalize import stale_tmp_dirs
+from beam_pipeline.images import ImageOptions
+from beam_pipeline.listing import Ref
+from beam_pipeline.writing import WriteShardFn
+
+from .conftest import BUCKET, convert, load_info, run_cli
+from .imagegen import image_bytes, write
+from .test_incremental import make_images, shard_bytes
+
+ARGS = ["--name", "ds", "--seed", "3", "--target-shard-mb", "0.004", "--max-reject-fraction", "1"]
+QUICK = ["--no-transform", "--no-tfds-metadata"]
+TMP = ".beam_pipeline-tmp-"
+
+
+def make_source(src: Path) -> None:
+    make_images(src, {"cat": 14, "dog": 14})
+    for i in range(6):  # rejects spread over the shards: some land in shards that are taken
+        write(str(src / ["cat", "dog"][i % 2] / f"broken_{i}.png"), b"not an image %d" % i)
+
+
+def scratch_folders(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if p.name.startswith(TMP)) if out.exists() else []
+
+
+def finished(scratch: Path) -> list[dict]:
+    """The results of the shards a run finished, from its markers."""
+    done = scratch / resume.DONE
+    return [json.loads(p.read_text())["result"] for p in sorted(done.glob("*.json")) if p.name != resume.RENAMED]
+
+
+def killed_run(src: Path, out: Path, monkeypatch, point: str, *extra: str) -> Path:
+    """Runs convert until the failpoint kills it; the dead run's scratch folder."""
+    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", point)
+    result = run_cli("convert", "--input", str(src), "--output", str(out), *ARGS, *extra)
+    monkeypatch.delenv("BEAM_PIPELINE_FAILPOINTS")
+    assert result.returncode != 0, result
+    assert not (out / "_SUCCESS").exists()
+    [scratch] = scratch_folders(out)
+    return scratch
+
+
+def spoil_taken_files(src: Path, results: list[dict]) -> int:
+    """Overwrites every image of the given shards with garbage, keeping its size and mtime."""
+    spoiled = 0
+    for result in results:
+        for line in Path(result["index_path"]).read_text().splitlines():
+            target = src / json.loads(line)["path"]
+            stat = target.stat()
+            target.write_bytes(b"\0" * stat.st_size)
+            os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            spoiled += 1
+    return spoiled
+
+
+def same_output(got: Path, want: Path) -> None:
+    assert shard_bytes(got) == shard_bytes(want)
+    assert (got / "index.jsonl").read_text() == (want / "index.jsonl").read_text()
+    assert (got / "rejects.jsonl").read_text() == (want / "rejects.jsonl").read_text()
+    assert (got / "labels.txt").read_text() == (want / "labels.txt").read_text()
+    assert (got / "_SUCCESS").exists()
+
+
+def test_a_killed_run_takes_its_finished_shards_when_run_again(tmp_path, monkeypatch):
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_source(src)
+    convert("--input", str(src), "--output", str(ref), *ARGS)  # never killed
+    total_shards = sum(s["num_shards"] for s in load_info(ref)["splits"].values())
+
+    scratch = killed_run(src, out, monkeypatch, "writer.result:3:kill", *QUICK)
+    taken = finished(scratch)
+    assert len(taken) == 3 < total_shards
+    assert any(Path(r["rejects_path"]).read_text() for r in taken)  # some rejects are replayed, not found again
+    spoiled = spoil_taken_files(src, taken)
+    assert spoiled == sum(r["records"] for r in taken) > 0
+
+    convert("--input", str(src), "--output", str(out), *ARGS)  # the same command
+    same_output(out, ref)  # the spoiled files were not read: they would be rejects now
+    info = load_info(out)
+    assert info["resumed"] == {"shards": 3, "records": spoiled, "from_runs": [scratch.name[len(TMP) :]]}
+    assert info["rejects"] == load_info(ref)["rejects"]
+    assert scratch_folders(out) == []  # the dead run's scratch folder went once this run published
+    shown = run_cli("inspect", str(out))
+    assert f"resumed: 3 shards ({spoiled} records) from an earlier run that did not finish" in shown.stdout
+
+
+def test_a_file_changed_after_the_kill_rewrites_its_shard_only(tmp_path, monkeypatch):
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_source(src)
+    scratch = killed_run(src, out, monkeypatch, "writer.result:4:kill", *QUICK)
+    taken = finished(scratch)
+    assert len(taken) == 4
+    changed = json.loads(Path(taken[0]["index_path"]).read_text().splitlines()[0])["path"]
+    os.utime(src / changed, (1_600_000_000, 1_600_000_000))  # touched: a changed file (same plan: same size)
+
+    convert("--input", str(src), "--output", str(ref), *ARGS, *QUICK)
+    convert("--input", str(src), "--output", str(out), *ARGS, *QUICK)
+    same_output(out, ref)
+    assert load_info(out)["resumed"]["shards"] == 3
+    assert load_info(out)["resumed"]["records"] == sum(r["records"] for r in taken[1:])
+
+
+def test_no_resume_writes_every_shard_again(tmp_path, monkeypatch):
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_source(src)
+    convert("--input", str(src), "--output", str(ref), *ARGS, *QUICK)
+    killed_run(src, out, monkeypatch, "writer.result:2:kill", *QUICK)
+    convert("--input", str(src), "--output", str(out), *ARGS, *QUICK, "--no-resume")
+    same_output(out, ref)
+    assert "resumed" not in load_info(out)
+    assert scratch_folders(out) == []
+
+
+def test_resume_with_the_multi_process_runner(tmp_path, monkeypatch):
+    """A worker process killed: the job fails; run again on two worker processes, the finished shards are taken."""
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_source(src)
+    multi = ["--direct_running_mode=multi_processing", "--direct_num_workers=2", *QUICK]
+    convert("--input", str(src), "--output", str(ref), *ARGS, *QUICK)
+    scratch = killed_run(src, out, monkeypatch, "writer.result:3:kill", *multi)
+    taken = finished(scratch)
+    assert len(taken) >= 3  # each worker process counts its own failpoint hits
+    spoil_taken_files(src, taken)
+    convert("--input", str(src), "--output", str(out), *ARGS, *multi)
+    same_output(out, ref)
+    assert load_info(out)["resumed"]["shards"] == len(taken)
+
+
+def test_a_run_killed_after_finalize_takes_every_shard(tmp_path, monkeypatch):
+    """Killed in the post-steps (TFDS metadata here): the shards were renamed in staging; the re-run follows."""
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_source(src)
+    convert("--input", str(src), "--output", str(ref), *ARGS, tfds=True)
+    scratch = killed_run(src, out, monkeypatch, "poststeps.step:1:kill", "--no-transform")
+    assert (scratch / "dataset.json").exists() and (scratch / resume.DONE / resume.RENAMED).exists()
+    taken = finished(scratch)
+    spoil_taken_files(src, taken)
+    convert("--input", str(src), "--output", str(out), *ARGS, tfds=True)
+    same_output(out, ref)
+    shards = sum(s["num_shards"] for s in load_info(ref)["splits"].values())
+    assert len(taken) >= shards  # finished shards with no records (every image rejected) are dropped
+    assert load_info(out)["resumed"] == {
+        "shards": shards,
+        "records": load_info(ref)["examples"],
+        "from_runs": [scratch.name[len(TMP) :]],
+    }
+    assert (out / "dataset_info.json").exists()
+
+
+def test_resume_on_gcs(gcs, tmp_path, monkeypatch):
+    """gs:// output: the finished shards are copied server-side; the dead run's folder stays (GCS has no lock)."""
+    src = tmp_path / "src"
+    make_source(src)
+    bucket = gcs.bucket(BUCKET)
+    for path in src.rglob("*"):
+        if path.is_file():
+            bucket.blob(f"rs-in/{path.relative_to(src)}").upload_from_filename(str(path))
+    gs_in, gs_out, gs_ref = f"gs://{BUCKET}/rs-in", f"gs://{BUCKET}/rs-out", f"gs://{BUCKET}/rs-ref"
+    convert("--input", gs_in, "--output", gs_ref, "--no_auth", *ARGS)
+    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", "writer.result:3:kill")
+    killed = run_cli("convert", "--input", gs_in, "--output", gs_out, "--no_auth", *ARGS, *QUICK)
+    monkeypatch.delenv("BEAM_PIPELINE_FAILPOINTS")
+    assert killed.returncode != 0
+    dead = {b.name.split("/")[1] for b in gcs.list_blobs(BUCKET, prefix="rs-out/")}
+    assert len(dead) == 1 and next(iter(dead)).startswith(TMP)
+    convert("--input", gs_in, "--output", gs_out, "--no_auth", *ARGS)
+
+    def blobs(prefix: str) -> dict[str, bytes]:
+        """The shards, index and rejects of a gs:// output."""
+        out = {}
+        for b in gcs.list_blobs(BUCKET, prefix=prefix):
+            name = b.name[len(prefix) :]
+            if "/" not in name and (".tfrecord-" in name or name in ("index.jsonl", "rejects.jsonl")):
+                out[name] = b.download_as_bytes()
+        return out
+
+    assert blobs("rs-out/") == blobs("rs-ref/") != {}
+    resumed = json.loads(bucket.blob("rs-out/dataset.json").download_as_bytes())["resumed"]
+    assert resumed["shards"] == 3 and resumed["from_runs"] == [next(iter(dead))[len(TMP) :]]
+    assert {b.name.split("/")[1] for b in gcs.list_blobs(BUCKET, prefix="rs-out/")} >= dead
+
+
+# ---- the pieces ------------------------------------------------------------------------------
+
+
+def _ref(root: Path, i: int, **changes) -> Ref:
+    rel = f"cat/{i}.png"
+    data = image_bytes("png", height=20 + i, width=24, seed=i)
+    path = write(str(root / rel), data)
+    return dataclasses.replace(Ref(path, rel, len(data), "train", "cat", hashing.shuffle_key(rel, 1)), **changes)
+
+
+def test_the_digest_covers_what_decides_a_shards_bytes(tmp_path):
+    refs = [_ref(tmp_path, i) for i in range(3)]
+    base = ("train", 0, refs, ["cat"], {}, ImageOptions(), "none")
+    digest = resume.shard_digest(*base)
+    assert resume.shard_digest(*base) == digest
+    variants = [
+        ("train", 1, *base[2:]),
+        ("test", 0, *base[2:]),
+        ("train", 0, refs[:2], *base[3:]),
+        ("train", 0, refs[::-1], *base[3:]),
+        ("train", 0, [*refs[:2], dataclasses.replace(refs[2], size=refs[2].size + 1)], *base[3:]),
+        ("train", 0, [*refs[:2], dataclasses.replace(refs[2], mtime=1.5)], *base[3:]),
+        ("train", 0, [*refs[:2], dataclasses.replace(refs[2], label="dog")], *base[3:]),
+        ("train", 0, [*refs[:2], dataclasses.replace(refs[2], key=7)], *base[3:]),
+        ("train", 0, [*refs[:2], dataclasses.replace(refs[2], extras=(("a", 1),))], *base[3:]),
+        ("train", 0, [*refs[:2], dataclasses.replace(refs[2], path="/elsewhere.png")], *base[3:]),
+        (*base[:3], ["cat", "dog"], *base[4:]),
+        (*base[:4], {"a": "int"}, *base[5:]),
+        (*base[:5], ImageOptions(reencode_quality=90), "none"),
+        (*base[:5], ImageOptions(max_pixels=10), "none"),
+        (*base[:6], "gzip"),
+    ]
+    digests = {resume.shard_digest(*v) for v in variants}
+    assert digest not in digests and len(digests) == len(variants)
+    # memory is not part of what is written
+    assert resume.shard_digest(*base[:5], ImageOptions(memory_budget_bytes=1), "none") == digest
+
+
+def test_a_retried_writer_takes_its_own_finished_shard(tmp_path):
+    """A bundle that failed after its shard was finished (Dataflow retries it): the retry reads no image."""
+    refs = [_ref(tmp_path / "in", i) for i in range(4)]
+    scratch = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa"
+    writer = WriteShardFn(str(scratch), "none", 2)
+    writer.setup()
+    [first] = list(writer.process((("train", 0), refs), ["cat"], {}))
+    for ref in refs:  # a read now would reject every one of them
+        Path(ref.path).write_bytes(b"x")
+    [again] = list(writer.process((("train", 0), refs), ["cat"], {}))
+    assert again["resumed_from"] == str(scratch) and again["tmp_path"] != first["tmp_path"]
+    assert Path(again["tmp_path"]).read_bytes() == Path(first["tmp_path"]).read_bytes()
+    assert again["records"] == first["records"] == 4
+    # other refs: written afresh (and all rejected, as the files are spoiled)
+    other = [dataclasses.replace(r, key=r.key + 1) for r in refs]
+    outs = list(writer.process((("train", 0), other), ["cat"], {}))
+    assert [o for o in outs if isinstance(o, dict)][0]["records"] == 0
+
+
+def test_a_marker_whose_shard_is_gone_is_passed_over(tmp_path):
+    refs = [_ref(tmp_path / "in", i) for i in range(2)]
+    old = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa"
+    new = tmp_path / "out" / f"{TMP}20990102-000000-bbbbbbbb"
+    writer = WriteShardFn(str(old), "none", 1)
+    writer.setup()
+    [first] = list(writer.process((("train", 0), refs), ["cat"], {}))
+    Path(first["tmp_path"]).write_bytes(b"short")  # not the size the marker says
+    writer = WriteShardFn(str(new), "none", 1, resume_from=[str(old)])
+    writer.setup()
+    [result] = list(writer.process((("train", 0), refs), ["cat"], {}))
+    assert "resumed_from" not in result and result["records"] == 2
+
+
+def test_only_dead_local_runs_scratch_folders_are_removed(tmp_path):
+    out = tmp_path / "out"
+    live, dead, young_gone = (out / f"{TMP}2099010{i}-000000-0000000{i}" for i in (1, 2, 3))
+    for folder in (live, dead, young_gone):
+        (folder / resume.DONE).mkdir(parents=True)
+        (folder / resume.DONE / "x.json").write_text("{}")
+    with resume.run_lock(str(dead)):
+        pass  # the run ended (or was killed): nobody holds the lock
+    with resume.run_lock(str(live)):
+        assert resume.is_dead_local_run(str(dead)) and not resume.is_dead_local_run(str(live))
+        assert not resume.is_dead_local_run(str(young_gone))  # no lock file: an older version's, or starting
+        assert stale_tmp_dirs(str(out), now=4_070_908_800) == [str(dead)]
+        assert resume.resume_sources(str(out), str(live)) == (str(young_gone), str(dead))
+    assert resume.is_dead_local_run(str(live))
+
+
+@pytest.mark.parametrize("spec", ["a.b:2:kill", "a.b:2"])
+def test_failpoint_kill_action_parses(spec):
+    from beam_pipeline import failpoints
+
+    assert failpoints.parse(spec) == {"a.b": 2}
+    assert failpoints.parse_actions(spec)["a.b"][1] == ("kill" if spec.endswith("kill") else "raise")
+    with pytest.raises(ValueError):
+        failpoints.parse("a.b:kill")
