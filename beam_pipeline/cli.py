@@ -101,7 +101,8 @@ examples:
       --split-ratios train=0.8,validation=0.1,test=0.1
   beam-pipeline convert --manifest list.csv --output gs://bucket/datasets/pets --name pets
   beam-pipeline convert --input 'shots/*.png' --label-regex '_([a-z]+)\\.png$' --output ./shots-tfrecords
-  beam-pipeline convert --config configs/dataflow.yaml --input gs://b/photos --output gs://b/ds/{date}
+  beam-pipeline convert --config configs/dataflow.yaml --input gs://b/photos --output gs://b/ds/{date} \\
+      --incremental-from latest
 
 Beam options: any flag not listed above goes to Apache Beam's PipelineOptions
 (--runner, --direct_running_mode, --project, --temp_location, ...); a flag that
