@@ -22,10 +22,13 @@ from typing import Any
 from . import __version__
 from .config import (
     COMPRESSIONS,
+    DATE_FIELD,
     LABEL_SOURCES,
+    LATEST,
     SINKS,
     ConvertConfig,
     dataset_name_from_output,
+    is_date,
     parse_split_ratios,
     validate,
 )
@@ -100,7 +103,8 @@ examples:
       --split-ratios train=0.8,validation=0.1,test=0.1
   beam-pipeline convert --manifest list.csv --output gs://bucket/datasets/pets --name pets
   beam-pipeline convert --input 'shots/*.png' --label-regex '_([a-z]+)\\.png$' --output ./shots-tfrecords
-  beam-pipeline convert --config configs/dataflow.yaml --input gs://b/photos --output gs://b/ds/{date}
+  beam-pipeline convert --config configs/dataflow.yaml --input gs://b/photos --output gs://b/ds/{date} \\
+      --incremental-from latest
 
 Beam options: any flag not listed above goes to Apache Beam's PipelineOptions
 (--runner, --direct_running_mode, --project, --temp_location, ...); a flag that
@@ -150,9 +154,10 @@ def _convert_parser() -> _Parser:
     lab.add_argument(
         "--incremental-from",
         dest="incremental_from",
-        metavar="OUTPUT",
+        metavar=f"OUTPUT|{LATEST}",
         help="a previous complete output of this tool: its labels keep their ids (new ones are added after them) "
-        "and files unchanged since it (same path, size and mtime) are not read again",
+        f"and files unchanged since it (same path, size and mtime) are not read again; {LATEST} (needs "
+        f"{DATE_FIELD} in --output): the newest complete dataset of an earlier date, or a full run if there is none",
     )
     lab.add_argument(
         "--split-ratios",
@@ -464,10 +469,12 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
     if not output:
         raise UsageError("--output is required")
     run_date = settings.pop("run_date", None) or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", run_date):
+    if not is_date(run_date):
         raise UsageError(f"--run-date {run_date!r}: expected YYYY-MM-DD")
-    if "{date}" in output:
-        output = settings["output"] = output.replace("{date}", run_date)
+    if DATE_FIELD in output:
+        # The template stays in the config: --incremental-from latest looks for its earlier dates.
+        settings.update(output_template=output, run_date=run_date)
+        output = settings["output"] = output.replace(DATE_FIELD, run_date)
         beam_flags = _with_default_job_name(
             beam_flags, settings.get("name") or dataset_name_from_output(output), run_date
         )

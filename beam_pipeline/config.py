@@ -8,6 +8,7 @@ columns).  Both are frozen and travel to the workers inside the DoFns.
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,9 @@ OS_FILES = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", ".ds_store"})
 COMPRESSIONS = ("none", "gzip")
 SINKS = ("planned", "write_to_tfrecord")
 LABEL_SOURCES = ("folder", "none", "manifest", "regex")
+# --incremental-from latest: the newest complete dataset among the earlier dates of a dated --output.
+LATEST = "latest"
+DATE_FIELD = "{date}"
 
 MB = 1_000_000
 
@@ -42,7 +46,11 @@ class ConvertConfig:
     labels_from: str | None = None  # None = the natural source for the input kind
     label_regex: str | None = None
     labels_file: str | None = None
-    incremental_from: str | None = None  # a previous complete output: its label ids stay, its records are reused
+    incremental_from: str | None = None  # a previous complete output, or LATEST: its label ids stay, records reused
+    # A dated run (--output with {date}): the --output as given, and the date put
+    # in it. Where --incremental-from latest looks for the earlier dates.
+    output_template: str | None = None
+    run_date: str | None = None  # YYYY-MM-DD
     resume: bool = True  # take the shards earlier killed/failed runs of this output finished (resume.py)
     split_ratios: tuple[tuple[str, float], ...] | None = None
     seed: int = 0
@@ -142,6 +150,17 @@ def dataset_name_from_output(output: str) -> str:
     return name
 
 
+def is_date(text: str) -> bool:
+    """``2026-11-22`` is; ``2026-02-30``, ``20261122`` and ``2026-1-2`` are not."""
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+        return False
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_reencode(text: str | None) -> int:
     """``jpeg:90`` → 90 (the JPEG quality); None → 0 (keep original bytes)."""
     if not text:
@@ -220,6 +239,15 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--labels-file cannot be combined with --labels-from none")
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")
+    if cfg.run_date is not None and not is_date(cfg.run_date):
+        raise UsageError(f"--run-date {cfg.run_date!r}: expected a date as YYYY-MM-DD")
+    if cfg.output_template is not None and (DATE_FIELD not in cfg.output_template or cfg.run_date is None):
+        raise UsageError(f"--output {cfg.output_template}: a dated output needs {DATE_FIELD} and a run date")
+    if cfg.incremental_from == LATEST and cfg.output_template is None:
+        raise UsageError(
+            f"--incremental-from {LATEST} needs {DATE_FIELD} in --output (it takes the newest earlier date's "
+            "dataset); give the previous output's path instead"
+        )
     parse_reencode(cfg.reencode)
     if cfg.on_unsupported not in ("convert", "reject"):
         raise UsageError("--on-unsupported must be convert or reject")

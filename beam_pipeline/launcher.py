@@ -15,9 +15,10 @@ import logging
 import os
 import posixpath
 import re
+import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
@@ -33,7 +34,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineState
 
 from . import index, metadata, resume
-from .config import SPLIT_FOLDERS, ConvertConfig, Layout
+from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, read_json
 from .listing import LABEL_COLUMN, PATH_COLUMN, SPLIT_COLUMN, open_text, read_manifest_rows
@@ -131,23 +132,82 @@ def _read_labels_file(path: str) -> tuple[str, ...]:
     return tuple(labels)
 
 
-def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | None]:
-    """(previous output, its labels or None) for --incremental-from; a UsageError if it cannot serve."""
-    flag = f"--incremental-from {path}"
+def _previous_problem(path: str, labelled: bool) -> tuple[str | None, tuple[str, ...] | None]:
+    """(why ``path`` cannot be the previous output of an incremental run, or None; its labels when labelled)."""
     if not FileSystems.exists(FileSystems.join(path, metadata.SUCCESS)):
-        raise UsageError(f"{flag}: not a complete dataset (no {metadata.SUCCESS})")
+        return f"not a complete dataset (no {metadata.SUCCESS})", None
     if not FileSystems.exists(FileSystems.join(path, index.INDEX_JSONL)):
-        raise UsageError(f"{flag}: has no {index.INDEX_JSONL} (written by the planned sink of this version)")
+        return f"has no {index.INDEX_JSONL} (written by the planned sink of this version)", None
     if not labelled:
-        return path, None
+        return None, None
     labels_path = FileSystems.join(path, metadata.LABELS_TXT)
     if not FileSystems.exists(labels_path):
-        raise UsageError(f"{flag}: has no {metadata.LABELS_TXT}, and this run is labelled")
+        return f"has no {metadata.LABELS_TXT}, and this run is labelled", None
     with open_text(labels_path) as stream:
         labels = tuple(line.rstrip("\n") for line in stream if line.strip())
     if not labels:
-        raise UsageError(f"{flag}: {metadata.LABELS_TXT} lists no labels")
+        return f"{metadata.LABELS_TXT} lists no labels", None
+    return None, labels
+
+
+def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | None]:
+    """(previous output, its labels or None) for --incremental-from; a UsageError if it cannot serve."""
+    problem, labels = _previous_problem(path, labelled)
+    if problem:
+        raise UsageError(f"--incremental-from {path}: {problem}")
     return path, labels
+
+
+# {date} as a glob (Beam's match has character classes; every file system lists by prefix).
+_DATE_GLOB = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
+
+
+def earlier_dated_folders(template: str, files: Iterable[str], before: str) -> list[str]:
+    """The folders ``template`` names for dates before ``before``, newest first, among ``files`` (files in them).
+
+    A folder counts when {date} (everywhere it appears in ``template``) is one
+    real calendar date strictly before ``before``: a folder of a later date, the
+    run's own date, ``notes`` or ``2026-02-30`` does not.
+    """
+    first, *rest = template.split(DATE_FIELD)
+    folder_re = re.compile(
+        re.escape(first) + "(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})" + "(?P=date)".join(re.escape(p) for p in rest)
+    )
+    dates: set[str] = set()
+    for path in files:
+        found = folder_re.fullmatch(path.rsplit("/", 1)[0])
+        if found and is_date(found["date"]) and found["date"] < before:  # YYYY-MM-DD sorts as dates do
+            dates.add(found["date"])
+    return [template.replace(DATE_FIELD, d) for d in sorted(dates, reverse=True)]
+
+
+def _latest_previous(cfg: ConvertConfig, labelled: bool) -> tuple[str | None, tuple[str, ...] | None]:
+    """--incremental-from latest: the newest earlier date's folder that can serve, with its labels; or (None, None).
+
+    One listing finds the earlier dates that have ``_SUCCESS``; the newest
+    that passes the checks of an explicit --incremental-from wins, one that
+    fails them (an older version's output, a labels.txt missing) is skipped.
+    """
+    assert cfg.output_template is not None and cfg.run_date is not None  # config.validate
+    template = absolute(cfg.output_template)
+    pattern = FileSystems.join(template.replace(DATE_FIELD, _DATE_GLOB), metadata.SUCCESS)
+    try:
+        found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    except Exception as e:  # noqa: BLE001 - a listing that fails must not pass for "no earlier dataset"
+        raise UsageError(f"--incremental-from {LATEST}: cannot list {pattern}: {last_line(e)}") from None
+    for folder in earlier_dated_folders(template, found, cfg.run_date):
+        problem, labels = _previous_problem(folder, labelled)
+        if problem is None:
+            _LOG.info("--incremental-from %s: %s", LATEST, folder)
+            return folder, labels
+        _LOG.info("--incremental-from %s: skipped %s: %s", LATEST, folder, problem)
+    note(f"--incremental-from {LATEST}: no earlier complete dataset for {template}; converting everything")
+    return None, None
+
+
+def note(message: str) -> None:
+    """One ``note:`` line on stderr: something a user should know that is no error."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def _is_own_file(basename: str) -> bool:
@@ -239,9 +299,13 @@ def prepare(cfg: ConvertConfig, *, check_output: bool = True) -> tuple[ConvertCo
         label_source = "folder"
 
     labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None
-    previous, prior_labels = (
-        _read_previous(absolute(cfg.incremental_from), label_source != "none") if cfg.incremental_from else (None, None)
-    )
+    labelled = label_source != "none"
+    if cfg.incremental_from == LATEST:
+        previous, prior_labels = _latest_previous(cfg, labelled)
+    elif cfg.incremental_from:
+        previous, prior_labels = _read_previous(absolute(cfg.incremental_from), labelled)
+    else:
+        previous, prior_labels = None, None
     output = _check_output(cfg, None if manifest else root) if check_output else absolute(cfg.output)
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
     tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import py_compile
 import re
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,7 @@ EXAMPLES = {
     "labels_from": "folder",
     "label_regex": "_([a-z]+)\\.png$",
     "labels_file": "gs://b/labels.txt",
+    "incremental_from": "latest",
     "split_ratios": "train=0.8,validation=0.1,test=0.1",
     "seed": "7",
     "target_shard_mb": "150",
@@ -44,6 +47,9 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
         assert param["name"] in CONFIG_KEYS and param["label"] and param["helpText"]
         for regex in param["regexes"]:
             assert re.match(regex, EXAMPLES[param["name"]]), param["name"]
+    [incremental] = [p["regexes"] for p in meta["parameters"] if p["name"] == "incremental_from"]
+    assert all(re.match(r, "gs://b/datasets/photos/2026-11-21") for r in incremental)
+    assert not any(re.match(r, v) for r in incremental for v in ("yesterday", "Latest", "/local/path"))
     required = {p["name"] for p in meta["parameters"] if not p["isOptional"]}
     assert required == {"output", "name"}
 
@@ -51,6 +57,7 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 def test_template_parameters_reach_convert():
     params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in ("manifest", "label_regex", "labels_from")]
     command, *args = convert_args([*params, "--project=p", "--region=r"])
+    assert "--incremental-from=latest" in args
     cfg, beam_flags, _ = parse_convert(args)
     assert command == "convert"
     assert cfg.detach is True  # the template launcher submits and leaves; the job publishes itself
@@ -59,6 +66,8 @@ def test_template_parameters_reach_convert():
     assert cfg.overwrite is True and cfg.dedupe is False and cfg.compression == "gzip"
     assert cfg.split_ratios == (("train", 0.8), ("validation", 0.1), ("test", 0.1))
     assert "--project=p" in beam_flags and "--job_name=photos-2026-11-22" in beam_flags
+    assert cfg.incremental_from == "latest" and cfg.output_template == "gs://b/datasets/photos/{date}"
+    assert cfg.run_date == "2026-11-22"
 
 
 def test_dated_output_and_job_name():
@@ -68,8 +77,11 @@ def test_dated_output_and_job_name():
     assert cfg.output == "out/2026-01-31" and "--job_name=pets-1-2026-01-31" in flags
     cfg, flags, _ = parse_convert(["--input", "i", "--output", "out/{date}", "--job_name", "mine"])
     assert re.fullmatch(r"out/\d{4}-\d{2}-\d{2}", cfg.output) and not any(f.startswith("--job_name=") for f in flags)
-    with pytest.raises(Exception, match="run-date"):
-        parse_convert(["--input", "i", "--output", "o/{date}", "--run-date", "22.11.2026"])
+    for bad in ("22.11.2026", "2026-02-30"):
+        with pytest.raises(Exception, match="run-date"):
+            parse_convert(["--input", "i", "--output", "o/{date}", "--run-date", bad])
+    cfg, _, _ = parse_convert(["--input", "i", "--output", "o", "--run-date", "2026-01-31"])
+    assert cfg.output == "o" and cfg.output_template is None and cfg.run_date is None
 
 
 def test_dockerfile_matches_the_pinned_versions():
@@ -85,6 +97,31 @@ def test_dockerfile_matches_the_pinned_versions():
 @pytest.mark.parametrize("script", ["build_template.sh", "run_template.sh", "schedule.sh"])
 def test_deploy_scripts_parse(script):
     subprocess.run(["bash", "-n", str(REPO / "scripts" / "dataflow" / script)], check=True)
+
+
+def test_scheduled_runs_build_on_the_previous_night(tmp_path):
+    """Every nightly launcher passes incremental_from=latest for a dated output (the first night converts all)."""
+    body = _scheduler_body(tmp_path / "dated", "gs://b/datasets/photos/{date}")
+    assert body["parameters"]["incremental_from"] == "latest" and body["parameters"]["output"].endswith("/{date}")
+    assert "incremental_from" not in _scheduler_body(tmp_path / "plain", "gs://b/datasets/photos")["parameters"]
+    run_template = (REPO / "scripts" / "dataflow" / "run_template.sh").read_text()
+    assert 'INCREMENTAL=",incremental_from=latest"' in run_template and "${INCREMENTAL}" in run_template
+    dag = (REPO / "scripts" / "airflow" / "beam_pipeline_dag.py").read_text()
+    assert '"incremental_from": "latest"' in dag and '"output": f"gs://{bucket}/datasets/{NAME}/{{date}}"' in dag
+
+
+def _scheduler_body(stub_dir: Path, output: str) -> dict:
+    """The launch request schedule.sh sends, through a stub gcloud that records its arguments."""
+    stub_dir.mkdir()
+    stub = stub_dir / "gcloud"
+    stub.write_text('#!/bin/sh\n[ "$3" = describe ] && exit 1\nprintf "%s\\0" "$@" > "$(dirname "$0")/args"\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "GCP_PROJECT": "p",
+           "GCP_REGION": "r", "GCS_BUCKET": "b", "SCHEDULER_SA": "sa@p.iam.gserviceaccount.com"}  # fmt: skip
+    script = REPO / "scripts" / "dataflow" / "schedule.sh"
+    subprocess.run(["bash", str(script), "gs://b/photos", output, "photos"], env=env, check=True, capture_output=True)
+    args = (stub_dir / "args").read_text().split("\0")
+    return json.loads(args[args.index("--message-body") + 1])["launchParameter"]
 
 
 def test_airflow_dag_compiles():

@@ -56,6 +56,42 @@ def test_gs_input_and_output_match_a_local_run(gcs, tmp_path):
     assert gcs.bucket(BUCKET).blob("sheet.png").download_as_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_incremental_from_latest_on_gcs_takes_the_newest_complete_earlier_date(gcs, tmp_path):
+    """{date} in an inner folder of a gs:// output; one listing of the bucket finds the earlier dates."""
+    root = tmp_path / "photos"
+    for i in range(10):
+        write(str(root / ["cat", "dog"][i % 2] / f"{i}.png"), image_bytes("png", seed=i))
+    bucket = gcs.bucket(BUCKET)
+    for path in root.rglob("*"):
+        if path.is_file():
+            bucket.blob(f"nightly-in/{path.relative_to(root)}").upload_from_filename(str(path))
+    template = f"gs://{BUCKET}/nightly/{{date}}/photos"
+    nightly = ["--input", f"gs://{BUCKET}/nightly-in", "--output", template, "--incremental-from", "latest",
+               "--name", "pets", "--target-shard-mb", "0.004", "--no_auth"]  # fmt: skip
+
+    first = convert(*nightly, "--run-date", "2026-05-01")
+    assert first.stderr.strip() == (
+        f"note: --incremental-from latest: no earlier complete dataset for {template}; converting everything"
+    )
+    # Not to be taken, though they look complete: a later date, a folder that is no date; and a killed night.
+    for folder, files in (("2026-05-09", ("_SUCCESS", "index.jsonl", "labels.txt")),
+                          ("notes", ("_SUCCESS", "index.jsonl", "labels.txt")),
+                          ("2026-05-03", ("index.jsonl", "labels.txt"))):  # fmt: skip
+        for name in files:
+            bucket.blob(f"nightly/{folder}/photos/{name}").upload_from_string(
+                b"cat\ndog\n" if name == "labels.txt" else b""
+            )
+    write(str(root / "cat" / "new.png"), image_bytes("png", seed=99))
+    bucket.blob("nightly-in/cat/new.png").upload_from_filename(str(root / "cat" / "new.png"))
+    second = convert(*nightly, "--run-date", "2026-05-04")
+    assert "note:" not in second.stderr
+
+    info = json.loads(bucket.blob("nightly/2026-05-04/photos/dataset.json").download_as_bytes())
+    assert info["incremental"]["from"] == f"gs://{BUCKET}/nightly/2026-05-01/photos"
+    assert (info["incremental"]["reused"], info["incremental"]["added"]) == (10, 1)
+    assert bucket.blob("nightly/2026-05-04/photos/_SUCCESS").exists()
+
+
 def test_multi_process_runner_with_post_steps_in_the_job_matches_an_in_process_run(gcs, tmp_path, monkeypatch):
     """Two worker processes (fresh interpreters: the emulator address reaches them through the
     environment), the post-steps as the job's last step, publishing onto the bucket; shards

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,82 @@ def test_gzip_offsets_are_in_the_uncompressed_stream_and_gzip_shards_are_not_reu
         "--incremental-from", str(first),
     )  # fmt: skip
     assert result.returncode == 2 and "needs the planned sink" in result.stderr
+
+
+def test_earlier_dated_folders_takes_real_dates_before_the_run_newest_first():
+    from beam_pipeline.launcher import earlier_dated_folders
+
+    def files(*folders: str) -> list[str]:
+        return [f"{folder}/_SUCCESS" for folder in folders]
+
+    found = files("gs://b/ds/2026-03-01", "gs://b/ds/2026-03-04", "gs://b/ds/2026-03-05", "gs://b/ds/2026-03-09",
+                  "gs://b/ds/2026-02-30", "gs://b/ds/notes", "gs://b/ds/2026-03-03.old", "gs://b/ds/x/2026-03-02",
+                  "gs://b/ds/2026-03-02/x")  # fmt: skip
+    assert earlier_dated_folders("gs://b/ds/{date}", found, "2026-03-05") == [
+        "gs://b/ds/2026-03-04",
+        "gs://b/ds/2026-03-01",
+    ]
+    # {date} inside a name, in an inner folder, twice (the same date both times)
+    assert earlier_dated_folders("/d/p-{date}/tf", files("/d/p-2026-01-02/tf", "/d/p-2026-01-03/x"), "2027-01-01") == [
+        "/d/p-2026-01-02/tf"
+    ]
+    twice = files("/d/2026-01-02/run-2026-01-02", "/d/2026-01-03/run-2026-01-01")
+    assert earlier_dated_folders("/d/{date}/run-{date}", twice, "2027-01-01") == ["/d/2026-01-02/run-2026-01-02"]
+
+
+def test_incremental_from_latest_without_date_in_output_is_a_usage_error(tmp_path):
+    src = tmp_path / "src"
+    make_images(src, {"dog": 2})
+    result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "o"), "--incremental-from", "latest")
+    assert result.returncode == 2, result
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --incremental-from latest needs {date} in --output"), line
+    assert not (tmp_path / "o").exists()
+
+
+def test_nightly_runs_build_on_the_newest_complete_earlier_date(tmp_path):
+    """Three dated nights with --incremental-from latest (the second's from a config file); folders not to take."""
+    src, ds, explicit = tmp_path / "src", tmp_path / "ds", tmp_path / "explicit"
+    nightly = ("--input", str(src), "--output", str(ds / "{date}"), *ARGS)
+    make_images(src, {"cat": 8, "dog": 8})
+
+    first = convert(*nightly, "--incremental-from", "latest", "--run-date", "2026-03-01")
+    [note] = first.stderr.strip().splitlines()
+    template = ds / "{date}"
+    assert note == f"note: --incremental-from latest: no earlier complete dataset for {template}; converting everything"
+    assert "incremental" not in load_info(ds / "2026-03-01")
+
+    make_images(src, {"cat": 2, "eel": 2}, start=40)
+    config = tmp_path / "nightly.yaml"
+    config.write_text("incremental_from: latest\n")
+    second = convert(*nightly, "--config", str(config), "--run-date", "2026-03-02")
+    assert "note:" not in second.stderr
+    assert load_info(ds / "2026-03-02")["incremental"]["from"] == str(ds / "2026-03-01")
+    assert load_info(ds / "2026-03-02")["incremental"]["reused"] == 16
+
+    # Around the third night (2026-04-01): folders newer than 2026-03-02 that are no candidates.
+    def copy(name: str, *drop: str) -> None:
+        shutil.copytree(ds / "2026-03-01", ds / name)
+        for file in drop:
+            (ds / name / file).unlink()
+
+    copy("2026-03-20", "_SUCCESS")  # a killed night
+    copy("2026-03-25", "index.jsonl")  # complete, but nothing to build on (an older version's output)
+    copy("2026-03-32")  # no date
+    copy("notes")
+    copy("2026-04-02")  # later than the run
+    copy("2026-04-01")  # the run's own date: an earlier run of it, replaced with --overwrite
+    make_images(src, {"dog": 2, "fox": 1}, start=60)
+    (src / "cat" / "cat_003.png").unlink()
+    third = convert(*nightly, "--incremental-from", "latest", "--run-date", "2026-04-01", "--overwrite")
+    assert "note:" not in third.stderr
+    info = load_info(ds / "2026-04-01")
+    assert info["incremental"]["from"] == str(ds / "2026-03-02")
+    assert (info["incremental"]["reused"], info["incremental"]["added"]) == (19, 3)
+    assert (ds / "2026-04-01" / "labels.txt").read_text() == "cat\ndog\neel\nfox\n"
+
+    # the same shards as naming the folder
+    convert("--input", str(src), "--output", str(explicit), *ARGS, "--incremental-from", str(ds / "2026-03-02"))
+    assert shard_bytes(ds / "2026-04-01") == shard_bytes(explicit)
+    assert (ds / "2026-04-01" / "index.jsonl").read_text() == (explicit / "index.jsonl").read_text()
+    assert info["incremental"] == load_info(explicit)["incremental"]

@@ -40,6 +40,8 @@ with DAG(
                     "name": NAME,
                     "overwrite": "true",
                     "max_reject_fraction": "0.05",
+                    # the newest complete earlier date's dataset; the first night converts everything
+                    "incremental_from": "latest",
                 },
                 "environment": {"tempLocation": f"gs://{bucket}/beam_pipeline/tmp"},
             }

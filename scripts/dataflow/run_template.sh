@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Launches one run of the Flex Template (what the scheduler does every night).
+# Launches one run of the Flex Template (what the scheduler does every night). With {date} in OUTPUT
+# it builds on the newest complete dataset of a date before RUN_DATE (incremental_from=latest), if any.
 #   scripts/dataflow/run_template.sh gs://my-bucket/photos gs://my-bucket/datasets/photos/{date} photos [YYYY-MM-DD]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -8,7 +9,9 @@ INPUT="$1" OUTPUT="$2" NAME="$3" RUN_DATE="${4:-$(date -u +%F)}"
 VERSION="$(python3 -c 'import re;print(re.search(r"__version__ = \"([^\"]+)\"", open("beam_pipeline/__init__.py").read()).group(1))')"
 TEMPLATE="gs://${GCS_BUCKET}/beam_pipeline/templates/convert-${VERSION}.json"
 JOB="$(echo "${NAME}-${RUN_DATE}" | tr '[:upper:]_' '[:lower:]-')"
+INCREMENTAL=""
+if [[ "$OUTPUT" == *"{date}"* ]]; then INCREMENTAL=",incremental_from=latest"; fi
 gcloud dataflow flex-template run "$JOB" \
   --project "$GCP_PROJECT" --region "$GCP_REGION" --template-file-gcs-location "$TEMPLATE" \
   --temp-location "gs://${GCS_BUCKET}/beam_pipeline/tmp" \
-  --parameters "input=${INPUT},output=${OUTPUT},name=${NAME},run_date=${RUN_DATE},overwrite=true,max_reject_fraction=0.05"
+  --parameters "input=${INPUT},output=${OUTPUT},name=${NAME},run_date=${RUN_DATE},overwrite=true,max_reject_fraction=0.05${INCREMENTAL}"

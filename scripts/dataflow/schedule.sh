@@ -10,11 +10,15 @@ INPUT="$1" OUTPUT="$2" NAME="$3" SCHEDULE="${SCHEDULE:-0 2 * * *}"
 VERSION="$(python3 -c 'import re;print(re.search(r"__version__ = \"([^\"]+)\"", open("beam_pipeline/__init__.py").read()).group(1))')"
 TEMPLATE="gs://${GCS_BUCKET}/beam_pipeline/templates/convert-${VERSION}.json"
 # Cloud Scheduler cannot compute dates: run_date is left out, so the job uses
-# today's date (UTC) for {date} and for its job name.
+# today's date (UTC) for {date} and for its job name. With {date} in OUTPUT,
+# incremental_from=latest builds on the newest complete earlier date's dataset
+# (the first night, or after only failed nights: a full run).
+INCREMENTAL=""
+if [[ "$OUTPUT" == *"{date}"* ]]; then INCREMENTAL=', "incremental_from": "latest"'; fi
 BODY=$(cat <<JSON
 {"launchParameter": {"jobName": "$(echo "$NAME" | tr '[:upper:]_' '[:lower:]-')-nightly",
   "containerSpecGcsPath": "$TEMPLATE",
-  "parameters": {"input": "$INPUT", "output": "$OUTPUT", "name": "$NAME", "overwrite": "true", "max_reject_fraction": "0.05"},
+  "parameters": {"input": "$INPUT", "output": "$OUTPUT", "name": "$NAME", "overwrite": "true", "max_reject_fraction": "0.05"${INCREMENTAL}},
   "environment": {"tempLocation": "gs://${GCS_BUCKET}/beam_pipeline/tmp"}}}
 JSON
 )
