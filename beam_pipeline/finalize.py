@@ -508,20 +508,26 @@ def published_run(out_dir: str, staging: str, run_id: str) -> dict[str, Any] | N
 
 
 def incremental_summary(
-    previous: str, changes: Mapping[str, int], layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]]
+    previous: str,
+    changes: Mapping[str, int],
+    layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+    results: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """What an ``--incremental-from`` run took from the previous dataset, for dataset.json and ``inspect``.
 
-    Listed files: ``added`` (not in the previous index), ``changed`` (size or
-    mtime differ), ``unchanged``; ``dropped``: previous records whose file is
-    no longer listed. Records: ``reused`` (copied, not read or decoded) and
-    ``converted`` (the rest; an unchanged file whose label id or extra
-    columns differ is converted again).
+    Listed files: ``added`` (neither in the previous index nor among its
+    rejects), ``changed`` (size or mtime differ), ``unchanged``; ``dropped``:
+    previous records whose file is no longer listed. Records: ``reused``
+    (copied, not read or decoded) and ``converted`` (the rest; an unchanged
+    file whose label id or extra columns differ is converted again).
+    ``rejects_kept``: unchanged files the previous run rejected for their
+    bytes, rejected again unread (``results``: every shard's, empty ones too).
     """
     records = sum(r["records"] for files in layout.values() for _, r in files)
     reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
+    kept = sum(r.get("rejects_kept", 0) for r in results)
     counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
-    return {"from": previous, "reused": reused, "converted": records - reused, **counts}
+    return {"from": previous, "reused": reused, "converted": records - reused, "rejects_kept": kept, **counts}
 
 
 def resumed_summary(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> dict[str, Any]:
@@ -622,7 +628,7 @@ class FinalizeFn(beam.DoFn):
         )
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
         if self._layout.previous:
-            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout)
+            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
         resumed = resumed_summary(layout, staging)
         if resumed:
             info["resumed"] = resumed

@@ -33,7 +33,9 @@ from typing import IO, Any, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from .images import MISSING, UNREADABLE
 from .listing import Ref
+from .metadata import REJECTS_JSONL
 
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.
@@ -131,6 +133,9 @@ RECORD_POLICY_KEYS = (
 # Versions whose change may change what a file decodes to.
 RECORD_VERSION_KEYS = ("beam_pipeline", "pillow")
 ADDED, CHANGED, UNCHANGED, DROPPED = "added", "changed", "unchanged", "dropped"
+# Rejects an unchanged file keeps: every reason but these, which say nothing about the
+# file's bytes (it was gone, or this job could not read it, when the previous run looked).
+RETRIED_REASONS = frozenset({MISSING, UNREADABLE})
 
 
 class Previous(NamedTuple):
@@ -171,6 +176,18 @@ def reusable_run(previous: str, info: Mapping[str, Any], config: Mapping[str, An
     return PreviousRun(previous, dict(info.get("features") or {}))
 
 
+class PreviousReject(NamedTuple):
+    """The previous run rejected this unchanged file for what its bytes are: the reject is kept, unread."""
+
+    reason: str
+    detail: str
+
+
+def kept_reject(entry: Mapping[str, Any], ref: Ref) -> bool:
+    """A previous ``rejects.jsonl`` line that still holds for ``ref``: same file (path, size, mtime), lasting reason."""
+    return "size" in entry and "mtime" in entry and unchanged(entry, ref) and entry["reason"] not in RETRIED_REASONS
+
+
 def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
     return Previous(
         FileSystems.join(output, entry["shard"]),
@@ -190,7 +207,7 @@ def reusable_record(ref: Ref, label_ids: Mapping[str, int]) -> bool:
     its label text and id, and its extra columns, must be too.
     """
     prev = ref.previous
-    if prev is None:
+    if not isinstance(prev, Previous):
         return False
     label_id = label_ids.get(ref.label) if ref.label is not None else None
     return prev.label == ref.label and prev.label_id == label_id and prev.extras == extras_digest(ref)
@@ -206,10 +223,13 @@ def read_previous(prev: Previous) -> bytes:
 
 
 class MatchPreviousFn(beam.DoFn):
-    """(relpath, {"refs": [Ref], "previous": [entry]}) → Refs, with ``previous`` set when the file is unchanged.
+    """(relpath, {"refs": [Ref], "previous": [entry], "rejects": [reject]}) → Refs, ``previous`` set when unchanged.
 
-    Tagged CHANGES: one of added/changed/unchanged/dropped per listed file
-    (dropped: per previous entry nobody listed), for dataset.json.
+    ``previous`` becomes a Previous (where the record is) for a file in the
+    previous index, a PreviousReject for a file the previous run rejected for
+    its bytes (``kept_reject``). Tagged CHANGES: one of
+    added/changed/unchanged/dropped per listed file (dropped: per previous
+    record nobody listed), for dataset.json.
     """
 
     def __init__(self, output: str) -> None:
@@ -219,18 +239,24 @@ class MatchPreviousFn(beam.DoFn):
         _, joined = element
         refs = list(joined["refs"])
         entries = list(joined["previous"])
+        rejects = list(joined.get("rejects", ()))
         if not refs:
             for _ in entries:
                 yield beam.pvalue.TaggedOutput(CHANGES, DROPPED)
             return
         for ref in refs:
             entry = next((e for e in entries if unchanged(e, ref)), None)
-            if entry is None:
-                yield beam.pvalue.TaggedOutput(CHANGES, CHANGED if entries else ADDED)
-                yield ref
-            else:
+            if entry is not None:
                 yield beam.pvalue.TaggedOutput(CHANGES, UNCHANGED)
                 yield dataclasses.replace(ref, previous=previous_of(entry, self._output))
+                continue
+            kept = next((r for r in rejects if kept_reject(r, ref)), None)
+            if kept is not None:
+                yield beam.pvalue.TaggedOutput(CHANGES, UNCHANGED)
+                yield dataclasses.replace(ref, previous=PreviousReject(kept["reason"], kept.get("detail", "")))
+                continue
+            yield beam.pvalue.TaggedOutput(CHANGES, CHANGED if entries or rejects else ADDED)
+            yield ref
 
 
 CHANGES = "changes"
@@ -250,9 +276,21 @@ class JoinPrevious(beam.PTransform):
             | "ParsePreviousIndex" >> beam.Map(json.loads)
             | "PreviousByPath" >> beam.Map(lambda e: (e["path"], e))
         )
+        rejects_path = FileSystems.join(self._output, REJECTS_JSONL)
+        if FileSystems.exists(rejects_path):
+            # only files that were read have a size and mtime in rejects.jsonl: the rest are listed again anyway
+            rejects = (
+                refs.pipeline
+                | "ReadPreviousRejects" >> beam.io.ReadFromText(rejects_path)
+                | "ParsePreviousRejects" >> beam.Map(json.loads)
+                | "RejectsOfReadFiles" >> beam.Filter(lambda r: "size" in r and "mtime" in r)
+                | "PreviousRejectByPath" >> beam.Map(lambda r: (r["path"], r))
+            )
+        else:
+            rejects = refs.pipeline | "NoPreviousRejects" >> beam.Create([])
         by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, r))
         matched = (
-            {"refs": by_path, "previous": previous}
+            {"refs": by_path, "previous": previous, "rejects": rejects}
             | "JoinByPath" >> beam.CoGroupByKey()
             | "MatchPrevious" >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, main="refs")
         )

@@ -73,6 +73,11 @@ def reject(path: str, reason: str, detail: str = "") -> dict[str, str]:
     return {"path": printable_path(path), "reason": reason, "detail": detail}
 
 
+def file_reject(ref: Ref, reason: str, detail: str = "") -> dict[str, Any]:
+    """A reject of a listed file, with its listed size and mtime: an incremental run keeps it while they stay."""
+    return {**reject(ref.path, reason, detail), "size": ref.size, "mtime": ref.mtime}
+
+
 def with_relative_path(row: dict[str, str], root: str) -> dict[str, str]:
     """A reject as rejects.jsonl stores it: ``path`` relative to the input root, as records' image/filename is.
 
@@ -82,7 +87,9 @@ def with_relative_path(row: dict[str, str], root: str) -> dict[str, str]:
     source = row["path"]
     prefix = printable_path(root.rstrip("/")) + "/"
     rel = source[len(prefix) :] if root and source.startswith(prefix) else source
-    return {"path": rel, "reason": row["reason"], "detail": row["detail"], "source": source}
+    out = {"path": rel, "reason": row["reason"], "detail": row["detail"], "source": source}
+    out.update((k, row[k]) for k in ("size", "mtime") if k in row)
+    return out
 
 
 def relative_path(path: str, root: str) -> str:

@@ -72,10 +72,15 @@ def count_by(items: Iterable[str]) -> dict[str, int]:
 
 def rejects_jsonl(rejects: Iterable[Mapping[str, str]]) -> str:
     rows = sorted(rejects, key=lambda r: (r["path"], r["reason"], r.get("detail", "")))
-    # path: relative to the input root (as image/filename); source: the full path, when known
-    keys = ("path", "reason", "detail", "source")
+    # path: relative to the input root (as image/filename); source: the full path, when known;
+    # size and mtime: the file's as listed, for files that were read (an incremental run keeps
+    # such a reject while they stay the same)
+    keys = ("path", "reason", "detail")
+    optional = ("source", "size", "mtime")
     return "".join(
-        json.dumps({k: r.get(k, "") for k in keys if k in r or k != "source"}, ensure_ascii=False) + "\n" for r in rows
+        json.dumps({**{k: r.get(k, "") for k in keys}, **{k: r[k] for k in optional if k in r}}, ensure_ascii=False)
+        + "\n"
+        for r in rows
     )
 
 

@@ -59,7 +59,7 @@ from .images import (
     check_header,
     prepare_image,
 )
-from .listing import REJECTS, Ref, coerce, reject
+from .listing import REJECTS, Ref, coerce, file_reject
 
 NAMESPACE = "beam_pipeline"
 
@@ -613,6 +613,17 @@ def result_bytes(result: Any) -> int:
     return len(result[0]) + len(result[1].data)
 
 
+def read_cost(ref: Ref, reuse: bool, limit: int) -> int:
+    """Bytes the read budget is charged for ``ref``: its file, its previous record when reused, or nothing."""
+    if limit and ref.size > limit:
+        return 0  # never read (too_large)
+    if reuse and isinstance(ref.previous, index.PreviousReject):
+        return 0  # the previous reject is kept
+    if reuse and isinstance(ref.previous, index.Previous):
+        return max(ref.previous.length, 0)
+    return max(ref.size, 0)
+
+
 def decode_threads(requested: int) -> int:
     return requested if requested > 0 else (os.cpu_count() or 1)
 
@@ -698,6 +709,10 @@ class WriteShardFn(beam.DoFn):
         reuse = self._previous is not None and self._previous.features == examples_features(labels, extra_types)
 
         def read(ref: Ref) -> bytes | Rejected | Reused:
+            if reuse and isinstance(ref.previous, index.PreviousReject):
+                kept = Rejected(ref.previous.reason, ref.previous.detail)  # its bytes were rejected: not read again
+                kept.kept = True  # type: ignore[attr-defined] - counted below
+                return kept
             if reuse and index.reusable_record(ref, label_ids):
                 try:
                     return Reused(index.read_previous(ref.previous))  # not read, not decoded again
@@ -728,12 +743,10 @@ class WriteShardFn(beam.DoFn):
             window=window,
             budget=self._read_budget,
             # too large: never read; reused: a record, not the file, is read
-            cost=lambda ref: (
-                0 if limit and ref.size > limit else max(ref.previous[2] if reuse and ref.previous else ref.size, 0)
-            ),
+            cost=lambda ref: read_cost(ref, reuse, limit),
             size=result_bytes,
         )
-        reused = 0
+        reused = kept = 0
         # closing(): if writing fails, the reads still in flight give their bytes back at once.
         with (
             contextlib.closing(results),
@@ -746,9 +759,10 @@ class WriteShardFn(beam.DoFn):
                     if getattr(result, "denied", False):
                         denied += 1
                         first_denied = first_denied or result.detail
+                    kept += getattr(result, "kept", False)
                     self._rejected.inc()
                     PROGRESS.add(rejected=1)
-                    row = reject(ref.path, result.reason, result.detail)
+                    row = file_reject(ref, result.reason, result.detail)
                     rejects_out.write((json.dumps(row) + "\n").encode("ascii"))  # \u-escapes keep any path
                     yield beam.pvalue.TaggedOutput(REJECTS, row)
                     continue
@@ -793,6 +807,7 @@ class WriteShardFn(beam.DoFn):
             "labels": dict(sorted(label_counts.items())),
             "converted": dict(sorted(converted.items())),
             "reused": reused,
+            "rejects_kept": kept,
         }
         # The shard is closed: a later run (or a retry of this bundle) with the same digest takes it.
         resume.write_marker(self._tmp_dir, split, shard, digest, result)
@@ -835,7 +850,7 @@ class DecodeFn(beam.DoFn):
         result = convert_one(ref, self._label_ids[1], extra_types, self._image_options, self._decode_budget.hold)
         if isinstance(result, Rejected):
             self._rejected.inc()
-            yield beam.pvalue.TaggedOutput(REJECTS, reject(ref.path, result.reason, result.detail))
+            yield beam.pvalue.TaggedOutput(REJECTS, file_reject(ref, result.reason, result.detail))
         else:
             yield ref.split, ref.label, result[0]
 

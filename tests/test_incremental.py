@@ -123,14 +123,15 @@ def test_incremental_run_equals_a_full_run_and_decodes_only_new_files(tmp_path):
     assert (inc / "index.jsonl").read_text() == (full / "index.jsonl").read_text()
     assert (inc / "rejects.jsonl").read_text() == (full / "rejects.jsonl").read_text()
     info = load_info(inc)
-    # the broken file is retried (converted again, rejected again), as every previous reject is
+    # the broken file is unchanged: its reject is kept, not read again
     assert info["incremental"] == {
         "from": str(first),
         "reused": 21,  # 24 - changed - deleted - renamed
         "converted": 7,  # 5 added + 1 changed + 1 renamed
-        "added": 7,  # 5 new files, the renamed one, the broken one (not in the index)
+        "rejects_kept": 1,
+        "added": 6,  # 5 new files, the renamed one
         "changed": 1,
-        "unchanged": 21,
+        "unchanged": 22,  # 21 records and the broken file
         "dropped": 2,
     }
     assert info["rejects"]["total"] == 1
@@ -150,6 +151,58 @@ def test_unchanged_files_are_not_read_again(tmp_path):
     assert shard_bytes(second) == shard_bytes(first)
     assert load_info(second)["incremental"]["reused"] == 4
     assert load_info(second)["rejects"]["total"] == 0
+
+
+def test_previous_rejects_are_kept_unread_unless_the_file_changed(tmp_path):
+    """A file rejected for its bytes keeps its reject while path, size and mtime stay; a changed one is retried."""
+    src, first, second, full = tmp_path / "src", tmp_path / "first", tmp_path / "second", tmp_path / "full"
+    make_images(src, {"cat": 4})
+    kept, fixed = src / "cat" / "kept.png", src / "cat" / "fixed.png"
+    write(str(kept), b"not an image" * 5)
+    write(str(fixed), b"not an image" * 5)
+    opts = (*ARGS, "--max-reject-fraction", "1")
+    convert("--input", str(src), "--output", str(first), *opts)
+    rejects = [json.loads(line) for line in (first / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["path"], r["reason"], r["size"]) for r in rejects] == [
+        ("cat/fixed.png", "not_an_image", 60),
+        ("cat/kept.png", "not_an_image", 60),
+    ]
+    assert rejects[1]["mtime"] == pytest.approx(kept.stat().st_mtime)
+
+    stat = kept.stat()  # same size and mtime, other bytes: a read would reject it as truncated now
+    kept.write_bytes(image_bytes("png", height=30, width=30, seed=6)[:60])
+    os.utime(kept, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    write(str(fixed), image_bytes("png", height=30, width=30, seed=5))  # changed: read again, a record now
+    convert("--input", str(src), "--output", str(second), *opts, "--incremental-from", str(first))
+    got = [json.loads(line) for line in (second / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["path"], r["reason"]) for r in got] == [("cat/kept.png", "not_an_image")]  # kept as it was
+    inc = load_info(second)["incremental"]
+    assert (inc["rejects_kept"], inc["unchanged"], inc["changed"], inc["converted"]) == (1, 5, 1, 1)
+    assert "cat/fixed.png" in {e["path"] for e in index_of(second)}
+    shown = run_cli("inspect", str(second)).stdout
+    assert "  rejects kept: 1 (unchanged files, not read again)" in shown.splitlines()
+
+    # a full run reads the file: the same records, and the reject it finds now
+    convert("--input", str(src), "--output", str(full), *opts, "--labels-file", str(second / "labels.txt"))
+    assert shard_bytes(second) == shard_bytes(full)
+    assert [(r["path"], r["reason"]) for r in map(json.loads, (full / "rejects.jsonl").read_text().splitlines())] == [
+        ("cat/kept.png", "truncated")
+    ]
+
+
+def test_which_previous_rejects_are_kept():
+    from beam_pipeline.index import kept_reject
+    from beam_pipeline.listing import Ref
+
+    ref = Ref("/in/a.png", "a.png", 12, "train", None, 1, mtime=5.0)
+    entry = {"path": "a.png", "reason": "not_an_image", "detail": "", "size": 12, "mtime": 5.0}
+    assert kept_reject(entry, ref)
+    assert not kept_reject({**entry, "mtime": 6.0}, ref)  # changed
+    assert not kept_reject({**entry, "size": 13}, ref)
+    assert not kept_reject({**entry, "path": "b.png"}, ref)
+    for retried in ("missing", "unreadable"):  # said nothing of the bytes: tried again
+        assert not kept_reject({**entry, "reason": retried}, ref)
+    assert not kept_reject({k: v for k, v in entry.items() if k != "mtime"}, ref)  # an older rejects.jsonl
 
 
 def test_inspect_shows_what_an_incremental_run_reused(tmp_path):
