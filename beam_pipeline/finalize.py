@@ -325,7 +325,7 @@ PUBLISHED_FILES = (
     "image.class.label.labels.txt",  # TFDS class names (tfds_metadata.LABEL_NAMES)
     "image-class-label.labels.txt",  # the same, as runs before flat TFDS keys named it
 )
-PUBLISHED_DIRS = ("transform_fn", "transformed_metadata")
+PUBLISHED_DIRS = ("transform_fn", "transformed_metadata", index.IDX_DIR)
 
 OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects", "nothing_converted", "empty"
 
@@ -627,6 +627,8 @@ class FinalizeFn(beam.DoFn):
             sink=cfg.sink,
         )
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
+        if any(r.get("idx_path") for files in layout.values() for _, r in files):
+            info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record
         if self._layout.previous:
             info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
         resumed = resumed_summary(layout, staging)
@@ -645,6 +647,12 @@ class FinalizeFn(beam.DoFn):
             (result["tmp_path"], FileSystems.join(staging, final))
             for files in layout.values()
             for final, result in files
+        ]
+        pairs += [
+            (result["idx_path"], FileSystems.join(staging, index.IDX_DIR, final + ".idx"))
+            for files in layout.values()
+            for final, result in files
+            if result.get("idx_path")
         ]
         # Where each shard goes, for a later run that resumes from this one if it dies before publishing.
         resume.write_atomic(

@@ -18,6 +18,11 @@ Each shard writer writes its shard's lines to a part file next to the temp
 shard (``_index/``, never published); finalize streams the chosen parts into
 ``index.jsonl``, putting the final shard name first on each line. Memory: a
 line at a time, on both sides.
+
+Uncompressed shards also get ``idx/<shard file>.idx``: a line ``offset
+frame_size`` per record, the random-access index NVIDIA DALI's TFRecord
+reader and the ``tfrecord`` package take (their ``tfrecord2idx`` format),
+written by the shard writer as it goes and renamed by finalize.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from .metadata import REJECTS_JSONL
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.
 INDEX_PARTS = "_index"
+# Published: one random-access index per uncompressed shard, IDX_DIR/<shard file>.idx.
+IDX_DIR = "idx"
 # A TFRecord frame: length (8 bytes), its CRC (4), data, data CRC (4).
 FRAME_OVERHEAD = 16
 
@@ -70,6 +77,15 @@ def part_line(ref: Ref, record: int, offset: int, length: int, sha256: str, labe
     if digest:
         entry["extras"] = digest
     return json.dumps(entry, ensure_ascii=False) + "\n"
+
+
+def idx_line(offset: int, length: int) -> bytes:
+    """One record's line of a shard's ``.idx`` file: its frame's offset and the frame's size in bytes.
+
+    The format NVIDIA DALI's ``readers.tfrecord`` and the ``tfrecord``
+    package's readers take as ``index_path`` (their ``tfrecord2idx`` writes it).
+    """
+    return f"{offset} {length + FRAME_OVERHEAD}\n".encode("ascii")
 
 
 def with_shard(line: str, shard_file: str) -> str:

@@ -58,6 +58,8 @@ RENAMED = "renamed.jsonl"  # inside DONE: {"from": temp shard, "to": staged shar
 # Paths (relative to a scratch folder) that never leave it.
 SCRATCH_ONLY = (DONE + "/", RUN_LOCK)
 MARKER_FORMAT = 1
+# The files of a writer's result: the temp shard, its index part, its rejects part, its .idx (uncompressed).
+FILE_KEYS = ("tmp_path", "index_path", "rejects_path", "idx_path")
 # Settings of images.ImageOptions that do not change what is written.
 _NOT_POLICY = {"memory_budget_bytes"}
 
@@ -186,15 +188,16 @@ def find_finished(
         if marker.get("format") != MARKER_FORMAT or marker.get("digest") != digest:
             continue
         result = dict(marker["result"])
-        shard_file = result["tmp_path"]
-        have = _sizes([shard_file, result["index_path"], result["rejects_path"]])
-        if shard_file not in have:  # finalized since: follow the rename
-            moved = _renamed(scratch, cache).get(shard_file)
-            if moved is not None:
-                have.update(_sizes([moved]))
-                if moved in have:
-                    result["tmp_path"], have[shard_file] = moved, have[moved]
-        if have.get(shard_file) == result["bytes"] and {result["index_path"], result["rejects_path"]} <= set(have):
+        keys = [k for k in FILE_KEYS if k in result]
+        have = _sizes([result[k] for k in keys])
+        gone = [k for k in keys if result[k] not in have]
+        if gone:  # finalized since: follow the renames (the shard and its .idx)
+            moves = _renamed(scratch, cache)
+            for key in gone:
+                if result[key] in moves:
+                    result[key] = moves[result[key]]
+            have.update(_sizes([result[k] for k in gone]))
+        if all(result[k] in have for k in keys) and have[result["tmp_path"]] == result["bytes"]:
             result["resumed_from"] = scratch
             return result
     return None
@@ -214,11 +217,12 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def adopt(found: Mapping[str, Any], paths: Mapping[str, str]) -> dict[str, Any]:
-    """Copies (links) a finished shard's files to this attempt's ``paths`` (tmp_path, index_path, rejects_path)."""
+    """Copies (links) a finished shard's files to this attempt's ``paths`` (FILE_KEYS: shard, parts, .idx)."""
     result = dict(found)
-    for key in ("tmp_path", "index_path", "rejects_path"):
-        _link_or_copy(found[key], paths[key])
-        result[key] = paths[key]
+    for key in FILE_KEYS:
+        if key in found:
+            _link_or_copy(found[key], paths[key])
+            result[key] = paths[key]
     return result
 
 

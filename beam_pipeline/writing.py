@@ -691,6 +691,8 @@ class WriteShardFn(beam.DoFn):
             "index_path": FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.jsonl"),
             "rejects_path": resume.rejects_path(self._tmp_dir, stem),
         }
+        if self._compression == "none":  # offsets of a gzip shard are no file positions: no .idx
+            paths["idx_path"] = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.idx")
         tmp_path, index_path = paths["tmp_path"], paths["index_path"]
         digest = resume.shard_digest(split, shard, ordered, labels, extra_types, self._image_options, self._compression)
         finished = resume.find_finished(self._resume_from, split, shard, digest, self._renamed)
@@ -753,6 +755,11 @@ class WriteShardFn(beam.DoFn):
             FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out,
             FileSystems.create(index_path, compression_type=CompressionTypes.UNCOMPRESSED) as index_out,
             FileSystems.create(paths["rejects_path"], compression_type=CompressionTypes.UNCOMPRESSED) as rejects_out,
+            (
+                FileSystems.create(paths["idx_path"], compression_type=CompressionTypes.UNCOMPRESSED)
+                if "idx_path" in paths
+                else contextlib.nullcontext()
+            ) as idx_out,
         ):
             for ref, result in results:
                 if isinstance(result, Rejected):
@@ -776,6 +783,8 @@ class WriteShardFn(beam.DoFn):
                 _TFRecordUtil.write_record(out, record)
                 label_id = label_ids[ref.label] if ref.label is not None else None
                 index_out.write(index.part_line(ref, records, offset, len(record), sha, label_id).encode("utf-8"))
+                if idx_out is not None:
+                    idx_out.write(index.idx_line(offset, len(record)))
                 offset += len(record) + index.FRAME_OVERHEAD
                 records += 1
                 if ref.label is not None:

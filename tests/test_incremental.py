@@ -65,6 +65,42 @@ def test_index_offsets_read_each_record_back(tmp_path, tf):
     }
 
 
+def test_idx_files_hold_each_records_frame_and_other_readers_use_them(tmp_path):
+    """idx/<shard>.idx: "offset frame_size" per record (DALI's and the tfrecord package's index format)."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_images(src, {"cat": 9, "dog": 8})
+    convert("--input", str(src), "--output", str(out), *ARGS)
+    info, entries = load_info(out), index_of(out)
+    assert info["idx_files"] == "idx/{file}.idx"
+    shards = [s["file"] for split in info["splits"].values() for s in split["shards"]]
+    assert sorted(p.name for p in (out / "idx").iterdir()) == sorted(f"{f}.idx" for f in shards)
+    for shard in shards:
+        lines = (out / "idx" / f"{shard}.idx").read_text().splitlines()
+        frames = [(e["offset"], e["length"] + 16) for e in entries if e["shard"] == shard]
+        assert [tuple(map(int, line.split())) for line in lines] == frames
+        assert sum(size for _, size in frames) == (out / shard).stat().st_size
+
+    # The tfrecord package (in its own process: its Example proto would clash with TensorFlow's) reads
+    # each shard split in two by the index, as a data-loader worker does; together: every record once.
+    code = """
+import json, sys
+from tfrecord.reader import tfrecord_loader
+out, shards = sys.argv[1], json.loads(sys.argv[2])
+names = []
+for shard in shards:
+    for part in (0, 1):
+        for row in tfrecord_loader(f"{out}/{shard}", f"{out}/idx/{shard}.idx", {"image/filename": "byte"}, (part, 2)):
+            names.append(bytes(row["image/filename"]).decode())
+print(json.dumps(names))
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code, str(out), json.dumps(shards)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [e["path"] for e in entries]
+
+
 def test_label_ids_stay_and_new_labels_follow(tmp_path):
     src, first, second = tmp_path / "src", tmp_path / "first", tmp_path / "second"
     make_images(src, {"dog": 3, "emu": 3})
@@ -244,6 +280,7 @@ def test_gzip_offsets_are_in_the_uncompressed_stream_and_gzip_shards_are_not_reu
         with gzip.open(first / entry["shard"], "rb") as fh:
             example = tf.train.Example.FromString(read_record_at(fh, entry["offset"]))
         assert example.features.feature["image/filename"].bytes_list.value[0].decode() == entry["path"]
+    assert not (first / "idx").exists()  # a gzip shard has no file offsets to index
     convert(
         "--input", str(src), "--output", str(second), *ARGS, "--compression", "gzip", "--incremental-from", str(first)
     )

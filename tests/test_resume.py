@@ -75,6 +75,9 @@ def spoil_taken_files(src: Path, results: list[dict]) -> int:
 
 def same_output(got: Path, want: Path) -> None:
     assert shard_bytes(got) == shard_bytes(want)
+    idx = {p.name: p.read_bytes() for p in (want / "idx").iterdir()}
+    assert {p.name: p.read_bytes() for p in (got / "idx").iterdir()} == idx
+    assert len(idx) == len(shard_bytes(want))
     assert (got / "index.jsonl").read_text() == (want / "index.jsonl").read_text()
     assert (got / "rejects.jsonl").read_text() == (want / "rejects.jsonl").read_text()
     assert (got / "labels.txt").read_text() == (want / "labels.txt").read_text()
