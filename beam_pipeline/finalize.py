@@ -218,11 +218,10 @@ def _run_started(folder_name: str) -> float | None:
 
 
 def stale_tmp_dirs(out_dir: str, keep: str = "", now: float | None = None) -> list[str]:
-    """Scratch folders of runs of this tool in ``out_dir`` that started over STALE_TMP_AGE_S ago,
-    or (local) whose run is dead: nobody holds its lock (resume.is_dead_local_run).
+    """Scratch folders of runs of this tool in ``out_dir`` that started over STALE_TMP_AGE_S ago.
 
-    A younger one on GCS may be a run still going (two runs on one output): it
-    is left alone. ``keep`` (this run's own) is never listed.
+    A younger one may be a run still going (two runs on one output): it is
+    left alone. ``keep`` (this run's own) is never listed.
     """
     pattern = FileSystems.join(out_dir, metadata.TMP_PREFIX + "*")
     prefix = FileSystems.join(out_dir, metadata.TMP_PREFIX)
@@ -236,7 +235,7 @@ def stale_tmp_dirs(out_dir: str, keep: str = "", now: float | None = None) -> li
         if folder.rstrip("/") == keep.rstrip("/"):
             continue
         started = _run_started(folder.rsplit("/", 1)[-1])
-        if (started is not None and now - started > STALE_TMP_AGE_S) or resume.is_dead_local_run(folder):
+        if started is not None and now - started > STALE_TMP_AGE_S:
             out.append(folder)
     return out
 
@@ -471,18 +470,33 @@ def publish(staging: str, out_dir: str, complete: bool = True) -> None:
         failpoints.hit("publish.success")
         _check_still_ours(out_dir, manifest.get("run_id"))
         write_text(success, "")
-    cleanup_staging(staging, out_dir)
+    cleanup_staging(staging, out_dir, taken_from(out_dir, read_json(FileSystems.join(out_dir, metadata.DATASET_JSON))))
 
 
-def cleanup_staging(staging: str, out_dir: str) -> None:
-    """Deletes this run's staging folder (the manifest last) and scratch of long-dead runs."""
+def taken_from(out_dir: str, info: Mapping[str, Any]) -> list[str]:
+    """The scratch folders (in ``out_dir``) of the earlier runs whose finished shards this run took (resume.py)."""
+    runs = (info.get("resumed") or {}).get("from_runs") or []
+    return [FileSystems.join(out_dir, metadata.TMP_PREFIX + run) for run in runs]
+
+
+def cleanup_staging(staging: str, out_dir: str, taken: Sequence[str] = ()) -> None:
+    """Deletes this run's staging folder (the manifest last) and scratch folders of dead runs.
+
+    Dead: started days ago (STALE_TMP_AGE_S), or, among ``taken`` (the runs
+    this one took finished shards from), local runs whose lock is free
+    (resume.is_dead_local_run, asked right before each deletion). A dead run
+    this one took nothing from keeps its folder until it is old.
+    """
     manifest = FileSystems.join(staging, PUBLISH_MANIFEST)
     delete_files([p for p in _files_under(staging) if p != manifest])
     delete_files([manifest])
     if "://" not in staging:
         shutil.rmtree(staging, ignore_errors=True)
-    for stale_tmp in stale_tmp_dirs(out_dir, keep=staging):  # left by killed runs: dead, or days ago
+    for stale_tmp in stale_tmp_dirs(out_dir, keep=staging):  # left by killed runs, days ago
         delete_tree(stale_tmp)
+    for folder in taken:
+        if folder.rstrip("/") != staging.rstrip("/") and resume.is_dead_local_run(folder):
+            delete_tree(folder)
 
 
 def published_run(out_dir: str, staging: str, run_id: str) -> dict[str, Any] | None:
@@ -503,7 +517,7 @@ def published_run(out_dir: str, staging: str, run_id: str) -> dict[str, Any] | N
     info = read_json(info_path)
     if info.get("run_id") != run_id:
         return None
-    cleanup_staging(staging, out_dir)  # the manifest goes last: a cleanup cut short is redone here
+    cleanup_staging(staging, out_dir, taken_from(out_dir, info))  # the manifest goes last: redone here if cut short
     return info
 
 

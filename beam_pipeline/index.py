@@ -147,7 +147,7 @@ RECORD_POLICY_KEYS = (
     "on_unsupported",
 )
 # Versions whose change may change what a file decodes to.
-RECORD_VERSION_KEYS = ("beam_pipeline", "pillow")
+RECORD_VERSION_KEYS = ("beam_pipeline", "beam_pipeline_code", "pillow")
 ADDED, CHANGED, UNCHANGED, DROPPED = "added", "changed", "unchanged", "dropped"
 # Rejects an unchanged file keeps: every reason but these, which say nothing about the
 # file's bytes (it was gone, or this job could not read it, when the previous run looked).

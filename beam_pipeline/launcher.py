@@ -310,7 +310,9 @@ def prepare(cfg: ConvertConfig, *, check_output: bool = True) -> tuple[ConvertCo
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
     tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)
     # Earlier runs of this output that died holding finished shards (the same command run again).
-    resume_from = resume.resume_sources(output, tmp_dir) if cfg.resume and cfg.sink == "planned" else ()
+    resume_from = (
+        resume.resume_sources(output, tmp_dir) if check_output and cfg.resume and cfg.sink == "planned" else ()
+    )
     cfg = _replace(cfg, output=output, manifest=manifest, input=None if manifest else cfg.input)
     layout = Layout(
         root=root,

@@ -6,10 +6,13 @@ shard_name("pets", "train", 0, 4, "gzip")   # 'pets-train.tfrecord-00000-of-0000
 from __future__ import annotations
 
 import collections
+import functools
+import hashlib
 import json
 import platform
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
+from pathlib import Path
 from typing import Any
 
 from . import __version__, examples
@@ -56,8 +59,23 @@ def feature_spec(labelled: bool, extra_types: Mapping[str, str]) -> dict[str, di
     return spec
 
 
+@functools.cache
+def code_digest() -> str:
+    """A digest of beam_pipeline's own source files: any change of the code that makes records changes it.
+
+    The version number alone does not (it changes with releases, the code
+    with every commit); resumed shards and reused records must come from the
+    same code as the rest of the dataset.
+    """
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for path in sorted(here.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def package_versions() -> dict[str, str]:
-    out = {"beam_pipeline": __version__, "python": platform.python_version()}
+    out = {"beam_pipeline": __version__, "beam_pipeline_code": code_digest(), "python": platform.python_version()}
     for dist in ("apache-beam", "pillow", "protobuf", "tensorflow", "tensorflow-transform"):
         try:
             out[dist] = importlib_metadata.version(dist)

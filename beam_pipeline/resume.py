@@ -7,32 +7,39 @@ scratch folder::
 
 ``digest`` (``shard_digest``) covers everything that decides the shard's
 bytes and rejects: the shard's refs (path, relative path, size, mtime,
-split, label, shuffle key, extra columns) in order, the label list, the
-extra columns' types, the image policy, the compression and the
-beam_pipeline/Pillow versions. ``result`` is what the writer emitted: the
-temp shard, its index part and its rejects part (``_done/<attempt>.rejects.jsonl``,
-one reject per line, written as the shard was), records, bytes, counts.
-The marker is written whole or not at all, after the three files are
-closed: a marker names a finished shard.
+split, label, shuffle key, extra columns, and what ``--incremental-from``
+attached to each) in order, the label list, the extra columns' types, the
+image policy, the compression, whether previous records are reused, and the
+code: beam_pipeline's version and a digest of its source files, and Pillow's
+version. ``result`` is what the writer emitted: the temp shard, its index
+part, its ``.idx``, its rejects part (``_done/<attempt>.rejects.jsonl``, one
+reject per line, only when it has rejects), records, bytes, counts. The
+marker is written whole or not at all, after those files are closed: a
+marker names a finished shard. A shard with a ``missing`` or ``unreadable``
+reject gets no marker: those say nothing of the file's bytes (a file gone
+for a moment, a permission granted since), so it is written again.
 
-Re-run with the same inputs, a run lists the scratch folders of earlier runs
-of its output that hold markers (``resume_sources``); a writer whose shard
-has a marker with its digest (its own scratch folder first: a bundle retried
-after its shard was finished) takes that shard: it links (local) or copies
-(GCS, server-side) the three files into its own scratch folder under its
-own attempt name, replays the rejects, writes its own marker, and emits the
-result, without reading or decoding one image. The earlier run's files stay
-where they are (a copy, never a move): a retried or concurrent attempt can
-never take a file from under another.
+Re-run with the same inputs, a run takes the scratch folders of earlier runs
+of its output (``resume_sources``: a listing of folder names, newest
+``MAX_SOURCES``); a writer whose shard has a marker with its digest (its own
+scratch folder first: a bundle retried after its shard was finished) takes
+that shard: it links (local) or copies (GCS, server-side) the files into its
+own scratch folder under its own attempt name, replays the rejects, writes
+its own marker, and emits the result, without reading or decoding one image.
+The earlier run's files stay where they are (a copy, never a move): a
+retried or concurrent attempt can never take a file from under another, and
+a source that vanishes half-way means the shard is written afresh.
 
 A run killed after finalize (during the TFT analysis, say) had its temp
 shards renamed in its staging folder; finalize wrote where each went
 (``_done/renamed.jsonl``) before renaming, and the lookup follows it.
 
-Local runs hold a lock (``_run.lock``, flock) in their scratch folder while
-they run; once a run publishes, the scratch folders of earlier local runs
-whose lock is free (dead runs) are removed. On GCS nothing says a run is
-dead: their scratch folders go after three days (finalize.STALE_TMP_AGE_S).
+Local runs hold a lock (``_run.lock``, flock, with the host's name in it) in
+their scratch folder while they run. Once a run publishes, the scratch
+folders it took shards from are removed if their run is dead (its lock is
+free and was taken on this host); every other one, and every one on GCS,
+where nothing tells a dead run from a slow one, goes by age
+(finalize.STALE_TMP_AGE_S).
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ RUN_LOCK = "_run.lock"  # held by a local run's launcher while it runs
 RENAMED = "renamed.jsonl"  # inside DONE: {"from": temp shard, "to": staged shard} per line, written by finalize
 # Paths (relative to a scratch folder) that never leave it.
 SCRATCH_ONLY = (DONE + "/", RUN_LOCK)
-MARKER_FORMAT = 1
+MARKER_FORMAT = 2
+# Earlier runs' scratch folders a writer looks in, newest first (each is one lookup per shard).
+MAX_SOURCES = 4
 # The files of a writer's result: the temp shard, its index part, its rejects part, its .idx (uncompressed).
 FILE_KEYS = ("tmp_path", "index_path", "rejects_path", "idx_path")
 # Settings of images.ImageOptions that do not change what is written.
@@ -76,8 +85,14 @@ def shard_digest(
     extra_types: Mapping[str, str],
     image_options: Any,
     compression: str,
+    reuse_from: str | None = None,
 ) -> str:
-    """A digest of what decides a shard's bytes and rejects; ``refs`` in the order they are written."""
+    """A digest of what decides a shard's bytes and rejects; ``refs`` in the order they are written.
+
+    ``reuse_from``: the previous output whose records this writer copies
+    (``--incremental-from``, when its records fit), else None; each ref's
+    ``previous`` (where that record is, or the reject kept) counts too.
+    """
     versions = metadata.package_versions()
     policy = {k: v for k, v in dataclasses.asdict(image_options).items() if k not in _NOT_POLICY}
     h = hashlib.sha256()
@@ -91,13 +106,17 @@ def shard_digest(
                 "extra_types": dict(extra_types),
                 "policy": policy,
                 "compression": compression,
-                "versions": {k: versions.get(k) for k in ("beam_pipeline", "pillow")},
+                "versions": {k: versions.get(k) for k in ("beam_pipeline", "beam_pipeline_code", "pillow")},
+                "reuse_from": reuse_from,
             }
         )
     )
     for ref in refs:
         h.update(b"\n")
-        h.update(_text([ref.path, ref.relpath, ref.size, ref.mtime, ref.split, ref.label, ref.key, ref.extras]))
+        previous = list(ref.previous) if ref.previous is not None else None
+        h.update(
+            _text([ref.path, ref.relpath, ref.size, ref.mtime, ref.split, ref.label, ref.key, ref.extras, previous])
+        )
     return h.hexdigest()
 
 
@@ -140,9 +159,20 @@ def _missing(error: BaseException) -> bool:
     return permanent_reason(error) == MISSING
 
 
-def _renamed(scratch: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
-    """{temp file: staged file} of a finalized run (empty if it never got there), read once per ``cache``."""
-    if scratch not in cache:
+_RENAMED: dict[str, dict[str, str]] = {}
+_RENAMED_LOCK = threading.Lock()
+
+
+def _renamed(scratch: str) -> dict[str, str]:
+    """{temp file: staged file} of a finalized run, or {} if it never got there.
+
+    Read once per process for a finalized run (its renames never change
+    again; every writer instance of the process shares the map); a run not
+    finalized is asked again next time.
+    """
+    with _RENAMED_LOCK:
+        if scratch in _RENAMED:
+            return _RENAMED[scratch]
         path = FileSystems.join(scratch, DONE, RENAMED)
         moves: dict[str, str] = {}
         if FileSystems.exists(path):
@@ -150,8 +180,8 @@ def _renamed(scratch: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
                 if line.strip():
                     entry = json.loads(line)
                     moves[entry["from"]] = entry["to"]
-        cache[scratch] = moves
-    return cache[scratch]
+            _RENAMED[scratch] = moves
+        return moves
 
 
 def _sizes(paths: Sequence[str]) -> dict[str, int]:
@@ -164,17 +194,15 @@ def _sizes(paths: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def find_finished(
-    sources: Sequence[str], split: str, shard: int, digest: str, cache: dict[str, dict[str, str]] | None = None
-) -> dict[str, Any] | None:
+def find_finished(sources: Sequence[str], split: str, shard: int, digest: str, own: str = "") -> dict[str, Any] | None:
     """The result of a finished shard with this digest in one of ``sources`` (in order), files checked; or None.
 
     A marker whose files are gone (or of another size) is passed over. A
     transient storage error is raised: the bundle fails and is retried.
-    ``cache`` keeps the finalized runs' renames (one read per source and
-    writer instance; a run still going may finalize later, so not longer).
+    ``resumed_from`` names the scratch folder the shard is taken from; found
+    in ``own`` (this run's: a retried bundle), it keeps naming the earlier run
+    the first attempt took it from, if any.
     """
-    cache = {} if cache is None else cache
     for scratch in sources:
         path = marker_path(scratch, split, shard, digest)
         try:
@@ -188,17 +216,18 @@ def find_finished(
         if marker.get("format") != MARKER_FORMAT or marker.get("digest") != digest:
             continue
         result = dict(marker["result"])
-        keys = [k for k in FILE_KEYS if k in result]
+        keys = [k for k in FILE_KEYS if result.get(k)]
         have = _sizes([result[k] for k in keys])
         gone = [k for k in keys if result[k] not in have]
         if gone:  # finalized since: follow the renames (the shard and its .idx)
-            moves = _renamed(scratch, cache)
+            moves = _renamed(scratch)
             for key in gone:
                 if result[key] in moves:
                     result[key] = moves[result[key]]
             have.update(_sizes([result[k] for k in gone]))
         if all(result[k] in have for k in keys) and have[result["tmp_path"]] == result["bytes"]:
-            result["resumed_from"] = scratch
+            if scratch != own or not result.get("resumed_from"):
+                result["resumed_from"] = scratch
             return result
     return None
 
@@ -216,42 +245,84 @@ def _link_or_copy(src: str, dst: str) -> None:
         FileSystems.copy([src], [dst])
 
 
-def adopt(found: Mapping[str, Any], paths: Mapping[str, str]) -> dict[str, Any]:
-    """Copies (links) a finished shard's files to this attempt's ``paths`` (FILE_KEYS: shard, parts, .idx)."""
+def adopt(found: Mapping[str, Any], paths: Mapping[str, str]) -> dict[str, Any] | None:
+    """Copies (links) a finished shard's files to this attempt's ``paths`` (FILE_KEYS: shard, parts, .idx).
+
+    None when a source file vanished meanwhile (its run was cleaned up): the
+    caller writes the shard afresh; what was copied already is left for
+    finalize, which removes files no result names.
+    """
     result = dict(found)
     for key in FILE_KEYS:
-        if key in found:
-            _link_or_copy(found[key], paths[key])
+        if found.get(key):
+            try:
+                _link_or_copy(found[key], paths[key])
+            except Exception as e:
+                if _missing(e):
+                    return None
+                raise
             result[key] = paths[key]
     return result
 
 
-def read_rejects(path: str) -> Iterator[dict[str, Any]]:
+def read_rejects(path: str | None) -> Iterator[dict[str, Any]]:
+    if not path:  # the shard had no rejects
+        return
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
         for raw in fh:
             if raw.strip():
                 yield json.loads(raw.decode("utf-8"))
 
 
+def scratch_folders(output: str) -> list[str]:
+    """The scratch folders of runs of this tool in ``output`` (names only: no file under them is listed).
+
+    Locally one ``listdir``; on GCS one listing with a delimiter (folder
+    prefixes, not the objects in them). A missing output has none; any other
+    error is raised.
+    """
+    if "://" not in output:
+        try:
+            names = os.listdir(output)
+        except FileNotFoundError:
+            return []
+        return sorted(os.path.join(output, n) for n in names if n.startswith(metadata.TMP_PREFIX))
+    from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
+
+    bucket, prefix = parse_gcs_path(output.rstrip("/") + "/", object_optional=True)
+    blobs = GcsIO(pipeline_options=FileSystems._pipeline_options).client.list_blobs(  # noqa: SLF001
+        bucket, prefix=prefix + metadata.TMP_PREFIX, delimiter="/"
+    )
+    for _ in blobs.pages:  # the prefixes are known once every page is read
+        pass
+    return sorted(f"gs://{bucket}/{p.rstrip('/')}" for p in blobs.prefixes)
+
+
 def resume_sources(output: str, own_scratch: str) -> tuple[str, ...]:
-    """Scratch folders of earlier runs of ``output`` that hold shard markers, newest run first (one listing)."""
-    prefix = FileSystems.join(output, metadata.TMP_PREFIX)
-    try:
-        found = FileSystems.match([prefix + "*/" + DONE + "/*.json"])[0].metadata_list
-    except Exception:  # noqa: BLE001 - nothing there
-        return ()
-    folders = {prefix + m.path[len(prefix) :].split("/", 1)[0] for m in found if m.path.startswith(prefix)}
-    folders.discard(own_scratch.rstrip("/"))
+    """Scratch folders of earlier runs of ``output`` to take finished shards from: the newest MAX_SOURCES."""
+    folders = [f for f in scratch_folders(output) if f.rstrip("/") != own_scratch.rstrip("/")]
     # run ids start with the start time (YYYYmmdd-HHMMSS-): newest first
-    return tuple(sorted(folders, reverse=True))
+    return tuple(sorted(folders, reverse=True)[:MAX_SOURCES])
 
 
 # ---- liveness of local runs ------------------------------------------------------------------
 
 
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
 @contextlib.contextmanager
 def run_lock(scratch: str) -> Iterator[None]:
-    """Holds ``scratch``/_run.lock for the block (local scratch folders; elsewhere nothing is held)."""
+    """Holds ``scratch``/_run.lock for the block (local scratch folders; elsewhere nothing is held).
+
+    The lock file is made, locked and given this host's name under a
+    temporary name, then renamed into place: nobody ever sees it unlocked
+    while the run lives. Where the file system has no flock (some network
+    mounts), the run goes on without a lock file, and counts as live.
+    """
     try:
         import fcntl
     except ImportError:  # not POSIX: every run counts as live (scratch folders go by age)
@@ -261,19 +332,31 @@ def run_lock(scratch: str) -> Iterator[None]:
         yield
         return
     os.makedirs(scratch, exist_ok=True)
-    fd = os.open(os.path.join(scratch, RUN_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    part = os.path.join(scratch, f"{RUN_LOCK}.{os.getpid()}.part")
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks here
+            os.close(fd)
+            fd = -1
+            os.remove(part)
+        else:
+            os.write(fd, _host().encode("utf-8", "replace"))
+            os.replace(part, os.path.join(scratch, RUN_LOCK))
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            os.close(fd)  # releases the lock
 
 
 def is_dead_local_run(scratch: str) -> bool:
-    """True for a local scratch folder whose run holds no lock on it: killed, failed or finished.
+    """True for a local scratch folder whose run is over: killed, failed or finished.
 
-    False when its lock is held (a run going on), when it has no lock file
-    (a run of an older version, or a run that is just starting), and for GCS.
+    That is: its lock file names this host and nobody holds its lock. False
+    while a run holds it, for a lock taken on another host (a shared mount
+    whose locks may be per host), for a folder without a lock file (a run of
+    an older version, or one on a file system without locks), and for GCS.
     """
     try:
         import fcntl
@@ -286,6 +369,8 @@ def is_dead_local_run(scratch: str) -> bool:
     except OSError:
         return False
     try:
+        if os.read(fd, 4096).decode("utf-8", "replace") != _host():
+            return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return False

@@ -672,7 +672,6 @@ class WriteShardFn(beam.DoFn):
         self._pool = process_pool("decode", decode_threads(self._threads))
         self._io_pool = process_pool("read", IO_THREADS)
         self._read_budget, self._decode_budget = budgets(self._image_options)
-        self._renamed: dict[str, dict[str, str]] = {}  # resume.find_finished's cache
 
     def process(
         self,
@@ -694,10 +693,21 @@ class WriteShardFn(beam.DoFn):
         if self._compression == "none":  # offsets of a gzip shard are no file positions: no .idx
             paths["idx_path"] = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.idx")
         tmp_path, index_path = paths["tmp_path"], paths["index_path"]
-        digest = resume.shard_digest(split, shard, ordered, labels, extra_types, self._image_options, self._compression)
-        finished = resume.find_finished(self._resume_from, split, shard, digest, self._renamed)
-        if finished is not None:
-            yield from self._resumed_shard(split, shard, digest, finished, paths)
+        reuse = self._previous is not None and self._previous.features == examples_features(labels, extra_types)
+        digest = resume.shard_digest(
+            split,
+            shard,
+            ordered,
+            labels,
+            extra_types,
+            self._image_options,
+            self._compression,
+            self._previous.output if reuse and self._previous is not None else None,
+        )
+        finished = resume.find_finished(self._resume_from, split, shard, digest, own=self._tmp_dir)
+        taken = resume.adopt(finished, paths) if finished is not None else None
+        if taken is not None:
+            yield from self._resumed_shard(split, shard, digest, taken)
             return
         offset = 0  # in the uncompressed stream
         records = 0
@@ -707,8 +717,6 @@ class WriteShardFn(beam.DoFn):
         window = max(IO_THREADS, PREFETCH_PER_THREAD * decode_threads(self._threads))
         options = self._image_options
         limit = options.max_file_bytes
-
-        reuse = self._previous is not None and self._previous.features == examples_features(labels, extra_types)
 
         def read(ref: Ref) -> bytes | Rejected | Reused:
             if reuse and isinstance(ref.previous, index.PreviousReject):
@@ -749,12 +757,14 @@ class WriteShardFn(beam.DoFn):
             size=result_bytes,
         )
         reused = kept = 0
+        rejects_out = None  # made at the first reject: most shards have none
+        retried = False  # a reject that says nothing of the file's bytes: no marker (resume.py)
         # closing(): if writing fails, the reads still in flight give their bytes back at once.
         with (
             contextlib.closing(results),
+            contextlib.ExitStack() as files,
             FileSystems.create(tmp_path, compression_type=compression_type(self._compression)) as out,
             FileSystems.create(index_path, compression_type=CompressionTypes.UNCOMPRESSED) as index_out,
-            FileSystems.create(paths["rejects_path"], compression_type=CompressionTypes.UNCOMPRESSED) as rejects_out,
             (
                 FileSystems.create(paths["idx_path"], compression_type=CompressionTypes.UNCOMPRESSED)
                 if "idx_path" in paths
@@ -767,9 +777,14 @@ class WriteShardFn(beam.DoFn):
                         denied += 1
                         first_denied = first_denied or result.detail
                     kept += getattr(result, "kept", False)
+                    retried = retried or result.reason in index.RETRIED_REASONS
                     self._rejected.inc()
                     PROGRESS.add(rejected=1)
                     row = file_reject(ref, result.reason, result.detail)
+                    if rejects_out is None:
+                        rejects_out = files.enter_context(
+                            FileSystems.create(paths["rejects_path"], compression_type=CompressionTypes.UNCOMPRESSED)
+                        )
                     rejects_out.write((json.dumps(row) + "\n").encode("ascii"))  # \u-escapes keep any path
                     yield beam.pvalue.TaggedOutput(REJECTS, row)
                     continue
@@ -811,6 +826,7 @@ class WriteShardFn(beam.DoFn):
             "split": split,
             "shard": shard,
             **paths,
+            "rejects_path": paths["rejects_path"] if rejects_out is not None else None,
             "records": records,
             "bytes": size,
             "labels": dict(sorted(label_counts.items())),
@@ -819,15 +835,13 @@ class WriteShardFn(beam.DoFn):
             "rejects_kept": kept,
         }
         # The shard is closed: a later run (or a retry of this bundle) with the same digest takes it.
-        resume.write_marker(self._tmp_dir, split, shard, digest, result)
+        if not retried:
+            resume.write_marker(self._tmp_dir, split, shard, digest, result)
         failpoints.hit("writer.result")
         yield result
 
-    def _resumed_shard(
-        self, split: str, shard: int, digest: str, finished: Mapping[str, Any], paths: Mapping[str, str]
-    ) -> Iterator[Any]:
-        """A shard an earlier attempt or run finished with the same digest: its files, its rejects, its result."""
-        result = resume.adopt(finished, paths)
+    def _resumed_shard(self, split: str, shard: int, digest: str, result: dict[str, Any]) -> Iterator[Any]:
+        """A shard an earlier attempt or run finished with the same digest (its files copied): rejects, result."""
         rejected = 0
         for row in resume.read_rejects(result["rejects_path"]):
             rejected += 1

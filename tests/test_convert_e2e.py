@@ -294,14 +294,16 @@ def test_complete_output_is_kept_unless_overwrite(folder, tmp_path):
     root, good = folder
     out = tmp_path / "ow"
     convert("--input", str(root), "--output", str(out), "--target-shard-mb", "0.1")
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert len([p for p in before if p.startswith("idx/")]) > 1
     result = run_cli("convert", "--input", str(root), "--output", str(out))
     assert result.returncode == 2 and "--overwrite" in result.stderr
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     convert("--input", str(root), "--output", str(out), "--overwrite")
     info = load_info(out)
     assert info["splits"]["train"]["num_shards"] == 1
     assert sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name) == ["ow-train.tfrecord-00000-of-00001"]
+    assert [p.name for p in (out / "idx").iterdir()] == ["ow-train.tfrecord-00000-of-00001.idx"]  # stale ones gone
     assert (out / "_SUCCESS").exists()
 
 

@@ -126,8 +126,9 @@ def test_multi_process_runner_with_post_steps_in_the_job_matches_an_in_process_r
     info = load_info(local)
     shard_files = sorted(s["file"] for split in info["splits"].values() for s in split["shards"])
     assert len(shard_files) > 2
-    assert sorted(n for n in remote if ".tfrecord-" in n) == shard_files  # the old shard is gone
-    for name in shard_files:
+    assert sorted(n for n in remote if "/" not in n and ".tfrecord-" in n) == shard_files  # the old shard is gone
+    assert sorted(n for n in remote if n.startswith("idx/")) == [f"idx/{f}.idx" for f in shard_files]
+    for name in shard_files + [f"idx/{f}.idx" for f in shard_files]:
         assert remote[name] == (local / name).read_bytes(), name
     for name in ("labels.txt", "features.json"):
         assert remote[name] == (local / name).read_bytes(), name

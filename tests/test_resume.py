@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import hashing, resume
-from beam_pipeline.finalize import stale_tmp_dirs
+from beam_pipeline import hashing, metadata, resume, writing
+from beam_pipeline.finalize import cleanup_staging, stale_tmp_dirs
 from beam_pipeline.images import ImageOptions
+from beam_pipeline.index import Previous, PreviousReject
 from beam_pipeline.listing import Ref
 from beam_pipeline.writing import WriteShardFn
 
@@ -127,10 +128,28 @@ def test_no_resume_writes_every_shard_again(tmp_path, monkeypatch):
     src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
     make_source(src)
     convert("--input", str(src), "--output", str(ref), *ARGS, *QUICK)
-    killed_run(src, out, monkeypatch, "writer.result:2:kill", *QUICK)
+    dead = killed_run(src, out, monkeypatch, "writer.result:2:kill", *QUICK)
     convert("--input", str(src), "--output", str(out), *ARGS, *QUICK, "--no-resume")
     same_output(out, ref)
     assert "resumed" not in load_info(out)
+    assert scratch_folders(out) == [dead]  # nothing was taken from it: it goes by age (finalize.STALE_TMP_AGE_S)
+
+
+@pytest.mark.parametrize("point", ["finalize.rename:2:kill", "finalize.write:1:kill", "publish.move:2:kill"])
+def test_a_run_killed_in_finalize_or_publish_is_finished_by_the_same_command(tmp_path, monkeypatch, point):
+    """Finalize renames in staging (followed through renamed.jsonl); publish moves into the output, and a
+    shard already moved there is no longer in the dead run's folder: that one is written again."""
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_source(src)
+    convert("--input", str(src), "--output", str(ref), *ARGS, *QUICK)
+    dead = killed_run(src, out, monkeypatch, point, *QUICK)
+    moved = 1 if point.startswith("publish.") else 0  # the first file publish moves is a shard
+    if not moved:
+        spoil_taken_files(src, finished(dead))
+    convert("--input", str(src), "--output", str(out), *ARGS, *QUICK)
+    same_output(out, ref)
+    shards = sum(s["num_shards"] for s in load_info(ref)["splits"].values())
+    assert load_info(out)["resumed"]["shards"] == shards - moved
     assert scratch_folders(out) == []
 
 
@@ -213,7 +232,7 @@ def _ref(root: Path, i: int, **changes) -> Ref:
     return dataclasses.replace(Ref(path, rel, len(data), "train", "cat", hashing.shuffle_key(rel, 1)), **changes)
 
 
-def test_the_digest_covers_what_decides_a_shards_bytes(tmp_path):
+def test_the_digest_covers_what_decides_a_shards_bytes(tmp_path, monkeypatch):
     refs = [_ref(tmp_path, i) for i in range(3)]
     base = ("train", 0, refs, ["cat"], {}, ImageOptions(), "none")
     digest = resume.shard_digest(*base)
@@ -234,11 +253,23 @@ def test_the_digest_covers_what_decides_a_shards_bytes(tmp_path):
         (*base[:5], ImageOptions(reencode_quality=90), "none"),
         (*base[:5], ImageOptions(max_pixels=10), "none"),
         (*base[:6], "gzip"),
+        (*base, "/previous/output"),  # --incremental-from whose records fit
+        ("train", 0, [*refs[:2], dataclasses.replace(refs[2], previous=PreviousReject("truncated", ""))], *base[3:]),
+        (
+            "train",
+            0,
+            [*refs[:2], dataclasses.replace(refs[2], previous=Previous("s", 0, 9, "h", "cat", 0, ""))],
+            *base[3:],
+        ),
     ]
     digests = {resume.shard_digest(*v) for v in variants}
     assert digest not in digests and len(digests) == len(variants)
     # memory is not part of what is written
     assert resume.shard_digest(*base[:5], ImageOptions(memory_budget_bytes=1), "none") == digest
+    # the code is: a fixed bug must not leave shards of the buggy code in a resumed run
+    real = metadata.package_versions()
+    monkeypatch.setattr(metadata, "package_versions", lambda: {**real, "beam_pipeline_code": "0" * 16})
+    assert resume.shard_digest(*base) != digest
 
 
 def test_a_retried_writer_takes_its_own_finished_shard(tmp_path):
@@ -260,6 +291,68 @@ def test_a_retried_writer_takes_its_own_finished_shard(tmp_path):
     assert [o for o in outs if isinstance(o, dict)][0]["records"] == 0
 
 
+def _write(scratch: Path, refs: list[Ref], resume_from: tuple[Path, ...] = ()) -> tuple[dict, list[dict]]:
+    writer = WriteShardFn(str(scratch), "none", 1, resume_from=[str(s) for s in resume_from])
+    writer.setup()
+    outs = list(writer.process((("train", 0), refs), ["cat"], {}))
+    return [o for o in outs if isinstance(o, dict)][0], [o.value for o in outs if not isinstance(o, dict)]
+
+
+def test_a_shard_with_a_missing_or_unreadable_reject_is_written_again(tmp_path, monkeypatch):
+    """Those rejects say nothing of the bytes (a permission granted since): no marker, the re-run reads again."""
+    import errno
+
+    refs = [_ref(tmp_path / "in", i) for i in range(4)]
+    out = tmp_path / "out"
+    real = writing._read_local
+
+    def denied(path, size, options):
+        if path == refs[1].path:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real(path, size, options)
+
+    monkeypatch.setattr(writing, "_read_local", denied)
+    first, rejects = _write(out / f"{TMP}20990101-000000-aaaaaaaa", refs)
+    assert first["records"] == 3 and [r["reason"] for r in rejects] == ["unreadable"]
+    assert not list((out / f"{TMP}20990101-000000-aaaaaaaa" / resume.DONE).glob("*.json"))
+    monkeypatch.setattr(writing, "_read_local", real)  # access granted
+    again, rejects = _write(out / f"{TMP}20990102-000000-bbbbbbbb", refs, (out / f"{TMP}20990101-000000-aaaaaaaa",))
+    assert again["records"] == 4 and rejects == [] and "resumed_from" not in again
+
+
+def test_a_retry_of_a_taken_shard_still_names_the_run_it_came_from(tmp_path):
+    refs = [_ref(tmp_path / "in", i) for i in range(3)]
+    a, b = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa", tmp_path / "out" / f"{TMP}20990102-000000-bbbbbbbb"
+    _write(a, refs)
+    first, _ = _write(b, refs, (a,))  # attempt 1 takes it from run a ...
+    again, _ = _write(b, refs, (a,))  # ... a retry of the bundle takes attempt 1's copy
+    assert first["resumed_from"] == again["resumed_from"] == str(a)
+    assert Path(again["tmp_path"]).parent == b
+
+
+def test_a_source_that_vanishes_while_taken_means_writing_afresh(tmp_path):
+    refs = [_ref(tmp_path / "in", i) for i in range(2)]
+    a = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa"
+    found, _ = _write(a, refs)
+    Path(found["index_path"]).unlink()  # the dead run's folder being removed under us
+    paths = {k: str(tmp_path / f"copy-{k}") for k in resume.FILE_KEYS}
+    assert resume.adopt(found, paths) is None
+
+
+def test_a_transient_error_looking_for_a_finished_shard_fails_the_bundle(tmp_path, monkeypatch):
+    from apache_beam.io.filesystems import FileSystems
+    from google.api_core import exceptions as gexc
+
+    refs = [_ref(tmp_path / "in", i) for i in range(2)]
+
+    def flaky(path):
+        raise gexc.ServiceUnavailable("503 backend error")
+
+    monkeypatch.setattr(FileSystems, "exists", flaky)
+    with pytest.raises(gexc.ServiceUnavailable):
+        _write(tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa", refs)
+
+
 def test_a_marker_whose_shard_is_gone_is_passed_over(tmp_path):
     refs = [_ref(tmp_path / "in", i) for i in range(2)]
     old = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa"
@@ -274,20 +367,66 @@ def test_a_marker_whose_shard_is_gone_is_passed_over(tmp_path):
     assert "resumed_from" not in result and result["records"] == 2
 
 
-def test_only_dead_local_runs_scratch_folders_are_removed(tmp_path):
+def _scratch(out: Path, i: int) -> Path:
+    folder = out / f"{TMP}2099010{i}-000000-0000000{i}"
+    (folder / resume.DONE).mkdir(parents=True)
+    (folder / resume.DONE / "x.json").write_text("{}")
+    return folder
+
+
+def test_only_dead_runs_taken_from_are_removed_after_publishing(tmp_path):
     out = tmp_path / "out"
-    live, dead, young_gone = (out / f"{TMP}2099010{i}-000000-0000000{i}" for i in (1, 2, 3))
-    for folder in (live, dead, young_gone):
-        (folder / resume.DONE).mkdir(parents=True)
-        (folder / resume.DONE / "x.json").write_text("{}")
-    with resume.run_lock(str(dead)):
-        pass  # the run ended (or was killed): nobody holds the lock
+    live, dead, no_lock, dead_untaken, other_host, own = (_scratch(out, i) for i in range(1, 7))
+    for folder in (dead, dead_untaken, other_host):
+        with resume.run_lock(str(folder)):
+            pass  # the run ended (or was killed): nobody holds its lock
+    (other_host / resume.RUN_LOCK).write_text("another-machine")  # a shared mount: its lock says nothing here
     with resume.run_lock(str(live)):
         assert resume.is_dead_local_run(str(dead)) and not resume.is_dead_local_run(str(live))
-        assert not resume.is_dead_local_run(str(young_gone))  # no lock file: an older version's, or starting
-        assert stale_tmp_dirs(str(out), now=4_070_908_800) == [str(dead)]
-        assert resume.resume_sources(str(out), str(live)) == (str(young_gone), str(dead))
+        assert not resume.is_dead_local_run(str(no_lock))  # an older version's run, or a mount without locks
+        assert not resume.is_dead_local_run(str(other_host))
+        assert stale_tmp_dirs(str(out), now=4_070_908_800) == []  # none is days old
+        assert resume.resume_sources(str(out), str(own)) == tuple(
+            str(f) for f in (other_host, dead_untaken, no_lock, dead)
+        )  # newest first, MAX_SOURCES of them
+        cleanup_staging(str(own), str(out), [str(f) for f in (live, dead, no_lock, other_host)])
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            f.name for f in (live, no_lock, dead_untaken, other_host)
+        )
     assert resume.is_dead_local_run(str(live))
+
+
+def test_the_lock_file_is_never_seen_unlocked(tmp_path, monkeypatch):
+    """Made and locked under another name, then renamed into place: a cleanup at any instant sees a live run."""
+    import fcntl
+
+    real = fcntl.flock
+    seen = []
+
+    def spy(fd, op):
+        seen.append(resume.is_dead_local_run(str(folder)))  # another run's cleanup, right now
+        return real(fd, op)
+
+    folder = tmp_path / "out" / f"{TMP}20990101-000000-00000001"
+    monkeypatch.setattr(fcntl, "flock", spy)
+    with resume.run_lock(str(folder)):
+        monkeypatch.setattr(fcntl, "flock", real)
+        assert not resume.is_dead_local_run(str(folder))
+    assert seen and not any(seen)
+
+
+def test_a_file_system_without_locks_runs_without_a_lock_file(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    folder = tmp_path / "out" / f"{TMP}20990101-000000-00000001"
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with resume.run_lock(str(folder)):
+        assert list(folder.iterdir()) == []
+    assert not resume.is_dead_local_run(str(folder))  # no lock file: counts as live, goes by age
 
 
 @pytest.mark.parametrize("spec", ["a.b:2:kill", "a.b:2"])

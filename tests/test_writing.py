@@ -135,7 +135,9 @@ def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
     [shard] = [f for f in (tmp_path / "out" / ".tmp").iterdir() if f.is_file()]
     assert count_records(str(shard)) == 6
     # the shard's index part (finalize makes index.jsonl of them): same stem, one line per record, in order
-    [part] = list((tmp_path / "out" / ".tmp" / "_index").iterdir())
+    [part] = list((tmp_path / "out" / ".tmp" / "_index").glob("*.jsonl"))
+    [idx] = list((tmp_path / "out" / ".tmp" / "_index").glob("*.idx"))
+    assert idx.stem == shard.stem
     assert part.stem == shard.stem
     entries = [json.loads(line) for line in part.read_text().splitlines()]
     assert [e["record"] for e in entries] == list(range(6))
