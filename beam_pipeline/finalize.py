@@ -344,6 +344,8 @@ def outcome(examples: int, rejects: int, max_reject_fraction: float) -> str:
 def _is_published_name(rel: str) -> bool:
     """A path (relative to the output) of a file a run of this tool publishes (not _SUCCESS, not scratch)."""
     top = rel.split("/", 1)[0]
+    if top == index.IDX_DIR:
+        return metadata.is_idx_file(rel)  # anything else in idx/ is not ours: never stale
     if "/" in rel:
         return top in PUBLISHED_DIRS
     return metadata.is_shard_file(rel) or rel in PUBLISHED_FILES

@@ -172,6 +172,16 @@ class PreviousRun:
 
     output: str
     features: Mapping[str, Any]  # its dataset.json feature spec: the extra columns' types must match
+    # its dataset.json versions (RECORD_VERSION_KEYS): each writer compares them with its own, as
+    # the machine that decodes (a Dataflow worker) may run other code than the one that launched
+    versions: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def same_code_here(self) -> bool:
+        """Whether this process would decode as the previous run did (beam_pipeline code, Pillow)."""
+        from . import metadata
+
+        now = metadata.package_versions()
+        return all(self.versions.get(k) == now.get(k) for k in RECORD_VERSION_KEYS)
 
 
 def reusable_run(previous: str, info: Mapping[str, Any], config: Mapping[str, Any]) -> PreviousRun | None:
@@ -189,7 +199,8 @@ def reusable_run(previous: str, info: Mapping[str, Any], config: Mapping[str, An
     now = metadata.package_versions()
     if any(versions.get(k) != now.get(k) for k in RECORD_VERSION_KEYS):
         return None
-    return PreviousRun(previous, dict(info.get("features") or {}))
+    recorded = {k: versions.get(k) for k in RECORD_VERSION_KEYS}
+    return PreviousRun(previous, dict(info.get("features") or {}), recorded)
 
 
 class PreviousReject(NamedTuple):
@@ -200,8 +211,21 @@ class PreviousReject(NamedTuple):
 
 
 def kept_reject(entry: Mapping[str, Any], ref: Ref) -> bool:
-    """A previous ``rejects.jsonl`` line that still holds for ``ref``: same file (path, size, mtime), lasting reason."""
-    return "size" in entry and "mtime" in entry and unchanged(entry, ref) and entry["reason"] not in RETRIED_REASONS
+    """A previous ``rejects.jsonl`` line (joined to ``ref`` by path) that still holds: same size and mtime, a
+    reason about the bytes."""
+    return (
+        entry.get("size") == ref.size
+        and entry.get("mtime") == ref.mtime
+        and "size" in entry
+        and entry["reason"] not in RETRIED_REASONS
+    )
+
+
+def reject_key(entry: Mapping[str, Any], root: str) -> str:
+    """The path a previous reject joins on: its file's path relative to the input root, as ``Ref.relpath`` is."""
+    from .listing import relative_path
+
+    return relative_path(entry.get("source") or entry["path"], root)
 
 
 def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
@@ -244,8 +268,10 @@ class MatchPreviousFn(beam.DoFn):
     ``previous`` becomes a Previous (where the record is) for a file in the
     previous index, a PreviousReject for a file the previous run rejected for
     its bytes (``kept_reject``). Tagged CHANGES: one of
-    added/changed/unchanged/dropped per listed file (dropped: per previous
-    record nobody listed), for dataset.json.
+    added/changed/unchanged/dropped per listed file, for dataset.json: added
+    when the previous run had neither a record nor a reject of its path,
+    unchanged when one of them has its size and mtime (whether or not it can
+    be reused), changed otherwise; dropped per previous record nobody listed.
     """
 
     def __init__(self, output: str) -> None:
@@ -271,7 +297,8 @@ class MatchPreviousFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(CHANGES, UNCHANGED)
                 yield dataclasses.replace(ref, previous=PreviousReject(kept["reason"], kept.get("detail", "")))
                 continue
-            yield beam.pvalue.TaggedOutput(CHANGES, CHANGED if entries or rejects else ADDED)
+            same = any(e.get("size") == ref.size and e.get("mtime") == ref.mtime for e in [*entries, *rejects])
+            yield beam.pvalue.TaggedOutput(CHANGES, UNCHANGED if same else CHANGED if entries or rejects else ADDED)
             yield ref
 
 
@@ -281,9 +308,10 @@ CHANGES = "changes"
 class JoinPrevious(beam.PTransform):
     """refs → {"refs": refs (unchanged files carry ``previous``), CHANGES: {kind: count} (one element)}."""
 
-    def __init__(self, output: str) -> None:
+    def __init__(self, output: str, root: str) -> None:
         super().__init__()
         self._output = output
+        self._root = root  # this run's input root: previous rejects join on their path relative to it
 
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         previous = (
@@ -294,13 +322,13 @@ class JoinPrevious(beam.PTransform):
         )
         rejects_path = FileSystems.join(self._output, REJECTS_JSONL)
         if FileSystems.exists(rejects_path):
-            # only files that were read have a size and mtime in rejects.jsonl: the rest are listed again anyway
+            # only files that were read have a size and mtime in rejects.jsonl (kept_reject needs them)
+            root = self._root
             rejects = (
                 refs.pipeline
                 | "ReadPreviousRejects" >> beam.io.ReadFromText(rejects_path)
                 | "ParsePreviousRejects" >> beam.Map(json.loads)
-                | "RejectsOfReadFiles" >> beam.Filter(lambda r: "size" in r and "mtime" in r)
-                | "PreviousRejectByPath" >> beam.Map(lambda r: (r["path"], r))
+                | "PreviousRejectByPath" >> beam.Map(lambda r: (reject_key(r, root), r))
             )
         else:
             rejects = refs.pipeline | "NoPreviousRejects" >> beam.Create([])

@@ -167,9 +167,12 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
             if not FileSystems.exists(path):
                 raise VerifyError(f"{shard['file']}: missing")
             count = 0
+            frames: list[tuple[int, int]] = []  # (offset, frame size) of each record, for the shard's .idx
             try:
                 for count, record in enumerate(iter_records(path), start=1):  # noqa: B007
                     where = f"{shard['file']} record {count - 1}"
+                    offset = frames[-1][0] + frames[-1][1] if frames else 0
+                    frames.append((offset, len(record) + 16))
                     try:
                         ex = parse_example(record)
                         image = tf.io.decode_image(ex[examples.ENCODED][0], expand_animations=False)
@@ -185,10 +188,27 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
                 raise VerifyError(f"{shard['file']} record {count}: {str(e).splitlines()[0][:120]}") from None
             if count != shard["records"]:
                 raise VerifyError(f"{shard['file']}: {count} records, dataset.json says {shard['records']}")
+            if info.get("idx_files"):
+                _verify_idx(output, info["idx_files"].format(file=shard["file"]), frames)
     _progress(done, total, stream)
     if stream.isatty():
         stream.write("\n")
     return done
+
+
+def _verify_idx(output: str, rel: str, frames: list[tuple[int, int]]) -> None:
+    """The shard's .idx names each record's frame: offset and size, in order."""
+    path = FileSystems.join(output, rel)
+    if not FileSystems.exists(path):
+        raise VerifyError(f"{rel}: missing")
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        lines = fh.read().decode("ascii", "replace").splitlines()
+    for i, line in enumerate(lines):
+        want = frames[i] if i < len(frames) else None
+        if want is None or line.split() != [str(want[0]), str(want[1])]:
+            raise VerifyError(f"{rel} line {i + 1}: {line!r}, the shard has {want and f'{want[0]} {want[1]}'}")
+    if len(lines) != len(frames):
+        raise VerifyError(f"{rel}: {len(lines)} lines, the shard has {len(frames)} records")
 
 
 def _read_at(path: str, wanted: set[int]) -> dict[int, bytes]:

@@ -228,6 +228,9 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     output beside the manifest is never listed as input.
     """
     out = absolute(cfg.output)
+    if _GLOB_CHARS.search(out):
+        # Beam's file systems would read them as a pattern wherever the output is listed.
+        raise UsageError(f"--output {cfg.output}: the path may not hold [, * or ?")
     if not is_remote(out):
         if os.path.isfile(out):
             raise UsageError(f"--output {cfg.output}: is a file, not a folder")
@@ -242,8 +245,12 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
             entries = []
     elif os.path.isdir(out):
         entries = os.listdir(out)
+        if os.path.isdir(os.path.join(out, index.IDX_DIR)):
+            entries += [f"{index.IDX_DIR}/{n}" for n in os.listdir(os.path.join(out, index.IDX_DIR))]
     top = {e.split("/", 1)[0] for e in entries}
     foreign = sorted(e for e in top if not _is_own_file(e))
+    # idx/ is ours only as far as it holds shard indexes: publish would remove other names in it as stale
+    foreign += sorted(e for e in entries if e.startswith(index.IDX_DIR + "/") and not metadata.is_idx_file(e))
     if foreign:
         # Whatever --overwrite says: publishing would mix the dataset in
         # beside someone else's files, and a later publish deletes stale

@@ -40,6 +40,12 @@ def is_shard_file(basename: str) -> bool:
     return bool(sep and head and len(parts) == 2 and all(p.isdigit() and len(p) == 5 for p in parts))
 
 
+def is_idx_file(rel: str) -> bool:
+    """``idx/<shard file>.idx``, relative to the output: a shard's record index this tool writes."""
+    folder, sep, name = rel.partition("/")
+    return folder == "idx" and sep == "/" and "/" not in name and name.endswith(".idx") and is_shard_file(name[:-4])
+
+
 def feature_spec(labelled: bool, extra_types: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """Every feature of a record: dtype (int64, float32, string) and shape ([] = one value)."""
     spec: dict[str, dict[str, Any]] = {
@@ -69,7 +75,9 @@ def code_digest() -> str:
     """
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for path in sorted(here.glob("*.py")):
+    # an install that ships compiled files only: those are the code
+    files = sorted(here.glob("*.py")) or sorted(here.glob("__pycache__/*.pyc"))
+    for path in files:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 

@@ -92,7 +92,7 @@ def build_pipeline(
     previous, changes = None, None
     if layout.previous:
         # unchanged files (same path, size, mtime) carry where the previous run stored their record
-        joined = refs | "Previous" >> index.JoinPrevious(layout.previous)
+        joined = refs | "Previous" >> index.JoinPrevious(layout.previous, layout.root)
         refs, changes = joined["refs"], joined[index.CHANGES]
         info = read_json(FileSystems.join(layout.previous, metadata.DATASET_JSON))
         previous = index.reusable_run(layout.previous, info, cfg.as_dict())

@@ -287,22 +287,38 @@ def scratch_folders(output: str) -> list[str]:
         except FileNotFoundError:
             return []
         return sorted(os.path.join(output, n) for n in names if n.startswith(metadata.TMP_PREFIX))
-    from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
+    from apache_beam.io.gcp.gcsio import parse_gcs_path
 
     bucket, prefix = parse_gcs_path(output.rstrip("/") + "/", object_optional=True)
-    blobs = GcsIO(pipeline_options=FileSystems._pipeline_options).client.list_blobs(  # noqa: SLF001
-        bucket, prefix=prefix + metadata.TMP_PREFIX, delimiter="/"
-    )
+    blobs = _gcs_client().list_blobs(bucket, prefix=prefix + metadata.TMP_PREFIX, delimiter="/")
     for _ in blobs.pages:  # the prefixes are known once every page is read
         pass
     return sorted(f"gs://{bucket}/{p.rstrip('/')}" for p in blobs.prefixes)
 
 
+def _gcs_client() -> Any:
+    from apache_beam.io.gcp.gcsio import GcsIO
+
+    return GcsIO(pipeline_options=FileSystems._pipeline_options).client  # noqa: SLF001
+
+
+def _has_markers(folder: str) -> bool:
+    """Whether a scratch folder has a DONE folder (a run that got as far as finishing a shard)."""
+    if "://" not in folder:
+        return os.path.isdir(os.path.join(folder, DONE))
+    from apache_beam.io.gcp.gcsio import parse_gcs_path
+
+    bucket, name = parse_gcs_path(folder + "/" + DONE + "/")
+    return any(True for _ in _gcs_client().list_blobs(bucket, prefix=name, max_results=1))
+
+
 def resume_sources(output: str, own_scratch: str) -> tuple[str, ...]:
-    """Scratch folders of earlier runs of ``output`` to take finished shards from: the newest MAX_SOURCES."""
+    """Scratch folders of earlier runs of ``output`` to take finished shards from: the newest MAX_SOURCES
+    that hold any (runs that failed before finishing a shard are passed over; at most 4 * MAX_SOURCES asked)."""
     folders = [f for f in scratch_folders(output) if f.rstrip("/") != own_scratch.rstrip("/")]
     # run ids start with the start time (YYYYmmdd-HHMMSS-): newest first
-    return tuple(sorted(folders, reverse=True)[:MAX_SOURCES])
+    newest = sorted(folders, reverse=True)[: 4 * MAX_SOURCES]
+    return tuple([f for f in newest if _has_markers(f)][:MAX_SOURCES])
 
 
 # ---- liveness of local runs ------------------------------------------------------------------

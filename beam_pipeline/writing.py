@@ -672,6 +672,8 @@ class WriteShardFn(beam.DoFn):
         self._pool = process_pool("decode", decode_threads(self._threads))
         self._io_pool = process_pool("read", IO_THREADS)
         self._read_budget, self._decode_budget = budgets(self._image_options)
+        # The launcher checked the previous run's code against its own; this process decodes.
+        self._previous_code_ok = self._previous is not None and self._previous.same_code_here()
 
     def process(
         self,
@@ -682,18 +684,12 @@ class WriteShardFn(beam.DoFn):
         (split, shard), refs = element
         ordered = sorted(refs, key=lambda r: (r.key, r.relpath, r.path))
         label_ids = {label: i for i, label in enumerate(labels)}
-        # A retried bundle writes a new temp file; only the committed attempt's
-        # path reaches finalize, so attempts never mix.
-        stem = f"{split}-{shard:05d}-{uuid.uuid4().hex}"
-        paths = {
-            "tmp_path": FileSystems.join(self._tmp_dir, f"{stem}.tfrecord"),
-            "index_path": FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.jsonl"),
-            "rejects_path": resume.rejects_path(self._tmp_dir, stem),
-        }
-        if self._compression == "none":  # offsets of a gzip shard are no file positions: no .idx
-            paths["idx_path"] = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.idx")
-        tmp_path, index_path = paths["tmp_path"], paths["index_path"]
-        reuse = self._previous is not None and self._previous.features == examples_features(labels, extra_types)
+        paths = self._attempt_paths(split, shard)
+        reuse = (
+            self._previous is not None
+            and self._previous_code_ok
+            and self._previous.features == examples_features(labels, extra_types)
+        )
         digest = resume.shard_digest(
             split,
             shard,
@@ -705,10 +701,15 @@ class WriteShardFn(beam.DoFn):
             self._previous.output if reuse and self._previous is not None else None,
         )
         finished = resume.find_finished(self._resume_from, split, shard, digest, own=self._tmp_dir)
-        taken = resume.adopt(finished, paths) if finished is not None else None
-        if taken is not None:
-            yield from self._resumed_shard(split, shard, digest, taken)
-            return
+        if finished is not None:
+            taken = resume.adopt(finished, paths)
+            if taken is not None:
+                yield from self._resumed_shard(split, shard, digest, taken)
+                return
+            # Its source vanished half-way: the files linked so far share their bytes with that run's
+            # (maybe published) files, so the shard is written under new names, never through them.
+            paths = self._attempt_paths(split, shard)
+        tmp_path, index_path = paths["tmp_path"], paths["index_path"]
         offset = 0  # in the uncompressed stream
         records = 0
         denied, first_denied = 0, ""  # reads refused for permission (not the tracebacks: a shard may have 100k)
@@ -806,10 +807,10 @@ class WriteShardFn(beam.DoFn):
                     label_counts[ref.label] += 1
                 if prepared is not None and prepared.converted_from:
                     converted[prepared.converted_from] += 1
-        if denied >= DENIED_SHARD_MIN and denied == len(ordered):
-            # Not one image of the shard may be read: the job's account lacks access, and every
-            # image becoming an "unreadable" reject would hide that. The bundle fails, with the
-            # reason, so the job does too.
+        if denied >= DENIED_SHARD_MIN and denied == len(ordered) - reused - kept:
+            # Not one image of the shard may be read (records copied from a previous run and kept
+            # rejects read none): the job's account lacks access, and every image becoming an
+            # "unreadable" reject would hide that. The bundle fails, with the reason, so the job does too.
             where = sorted({_storage_root(ref.path) for ref in ordered})
             raise PermissionError(
                 f"permission denied reading every one of the {len(ordered)} images of shard {split}-{shard:05d} "
@@ -839,6 +840,18 @@ class WriteShardFn(beam.DoFn):
             resume.write_marker(self._tmp_dir, split, shard, digest, result)
         failpoints.hit("writer.result")
         yield result
+
+    def _attempt_paths(self, split: str, shard: int) -> dict[str, str]:
+        """This attempt's files: a retried bundle writes new ones, and only the committed attempt's reach finalize."""
+        stem = f"{split}-{shard:05d}-{uuid.uuid4().hex}"
+        paths = {
+            "tmp_path": FileSystems.join(self._tmp_dir, f"{stem}.tfrecord"),
+            "index_path": FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.jsonl"),
+            "rejects_path": resume.rejects_path(self._tmp_dir, stem),
+        }
+        if self._compression == "none":  # offsets of a gzip shard are no file positions: no .idx
+            paths["idx_path"] = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.idx")
+        return paths
 
     def _resumed_shard(self, split: str, shard: int, digest: str, result: dict[str, Any]) -> Iterator[Any]:
         """A shard an earlier attempt or run finished with the same digest (its files copied): rejects, result."""

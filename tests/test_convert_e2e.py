@@ -307,6 +307,17 @@ def test_complete_output_is_kept_unless_overwrite(folder, tmp_path):
     assert (out / "_SUCCESS").exists()
 
 
+def test_foreign_files_in_idx_or_a_pattern_in_the_output_path_are_refused(folder, tmp_path):
+    root, _ = folder
+    out = tmp_path / "with-idx"
+    write(str(out / "idx" / "notes.txt"), b"mine")  # idx/ is the tool's folder for shard indexes only
+    result = run_cli("convert", "--input", str(root), "--output", str(out))
+    assert result.returncode == 2 and "idx/notes.txt" in result.stderr, result.stderr
+    assert (out / "idx" / "notes.txt").read_bytes() == b"mine"
+    result = run_cli("convert", "--input", str(root), "--output", str(tmp_path / "out[1]"))
+    assert result.returncode == 2 and "may not hold" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
 def test_foreign_files_in_output_are_refused(folder, tmp_path):
     root, _ = folder
     out = tmp_path / "busy"

@@ -157,6 +157,8 @@ def test_incremental_run_equals_a_full_run_and_decodes_only_new_files(tmp_path):
 
     assert shard_bytes(inc) == shard_bytes(full)  # same records, same order, same shards
     assert (inc / "index.jsonl").read_text() == (full / "index.jsonl").read_text()
+    idx = {p.name: p.read_bytes() for p in (full / "idx").iterdir()}
+    assert {p.name: p.read_bytes() for p in (inc / "idx").iterdir()} == idx and len(idx) == len(shard_bytes(full))
     assert (inc / "rejects.jsonl").read_text() == (full / "rejects.jsonl").read_text()
     info = load_info(inc)
     # the broken file is unchanged: its reject is kept, not read again
@@ -227,18 +229,39 @@ def test_previous_rejects_are_kept_unread_unless_the_file_changed(tmp_path):
 
 
 def test_which_previous_rejects_are_kept():
-    from beam_pipeline.index import kept_reject
+    from beam_pipeline.index import kept_reject, reject_key
     from beam_pipeline.listing import Ref
 
     ref = Ref("/in/a.png", "a.png", 12, "train", None, 1, mtime=5.0)
-    entry = {"path": "a.png", "reason": "not_an_image", "detail": "", "size": 12, "mtime": 5.0}
-    assert kept_reject(entry, ref)
+    entry = {"path": "a.png", "reason": "not_an_image", "detail": "", "source": "/in/a.png", "size": 12, "mtime": 5.0}
+    assert kept_reject(entry, ref) and reject_key(entry, "/in") == ref.relpath
     assert not kept_reject({**entry, "mtime": 6.0}, ref)  # changed
     assert not kept_reject({**entry, "size": 13}, ref)
-    assert not kept_reject({**entry, "path": "b.png"}, ref)
     for retried in ("missing", "unreadable"):  # said nothing of the bytes: tried again
         assert not kept_reject({**entry, "reason": retried}, ref)
     assert not kept_reject({k: v for k, v in entry.items() if k != "mtime"}, ref)  # an older rejects.jsonl
+    # a manifest row outside the manifest's folder: rejects.jsonl keeps its full path, the ref a relative one
+    outside = {**entry, "path": "/elsewhere/b.png", "source": "/elsewhere/b.png"}
+    assert reject_key(outside, "/in") == "elsewhere/b.png"
+
+
+def test_a_manifest_rows_reject_outside_its_folder_is_kept_too(tmp_path):
+    src, first, second = tmp_path / "lists", tmp_path / "first", tmp_path / "second"
+    make_images(src / "imgs", {"cat": 3})
+    bad = tmp_path / "elsewhere" / "bad.png"
+    write(str(bad), b"not an image" * 5)
+    rows = [str(p) for p in sorted((src / "imgs").rglob("*.png"))] + [str(bad)]
+    (src / "list.csv").write_text("path,label\n" + "".join(f"{p},cat\n" for p in rows))
+    opts = ("--manifest", str(src / "list.csv"), *ARGS, "--max-reject-fraction", "1")
+    convert(*opts, "--output", str(first))
+    stat = bad.stat()
+    bad.write_bytes(image_bytes("png", height=30, width=30, seed=6)[:60])  # a read would say truncated
+    os.utime(bad, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    convert(*opts, "--output", str(second), "--incremental-from", str(first))
+    [kept] = [json.loads(line) for line in (second / "rejects.jsonl").read_text().splitlines()]
+    assert (kept["path"], kept["reason"]) == (str(bad), "not_an_image")
+    inc = load_info(second)["incremental"]
+    assert (inc["rejects_kept"], inc["unchanged"], inc["added"]) == (1, 4, 0)
 
 
 def test_inspect_shows_what_an_incremental_run_reused(tmp_path):

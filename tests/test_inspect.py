@@ -70,6 +70,24 @@ def test_verify_finds_a_wrong_record_count(dataset, tmp_path):
     assert info["splits"]["test"]["shards"][0]["file"] in result.stderr and "dataset.json says" in result.stderr
 
 
+@pytest.mark.parametrize("damage", ["line", "missing", "extra"])
+def test_verify_checks_each_shards_idx(dataset, tmp_path, damage):
+    copy, info = _copy(dataset, tmp_path)
+    shard = info["splits"]["train"]["shards"][0]["file"]
+    idx = copy / "idx" / f"{shard}.idx"
+    lines = idx.read_text().splitlines()
+    if damage == "line":
+        offset, size = lines[1].split()
+        lines[1] = f"{offset} {int(size) + 1}"
+        idx.write_text("\n".join(lines) + "\n")
+    elif damage == "missing":
+        idx.unlink()
+    else:
+        idx.write_text("\n".join([*lines, "99999 16"]) + "\n")
+    result = run_cli("inspect", str(copy), "--verify")
+    assert result.returncode == 1 and f"idx/{shard}.idx" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("n,cols,rows", [(10, 4, 3), (9, 3, 3), (64, 6, 5)])
 def test_contact_sheet_has_one_tile_per_example(dataset, tmp_path, n, cols, rows):
     sheet = tmp_path / "sheet.png"

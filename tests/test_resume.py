@@ -212,11 +212,13 @@ def test_resume_on_gcs(gcs, tmp_path, monkeypatch):
         out = {}
         for b in gcs.list_blobs(BUCKET, prefix=prefix):
             name = b.name[len(prefix) :]
-            if "/" not in name and (".tfrecord-" in name or name in ("index.jsonl", "rejects.jsonl")):
+            published = ".tfrecord-" in name or name in ("index.jsonl", "rejects.jsonl")
+            if name.startswith("idx/") or ("/" not in name and published):
                 out[name] = b.download_as_bytes()
         return out
 
     assert blobs("rs-out/") == blobs("rs-ref/") != {}
+    assert any(n.startswith("idx/") for n in blobs("rs-out/")) and "index.jsonl" in blobs("rs-out/")
     resumed = json.loads(bucket.blob("rs-out/dataset.json").download_as_bytes())["resumed"]
     assert resumed["shards"] == 3 and resumed["from_runs"] == [next(iter(dead))[len(TMP) :]]
     assert {b.name.split("/")[1] for b in gcs.list_blobs(BUCKET, prefix="rs-out/")} >= dead
@@ -330,13 +332,61 @@ def test_a_retry_of_a_taken_shard_still_names_the_run_it_came_from(tmp_path):
     assert Path(again["tmp_path"]).parent == b
 
 
-def test_a_source_that_vanishes_while_taken_means_writing_afresh(tmp_path):
+def test_a_source_that_vanishes_while_taken_means_writing_afresh(tmp_path, monkeypatch):
+    """The files linked before the source vanished share their bytes with it: the fresh write must not use them."""
     refs = [_ref(tmp_path / "in", i) for i in range(2)]
-    a = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa"
+    a, b = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa", tmp_path / "out" / f"{TMP}20990102-000000-bbbbbbbb"
     found, _ = _write(a, refs)
-    Path(found["index_path"]).unlink()  # the dead run's folder being removed under us
-    paths = {k: str(tmp_path / f"copy-{k}") for k in resume.FILE_KEYS}
-    assert resume.adopt(found, paths) is None
+    before = {k: Path(found[k]).read_bytes() for k in ("tmp_path", "index_path", "idx_path")}
+    Path(found["tmp_path"]).rename(tmp_path / "published-shard")  # e.g. moved into an output by another run
+    os.link(tmp_path / "published-shard", found["tmp_path"])  # ... and still linked in the run's folder
+    real, calls = resume._link_or_copy, []
+
+    def vanishing(src: str, dst: str) -> None:
+        calls.append(src)
+        if len(calls) == 3:  # the run's folder is removed between two links
+            raise FileNotFoundError(2, "No such file or directory", src)
+        real(src, dst)
+
+    monkeypatch.setattr(resume, "_link_or_copy", vanishing)
+    real_read = writing._read_local
+
+    def reset_on_the_second(path: str, size: int, options: object) -> bytes:
+        if path == refs[1].path:  # the fresh write dies half-way: a retry will follow
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return real_read(path, size, options)
+
+    monkeypatch.setattr(writing, "_read_local", reset_on_the_second)
+    with pytest.raises(ConnectionResetError):
+        _write(b, refs, (a,))
+    assert len(calls) == 3
+    assert {k: Path(found[k]).read_bytes() for k in before} == before  # written afresh under other names
+    assert (tmp_path / "published-shard").read_bytes() == before["tmp_path"]
+    monkeypatch.setattr(writing, "_read_local", real_read)
+    monkeypatch.setattr(resume, "_link_or_copy", real)
+    result, _ = _write(b, refs, (a,))  # the retry: this time the source stays
+    assert result["resumed_from"] == str(a) and Path(result["tmp_path"]).read_bytes() == before["tmp_path"]
+
+
+def test_a_worker_that_decodes_with_other_code_reuses_no_record(tmp_path):
+    """The launcher found the previous run's code equal to its own; a worker running other code must not reuse."""
+    from beam_pipeline.index import PreviousRun
+    from beam_pipeline.metadata import feature_spec, package_versions
+
+    refs = [_ref(tmp_path / "in", i) for i in range(2)]
+    prev, _ = _write(tmp_path / "prev" / f"{TMP}20990101-000000-aaaaaaaa", refs)
+    entries = [json.loads(line) for line in Path(prev["index_path"]).read_text().splitlines()]
+    at = {e["path"]: Previous(prev["tmp_path"], e["offset"], e["length"], e["sha256"], "cat", 0, "") for e in entries}
+    with_previous = [dataclasses.replace(r, previous=at[r.relpath]) for r in refs]
+    for path in (r.path for r in refs):  # a decode now rejects them: a reused record would not
+        Path(path).write_bytes(b"x")
+    here = {k: package_versions()[k] for k in ("beam_pipeline", "beam_pipeline_code", "pillow")}
+    for versions, records in ((here, 2), ({**here, "beam_pipeline_code": "0" * 16}, 0)):
+        run = PreviousRun(str(tmp_path / "prev"), feature_spec(True, {}), versions)
+        writer = WriteShardFn(str(tmp_path / "out" / f"{TMP}2099010{records}-000000-bbbbbbbb"), "none", 1, previous=run)
+        writer.setup()
+        outs = list(writer.process((("train", 0), with_previous), ["cat"], {}))
+        assert [o for o in outs if isinstance(o, dict)][0]["records"] == records
 
 
 def test_a_transient_error_looking_for_a_finished_shard_fails_the_bundle(tmp_path, monkeypatch):
