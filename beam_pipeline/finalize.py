@@ -223,19 +223,15 @@ def stale_tmp_dirs(out_dir: str, keep: str = "", now: float | None = None) -> li
     A younger one may be a run still going (two runs on one output): it is
     left alone. ``keep`` (this run's own) is never listed.
     """
-    pattern = FileSystems.join(out_dir, metadata.TMP_PREFIX + "*")
-    prefix = FileSystems.join(out_dir, metadata.TMP_PREFIX)
     try:
-        found = FileSystems.match([pattern + "/**"])[0].metadata_list
-    except Exception:  # noqa: BLE001 - nothing there
+        folders = resume.scratch_folders(out_dir)  # names only, not every file under them
+    except Exception:  # noqa: BLE001 - a listing that fails leaves them for the next run
         return []
     now = time.time() if now is None else now
     out = []
-    for folder in sorted({prefix + m.path[len(prefix) :].split("/", 1)[0] for m in found}):
-        if folder.rstrip("/") == keep.rstrip("/"):
-            continue
+    for folder in folders:
         started = _run_started(folder.rsplit("/", 1)[-1])
-        if started is not None and now - started > STALE_TMP_AGE_S:
+        if folder.rstrip("/") != keep.rstrip("/") and started is not None and now - started > STALE_TMP_AGE_S:
             out.append(folder)
     return out
 

@@ -190,17 +190,12 @@ def reusable_run(previous: str, info: Mapping[str, Any], config: Mapping[str, An
     Its shards must be uncompressed (a record is read at its offset), and its
     image policy and beam_pipeline/Pillow versions the same as this run's.
     """
-    from . import metadata
-
     old = info.get("config") or {}
     if info.get("compression") != "none" or any(old.get(k) != config.get(k) for k in RECORD_POLICY_KEYS):
         return None
     versions = info.get("versions") or {}
-    now = metadata.package_versions()
-    if any(versions.get(k) != now.get(k) for k in RECORD_VERSION_KEYS):
-        return None
-    recorded = {k: versions.get(k) for k in RECORD_VERSION_KEYS}
-    return PreviousRun(previous, dict(info.get("features") or {}), recorded)
+    run = PreviousRun(previous, dict(info.get("features") or {}), {k: versions.get(k) for k in RECORD_VERSION_KEYS})
+    return run if run.same_code_here() else None
 
 
 class PreviousReject(NamedTuple):
@@ -213,12 +208,7 @@ class PreviousReject(NamedTuple):
 def kept_reject(entry: Mapping[str, Any], ref: Ref) -> bool:
     """A previous ``rejects.jsonl`` line (joined to ``ref`` by path) that still holds: same size and mtime, a
     reason about the bytes."""
-    return (
-        entry.get("size") == ref.size
-        and entry.get("mtime") == ref.mtime
-        and "size" in entry
-        and entry["reason"] not in RETRIED_REASONS
-    )
+    return entry.get("size") == ref.size and entry.get("mtime") == ref.mtime and entry["reason"] not in RETRIED_REASONS
 
 
 def reject_key(entry: Mapping[str, Any], root: str) -> str:

@@ -25,6 +25,7 @@ from . import examples, metadata
 from .errors import UsageError
 from .examples import parse_example
 from .finalize import read_json
+from .index import FRAME_OVERHEAD
 
 WIDTH = 80
 
@@ -172,7 +173,7 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
                 for count, record in enumerate(iter_records(path), start=1):  # noqa: B007
                     where = f"{shard['file']} record {count - 1}"
                     offset = frames[-1][0] + frames[-1][1] if frames else 0
-                    frames.append((offset, len(record) + 16))
+                    frames.append((offset, len(record) + FRAME_OVERHEAD))
                     try:
                         ex = parse_example(record)
                         image = tf.io.decode_image(ex[examples.ENCODED][0], expand_animations=False)
