@@ -64,7 +64,7 @@ def build_record(
         examples.SHA256: sha256,
     }
     if ref.annotations is not None:
-        features.update(annotation_features(ref.annotations, info.width, info.height))
+        features.update(annotation_features(ref.annotations, info.width, info.height, label_ids))
     if ref.label is not None:
         features[examples.LABEL] = label_ids[ref.label]
         features[examples.LABEL_TEXT] = ref.label
@@ -80,13 +80,16 @@ def build_record(
     return Record(examples.build_example(dict(sorted(features.items()))), prepared, sha256)
 
 
-def annotation_features(annotations: Any, width: int, height: int) -> dict[str, Any]:
+def annotation_features(
+    annotations: Any, width: int, height: int, label_ids: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """The object keys of an annotated image (boxes normalized by its recorded size); Rejected when the
-    recorded image is not the frame its boxes are in."""
+    recorded image is not the frame its boxes are in. ``label_ids``: the run's ids of a names-only
+    source's classes."""
     problem = size_mismatch(annotations, width, height)
     if problem:
         raise Rejected(ANNOTATION_SIZE_MISMATCH, problem)
-    return object_features(annotations, width, height)
+    return object_features(annotations, width, height, label_ids)
 
 
 def convert_one(
