@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
 from .annotations.objects import name_labels, object_names
+from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
@@ -147,6 +148,11 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
     if layout.coco:
         # before the previous run's join: a record is reused only with the same annotations (index.extras_digest)
         joined = refs | "Coco" >> JoinCoco(layout.coco, layout.root, layout.categories or ())
+        refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
+        rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
+        skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
+    elif layout.voc:  # as --coco: before the previous run's join
+        joined = refs | "Voc" >> JoinVoc(layout.voc, layout.root)
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
