@@ -243,7 +243,7 @@ class _Attach(beam.DoFn):
                     row = reject(
                         ref.path, obj.reason, f"{voc.xml}: object {position} ({raw.get('name')!r}): {obj.detail}"
                     )
-                    yield tagged(OBJECT_REJECTS, {**row, "object": position, "annotation": voc.xml})
+                    yield tagged(OBJECT_REJECTS, {**row, "annotation_id": voc.xml, "object": position})
                 else:
                     kept.append(obj)
             if not voc.objects:
