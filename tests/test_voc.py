@@ -365,3 +365,64 @@ def test_the_summary_counts_objects(converted):
     assert "objects             8 kept, 2 images without any" in result.stdout
     assert "objects out         9 (bad_box 5, " in result.stdout
     assert "categories          5 -> label_map.pbtxt, labels.txt" in result.stdout
+
+
+def test_an_oversized_xml_is_a_reject_and_is_not_read(tmp_path, monkeypatch):
+    """A file far bigger than any VOC annotation is refused by its listed size (never read into memory)."""
+    from apache_beam.io.filesystem import FileMetadata
+
+    big = tmp_path / "big.xml"
+    big.write_text(xml("a.jpg", (10, 10), obj("dog", (1, 1, 5, 5))))
+    monkeypatch.setattr(voc, "MAX_XML_BYTES", 64)
+    [out] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(big), 63)))  # noqa: SLF001
+    assert out.tag == "rejects" and "larger than" in out.value["detail"]  # it grew past the cap since listed
+    [out] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(tmp_path / "absent.xml"), 10**9)))  # noqa: SLF001
+    assert out.value["reason"] == objects.BAD_ANNOTATION and "larger than" in out.value["detail"]
+    monkeypatch.setattr(voc, "MAX_XML_BYTES", 10**6)
+    [(key, parsed)] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(big), big.stat().st_size)))  # noqa: SLF001
+    assert key == "a.jpg" and parsed.objects[0]["name"] == "dog"
+
+
+def test_an_image_without_size_or_readable_header_gets_no_frame(tmp_path):
+    """<size> missing: the header's size is the frame; a file that is not an image gets none (0 x 0) and no
+    object rejects (its boxes were not wrong): the writer rejects the image with why."""
+    from beam_pipeline.listing import Ref
+
+    from .imagegen import broken_bytes
+
+    good, bad = tmp_path / "a.png", tmp_path / "b.jpg"
+    write(str(good), image_bytes("png", height=7, width=9))
+    write(str(bad), broken_bytes("text"))
+    raw = {"name": "dog", "bndbox": ("1", "1", "9", "7")}
+
+    def attach(path: Path) -> list[Any]:
+        ref = Ref(str(path), path.name, path.stat().st_size, "train", None, 1)
+        parsed = voc.VocFile(str(path) + ".xml", path.name, 0, 0, (raw,))
+        return list(voc._Attach(str(tmp_path)).process((path.name, {"refs": [ref], "voc": [parsed]})))  # noqa: SLF001
+
+    [ref] = attach(good)
+    assert (ref.annotations.width, ref.annotations.height) == (9, 7) and len(ref.annotations.objects) == 1
+    [ref] = attach(bad)
+    assert (ref.annotations.width, ref.annotations.height, ref.annotations.objects) == (0, 0, ())
+
+
+def test_gs_annotations_and_images_make_the_same_shards_as_local_files(converted, voc_set, gcs):
+    """--input, --voc and --output on the GCS emulator: the same shards, byte for byte, as the local run."""
+    from .conftest import BUCKET
+
+    out, _ = converted
+    bucket = gcs.bucket(BUCKET)
+    for name, folder in zip(("voc-in", "voc-xml"), voc_set, strict=True):
+        for file in folder.rglob("*"):
+            if file.is_file():
+                bucket.blob(f"{name}/{file.relative_to(folder)}").upload_from_filename(str(file))
+    convert("--input", f"gs://{BUCKET}/voc-in", "--voc", f"gs://{BUCKET}/voc-xml",
+            "--output", f"gs://{BUCKET}/voc-out/det", "--max-reject-fraction", "1", "--no_auth")  # fmt: skip
+    remote = {b.name[len("voc-out/det/") :]: b for b in gcs.list_blobs(BUCKET, prefix="voc-out/det/")}
+    shards = [s["file"] for split in load_info(out)["splits"].values() for s in split["shards"]]
+    for name in [*shards, objects.LABEL_MAP_PBTXT, "labels.txt"]:
+        assert remote[name].download_as_bytes() == (out / name).read_bytes(), name
+    reasons = [
+        json.loads(line)["reason"] for line in remote[objects.OBJECT_REJECTS_JSONL].download_as_text().splitlines()
+    ]
+    assert len(reasons) == 9

@@ -127,13 +127,15 @@ class _ParseXml(beam.DoFn):
     def process(self, meta: Any) -> Iterator[Any]:
         path = meta.path
         relpath = path[len(self._dir) :].lstrip("/")
-        if meta.size_in_bytes > MAX_XML_BYTES:
-            detail = f"{meta.size_in_bytes} bytes: larger than {MAX_XML_BYTES} (not a VOC annotation file)"
+        data = b""
+        if meta.size_in_bytes <= MAX_XML_BYTES:
+            # I/O errors are not caught: a transient one is retried by the runner, not turned into a reject
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+                data = fh.read(MAX_XML_BYTES + 1)  # the file may have grown since it was listed
+        if meta.size_in_bytes > MAX_XML_BYTES or len(data) > MAX_XML_BYTES:
+            detail = f"larger than {MAX_XML_BYTES} bytes (not a VOC annotation file)"
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, objects.BAD_ANNOTATION, detail))
             return
-        # I/O errors are not caught: a transient one is retried by the runner, not turned into a reject
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-            data = fh.read(MAX_XML_BYTES + 1)
         try:
             root = parse_xml(data)
         except (ET.ParseError, ValueError) as e:
