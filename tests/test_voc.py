@@ -426,3 +426,44 @@ def test_gs_annotations_and_images_make_the_same_shards_as_local_files(converted
         json.loads(line)["reason"] for line in remote[objects.OBJECT_REJECTS_JSONL].download_as_text().splitlines()
     ]
     assert len(reasons) == 9
+
+
+def small_voc(base: Path, n: int = 24) -> tuple[Path, Path]:
+    """n JPEGs with an XML each (dog or cat), for runs with many small shards."""
+    images, annotations = base / "JPEGImages", base / "Annotations"
+    annotations.mkdir(parents=True)
+    for i in range(n):
+        write(str(images / f"{i:03d}.jpg"), image_bytes("jpeg", height=32, width=32, seed=i))
+        name = ("dog", "cat")[i % 2]
+        (annotations / f"{i:03d}.xml").write_text(xml(f"{i:03d}.jpg", (32, 32), obj(name, (1, 1, 10 + i, 12))))
+    return images, annotations
+
+
+def test_a_killed_run_resumes_and_a_class_added_meanwhile_resumes_nothing(tmp_path, monkeypatch, tf):
+    """Killed after 2 shards, the same command takes them (same output as a run never killed). If an XML
+    gained a class that sorts first meanwhile, every id moves: no finished shard is taken, records get new ids."""
+    from .test_resume import ARGS, QUICK, finished, killed_run, same_output
+
+    images, annotations = small_voc(tmp_path / "voc")
+    voc_args = ("--voc", str(annotations), *QUICK)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    convert("--input", str(images), "--output", str(ref), *ARGS, *voc_args)
+    assert sum(s["num_shards"] for s in load_info(ref)["splits"].values()) > 2
+    scratch = killed_run(images, out, monkeypatch, "writer.result:2:kill", *voc_args)
+    assert len(finished(scratch)) == 2
+    convert("--input", str(images), "--output", str(out), *ARGS, *voc_args)
+    same_output(out, ref)
+    assert load_info(out)["resumed"]["shards"] == 2
+
+    again = tmp_path / "again"
+    scratch = killed_run(images, again, monkeypatch, "writer.result:2:kill", *voc_args)
+    (annotations / "000.xml").write_text(xml("000.jpg", (32, 32), obj("ant", (1, 1, 10, 12))))
+    convert("--input", str(images), "--output", str(again), *ARGS, *voc_args)
+    assert load_info(again).get("resumed") is None  # no shard taken: the ids they hold are not this run's
+    assert (again / "labels.txt").read_text().splitlines() == ["background", "ant", "cat", "dog"]
+    rows = parsed_records(again, tf)
+    assert {texts(r, "image/object/class/text")[0]: int(r["image/object/class/label"][0]) for r in rows.values()} == {
+        "ant": 1,
+        "cat": 2,
+        "dog": 3,
+    }
