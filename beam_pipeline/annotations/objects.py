@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -46,6 +46,11 @@ MASK_SIZE_MISMATCH = "mask_size_mismatch"  # an RLE of another size than its ima
 # Per-image reasons (rejects.jsonl): the recorded image is not the size the boxes refer to.
 ANNOTATION_SIZE_MISMATCH = "annotation_size_mismatch"
 
+# Obj.label of a names-only source until the writer assigns it: ids 1…N follow the run's label list
+# (labels.txt line k = id k; line 0 is BACKGROUND, the TF Object Detection API's id 0).
+UNASSIGNED = -1
+BACKGROUND = "background"
+
 # A box edge at most this many pixels outside the image is clipped to it; farther is a reject.
 EDGE_TOLERANCE = 1.0
 LABEL_MAP_PBTXT = "label_map.pbtxt"
@@ -57,7 +62,9 @@ class Obj:
     """One object of an image, checked: a box in pixels of its image's annotation frame."""
 
     bbox: tuple[float, float, float, float]  # xmin, ymin, xmax, ymax (pixels, clipped to the frame)
-    label: int  # the category id as the source has it (COCO ids stay, gaps and all)
+    # The category id as the source has it (COCO ids stay, gaps and all); UNASSIGNED for a names-only
+    # source (VOC, CSV): the writer takes the id of ``text`` from the run's label list (``class_ids``).
+    label: int
     text: str  # the category's name
     is_crowd: bool = False
     area: float = 0.0  # pixels of the annotation frame; COCO: the annotation's (its mask's), as Model Garden stores it
@@ -223,8 +230,44 @@ def mask_pngs(objs: Sequence[Obj], geometry: Geometry) -> list[bytes]:
     return out
 
 
-def object_features(annotations: Annotations, geometry: Geometry) -> dict[str, Any]:
+def check_class_name(name: Any) -> Invalid | None:
+    """Why a names-only source's class name cannot name a class (a labels.txt line), or None."""
+    if not isinstance(name, str) or not name.strip():
+        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is empty")
+    if "\n" in name or "\r" in name:
+        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} holds a line break (labels.txt has one per line)")
+    if name == BACKGROUND:
+        return Invalid(UNKNOWN_CATEGORY, f"class name {BACKGROUND!r} is id 0, kept for the background")
+    return None
+
+
+def object_names(annotations: Annotations | None) -> Iterator[str]:
+    """The class names a names-only source gave an image's objects (their ids are assigned by the run)."""
+    if annotations is not None:
+        yield from (o.text for o in annotations.objects if o.label == UNASSIGNED)
+
+
+def name_labels(found: Iterable[str], prior: Sequence[str] = ()) -> list[str]:
+    """The label list of a names-only source: line 0 BACKGROUND, then the names sorted (ids 1…N).
+
+    An earlier run's list (``--incremental-from``) keeps its ids; new names follow it, sorted.
+    """
+    first = list(prior) or [BACKGROUND]
+    known = set(first)
+    return [*first, *sorted({name for name in found if name not in known})]
+
+
+def categories_from_labels(labels: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """(id, name) of a names-only run's label list: every line but the background's."""
+    return tuple((k, name) for k, name in enumerate(labels) if k > 0 and name != BACKGROUND)
+
+
+def object_features(
+    annotations: Annotations, geometry: Geometry, class_ids: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """The object keys of one record, boxes and masks on the recorded pixels.
+
+    ``class_ids``: name → id of the run's label list, for objects of a names-only source (UNASSIGNED).
 
     ``geometry`` (from prepare_image) says how the recorded image came from the stored one, whose frame the
     annotations are in (a Rejected with ``annotation_size_mismatch`` is the caller's to raise when that frame
@@ -251,13 +294,21 @@ def object_features(annotations: Annotations, geometry: Geometry) -> dict[str, A
         YMIN: [b[1] / frame_h for b in boxes],
         XMAX: [b[2] / frame_w for b in boxes],
         YMAX: [b[3] / frame_h for b in boxes],
-        CLASS_LABEL: [o.label for o in objs],
+        CLASS_LABEL: [_class_id(o, class_ids) for o in objs],
         CLASS_TEXT: [o.text for o in objs],
         IS_CROWD: [int(o.is_crowd) for o in objs],
         AREA: [float(o.area) * scale for o in objs],
         DIFFICULT: [int(o.difficult) for o in objs],
         TRUNCATED: [int(o.truncated) for o in objs],
     }
+
+
+def _class_id(obj: Obj, class_ids: Mapping[str, int] | None) -> int:
+    if obj.label != UNASSIGNED:
+        return obj.label
+    if class_ids is None or obj.text not in class_ids:  # the run's label list holds every name it found
+        raise ValueError(f"class {obj.text!r} has no id in the run's label list")
+    return class_ids[obj.text]
 
 
 def size_mismatch(annotations: Annotations, geometry: Geometry) -> str | None:
@@ -292,8 +343,6 @@ def digest(annotations: Annotations | None) -> str:
 
 
 # ---- the category list: labels.txt and label_map.pbtxt ---------------------------------------
-
-BACKGROUND = "background"
 
 
 def labels_lines(categories: Sequence[tuple[int, str]]) -> list[str]:

@@ -64,7 +64,7 @@ def build_record(
         examples.SHA256: sha256,
     }
     if ref.annotations is not None:
-        features.update(annotation_features(ref.annotations, prepared.geometry))
+        features.update(annotation_features(ref.annotations, prepared.geometry, label_ids))
     if ref.label is not None:
         features[examples.LABEL] = label_ids[ref.label]
         features[examples.LABEL_TEXT] = ref.label
@@ -80,14 +80,17 @@ def build_record(
     return Record(examples.build_example(dict(sorted(features.items()))), prepared, sha256)
 
 
-def annotation_features(annotations: Any, geometry: Geometry | None) -> dict[str, Any]:
+def annotation_features(
+    annotations: Any, geometry: Geometry | None, label_ids: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """The object keys of an annotated image (boxes and masks following its pixels through EXIF orientation
-    and resizing); Rejected when the stored image is not the frame its boxes are in."""
+    and resizing); Rejected when the stored image is not the frame its boxes are in. ``label_ids``: the
+    run's ids of a names-only source's classes."""
     assert geometry is not None, "prepare_image reports the geometry of every image it prepares"
     problem = size_mismatch(annotations, geometry)
     if problem:
         raise Rejected(ANNOTATION_SIZE_MISMATCH, problem)
-    return object_features(annotations, geometry)
+    return object_features(annotations, geometry, label_ids)
 
 
 def convert_one(
