@@ -305,13 +305,11 @@ def validate(cfg: ConvertConfig) -> None:
             raise UsageError(
                 "--coco takes its classes from the COCO file: drop --labels-from/--label-regex/--labels-file"
             )
-        for flag, on in (
-            ("--resize-max-side", cfg.resize_max_side),
-            ("--apply-exif-orientation", cfg.apply_exif_orientation),
-            ("--dedupe", cfg.dedupe),
-        ):
-            if on:
-                raise UsageError(f"--coco with {flag} is not supported yet (boxes would not follow; docs/detection.md)")
+        if cfg.dedupe:
+            raise UsageError(
+                "--coco with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
     if cfg.voc:
         if cfg.coco:
             raise UsageError("--voc and --coco: give one annotation source")
@@ -322,13 +320,11 @@ def validate(cfg: ConvertConfig) -> None:
                 "--voc takes its classes from the XML files (ids 1…N by name): drop "
                 "--labels-from/--label-regex/--labels-file"
             )
-        for flag, on in (
-            ("--resize-max-side", cfg.resize_max_side),
-            ("--apply-exif-orientation", cfg.apply_exif_orientation),
-            ("--dedupe", cfg.dedupe),
-        ):
-            if on:
-                raise UsageError(f"--voc with {flag} is not supported yet (boxes would not follow; docs/detection.md)")
+        if cfg.dedupe:
+            raise UsageError(
+                "--voc with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")
     if cfg.run_date is not None and not is_date(cfg.run_date):

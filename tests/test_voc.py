@@ -352,7 +352,7 @@ def test_cli_errors_name_the_flag(tmp_path, voc_set):
         (["--voc", str(empty)], "no .xml files"),
         (["--voc", str(annotations), "--labels-file", str(tmp_path / "l.txt")], "--labels-file"),
         (["--voc", str(annotations), "--coco", str(tmp_path / "i.json")], "--coco"),
-        (["--voc", str(annotations), "--resize-max-side", "10"], "--resize-max-side"),
+        (["--voc", str(annotations), "--dedupe"], "--dedupe"),
     ]
     for extra, word in cases:
         result = run_cli("convert", "--input", str(images), "--output", str(tmp_path / "o"), *extra)
@@ -467,3 +467,34 @@ def test_a_killed_run_resumes_and_a_class_added_meanwhile_resumes_nothing(tmp_pa
         "cat": 2,
         "dog": 3,
     }
+
+
+def test_boxes_follow_exif_orientation_and_resize(tmp_path, tf):
+    """VOC boxes are in the stored pixels; --apply-exif-orientation turns them with the pixels (orientation 6:
+    the axes swap) and --resize-max-side keeps normalized boxes, the area scaled to the recorded pixels."""
+    from .test_geometry import PAINTED, STORED_H, STORED_W, painted_jpeg
+
+    images, annotations = tmp_path / "JPEGImages", tmp_path / "Annotations"
+    images.mkdir()
+    annotations.mkdir()
+    corners = [(x, y, x + w, y + h) for _, (x, y, w, h) in PAINTED]
+    for o in (1, 6):
+        (images / f"o{o}.jpg").write_bytes(painted_jpeg(o))
+        objs = [obj(name, box) for name, box in zip(("red", "blue"), corners, strict=True)]
+        (annotations / f"o{o}.xml").write_text(xml(f"o{o}.jpg", (STORED_W, STORED_H), *objs))
+    out = tmp_path / "out"
+    convert("--input", str(images), "--voc", str(annotations), "--output", str(out),
+            "--apply-exif-orientation", "--resize-max-side", "100")  # fmt: skip
+    rows = parsed_records(out, tf)
+    scale = 100 * 75 / (STORED_W * STORED_H)  # 160 x 120 recorded at 100 x 75 (o1) or 75 x 100 (o6)
+    for o, (w, h) in ((1, (100, 75)), (6, (75, 100))):
+        row = rows[f"o{o}.jpg"]
+        assert (int(row["image/width"]), int(row["image/height"])) == (w, h)
+        if o == 1:
+            want = [(x0 / STORED_W, y0 / STORED_H, x1 / STORED_W, y1 / STORED_H) for x0, y0, x1, y1 in corners]
+        else:  # turned 90 degrees clockwise: x' = H - y, y' = x, in a H x W frame
+            want = [((STORED_H - y1) / STORED_H, x0 / STORED_W, (STORED_H - y0) / STORED_H, x1 / STORED_W)
+                    for x0, y0, x1, y1 in corners]  # fmt: skip
+        assert_boxes(boxes(row), want)
+        areas = [(x1 - x0) * (y1 - y0) * scale for x0, y0, x1, y1 in corners]
+        assert list(row["image/object/area"]) == pytest.approx(areas, rel=1e-5)
