@@ -30,13 +30,20 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from ..errors import UsageError
-from ..listing import REJECTS, SKIPPED, Ref, reject
+from ..listing import REJECTS, SKIPPED, reject
 from . import objects
+from .join import (
+    COUNTS,
+    IMAGES_ALL_REJECTED,
+    IMAGES_WITHOUT_OBJECTS,
+    OBJECT_REJECTS,
+    OBJECTS_KEPT,  # noqa: F401 - finalize reads the counters as coco.*
+    count_objects,
+    keyed_ref,
+)
 from .objects import Annotations, Invalid, Obj
 
 IMAGES, ANNOTATIONS = "images", "annotations"
-OBJECT_REJECTS = "object_rejects"
-COUNTS = "counts"
 
 MISSING_IMAGE = "missing_image"
 DUPLICATE_IMAGE_ID = "duplicate_image_id"
@@ -44,11 +51,6 @@ DUPLICATE_FILE_NAME = "duplicate_file_name"
 BAD_IMAGE_ENTRY = "bad_image_entry"
 UNKNOWN_IMAGE_ID = "unknown_image_id"
 NOT_IN_COCO = "not_in_coco"  # skip reason
-
-# dataset.json "objects" counters (besides the per-reason object rejects)
-OBJECTS_KEPT = "kept"
-IMAGES_WITHOUT_OBJECTS = "images_without_annotations"
-IMAGES_ALL_REJECTED = "images_with_every_object_rejected"
 
 # Category ids a labels.txt line can stand for (line k = id k): beyond it the file is refused.
 MAX_CATEGORY_ID = 100_000
@@ -238,10 +240,6 @@ class _JoinImageObjects(beam.DoFn):
         return self._coco_path
 
 
-def _keyed_ref(ref: Ref) -> tuple[str, Ref]:
-    return (ref.relpath, ref)
-
-
 class _AttachAnnotations(beam.DoFn):
     """(relative path, {"refs": [Ref], "coco": [CocoImage | reject]}) → Ref with its annotations, or why not.
 
@@ -321,19 +319,12 @@ class JoinCoco(beam.PTransform):
             )
         )
         attached = (
-            {"refs": refs | "RefByPath" >> beam.Map(_keyed_ref), "coco": by_image.images}
+            {"refs": refs | "RefByPath" >> beam.Map(keyed_ref), "coco": by_image.images}
             # (relative path, {"refs": [Ref], "coco": [CocoImage | reject]})
             | "JoinByFileName" >> beam.CoGroupByKey()
             | "Attach" >> beam.ParDo(_AttachAnnotations(self._root)).with_outputs(REJECTS, SKIPPED, COUNTS, main="refs")
         )
-        kept = attached.refs | "ObjectsKept" >> beam.Map(lambda r: (OBJECTS_KEPT, len(r.annotations.objects)))
-        image_counts = attached[COUNTS] | "ImageCounts" >> beam.Map(lambda name: (name, 1))
-        object_reasons = by_image[OBJECT_REJECTS] | "ObjectRejectReason" >> beam.Map(lambda r: (r["reason"], 1))
-        counts = (
-            (kept, image_counts, object_reasons)
-            | "AllObjectCounts" >> beam.Flatten()
-            | ("SumObjectCounts" >> beam.CombinePerKey(sum))
-        )
+        counts = count_objects(attached.refs, attached[COUNTS], by_image[OBJECT_REJECTS])
         return {
             "refs": attached.refs,
             REJECTS: attached[REJECTS],
