@@ -50,7 +50,7 @@ def distinct_jpegs(folder: Path, count: int) -> list[Path]:
 def linked_images(root: Path, sources: list[Path], count: int) -> list[str]:
     """``count`` hard links to ``sources`` under root/{chunk}/; their names relative to root."""
     names = [f"{i // 1000:04d}/{i:07d}.jpg" for i in range(count)]
-    done = root / f".complete-{count}"
+    done = root.parent / f".complete-{root.name}"  # beside the folder: not a listed file
     if done.exists():
         return names
     for i, name in enumerate(names):
