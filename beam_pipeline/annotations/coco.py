@@ -106,31 +106,25 @@ class CocoImage(NamedTuple):
 
 
 class _ReadSection(beam.DoFn):
-    """(section, COCO path) → that section's items, streamed: ``images`` entries or ``annotations``."""
+    """(section, COCO path) → that section's items, streamed: ``images`` entries, or ``annotations`` as
+    (place in the file, annotation): the join loses the file's order, and the records keep it."""
 
     def process(self, element: tuple[str, str]) -> Iterator[Any]:
         import ijson
 
         section, path = element
         with _open(path) as fh:
-            for item in ijson.items(fh, f"{section}.item", use_float=True):
-                yield beam.pvalue.TaggedOutput(section, item)
+            for position, item in enumerate(ijson.items(fh, f"{section}.item", use_float=True)):
+                yield beam.pvalue.TaggedOutput(section, (position, item) if section == ANNOTATIONS else item)
 
 
 def _image_key(entry: Any) -> tuple[str, Any]:
     return (_id_key(entry.get("id")) if isinstance(entry, dict) else "null", entry)
 
 
-def _annotation_key(ann: Any) -> tuple[str, Any]:
-    return (_id_key(ann.get("image_id")) if isinstance(ann, dict) else "null", ann)
-
-
-def _annotation_order(ann: Any) -> tuple[int, float, str]:
-    """Annotations by id (numbers numerically, then any other id by its JSON text), whatever the file's order."""
-    ann_id = ann.get("id") if isinstance(ann, dict) else None
-    if isinstance(ann_id, (int, float)) and not isinstance(ann_id, bool):
-        return (0, float(ann_id), "")
-    return (1, 0.0, json.dumps(ann_id, sort_keys=True, default=str))
+def _annotation_key(placed: tuple[int, Any]) -> tuple[str, tuple[int, Any]]:
+    ann = placed[1]
+    return (_id_key(ann.get("image_id")) if isinstance(ann, dict) else "null", placed)
 
 
 def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int) -> Obj | Invalid:
@@ -171,7 +165,7 @@ def _object_reject(where: str, ann: Any, invalid: Invalid, position: int | None)
     row = reject(where, invalid.reason, f"annotation id {ann_id!r}: {invalid.detail}")
     row["annotation_id"] = ann_id
     if position is not None:
-        row["object"] = position  # its place among the image's annotations, by annotation id
+        row["object"] = position  # its place among the image's annotations, in the file's order
     return row
 
 
@@ -191,7 +185,8 @@ class _JoinImageObjects(beam.DoFn):
     """(image id, {"images": [entry], "annotations": [ann]}) → (file key, CocoImage | reject dict).
 
     Tagged OBJECT_REJECTS: one per annotation that cannot be written (the image stays).
-    Annotations are ordered by their id, so the objects' order does not depend on the file's.
+    An image's objects keep the order the file lists them in, as Model Garden's create_coco_tf_record.py
+    writes them (a model reading both gets the same tensors); the order is not the annotation ids'.
     """
 
     def __init__(self, coco_path: str, root: str, categories: Sequence[tuple[int, str]]) -> None:
@@ -202,7 +197,7 @@ class _JoinImageObjects(beam.DoFn):
     def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
         key, joined = element
         entries = list(joined[IMAGES])
-        anns = sorted(joined[ANNOTATIONS], key=_annotation_order)
+        anns = [ann for _, ann in sorted(joined[ANNOTATIONS], key=lambda placed: placed[0])]
         tagged = beam.pvalue.TaggedOutput
         if not entries:
             for ann in anns:
