@@ -143,15 +143,17 @@ def summarize(runs: list[dict[str, object]], images: int, nbytes: int) -> dict[s
 
 
 def steady(big: dict, small: dict) -> float:
-    dt = big["seconds"] - small["seconds"]
-    return (big["images"] - small["images"]) / dt if dt > 0 else float("nan")
+    """Images per second with start-up cancelled; nan when the two runs cannot tell it apart."""
+    dt, images = big["seconds"] - small["seconds"], big["images"] - small["images"]
+    return images / dt if dt > 0 and images > 0 else float("nan")
 
 
 def steady_cpu_ms(big: dict, small: dict | None) -> float:
     """CPU ms per image in steady state: start-up's CPU cancels in the difference."""
     if small is None:
         return 1000 * big["cpu_seconds"] / big["images"]
-    return 1000 * (big["cpu_seconds"] - small["cpu_seconds"]) / max(1, big["images"] - small["images"])
+    images = big["images"] - small["images"]
+    return 1000 * (big["cpu_seconds"] - small["cpu_seconds"]) / images if images > 0 else float("nan")
 
 
 def issue_ratios(results: dict[str, dict], job: dict[str, dict], cores: int) -> list[str]:
