@@ -222,6 +222,7 @@ class WritePlannedShards(beam.PTransform):
                     cfg.image_options,
                     self._previous,
                     resume_from=layout.resume_from,
+                    object_names=layout.object_names,
                 ),
                 beam.pvalue.AsSingleton(self._labels),
                 beam.pvalue.AsSingleton(self._extra_types),
