@@ -49,6 +49,7 @@ ROWS = [
     ("wrong.jpg", "train", "2", "3", "12", "13", "dog", "50", "30", ""),  # annotation_size_mismatch
     ("badsize.jpg", "train", "2", "3", "12", "13", "dog", "abc", "30", ""),  # bad_image_size
     ("gone.jpg", "train", "1", "1", "2", "2", "cat", "", "", ""),  # missing, as in any manifest
+    ("junk.jpg", "train", "1", "1", "2", "2", "cat", "", "", ""),  # unreadable: no size in its header
 ]
 BOX_KEYS = [f"image/object/bbox/{k}" for k in ("xmin", "ymin", "xmax", "ymax")]
 
@@ -56,6 +57,7 @@ BOX_KEYS = [f"image/object/bbox/{k}" for k in ("xmin", "ymin", "xmax", "ymax")]
 def make_images(root: Path) -> None:
     for seed, (name, kind, width, height) in enumerate(IMAGES):
         write(str(root / name), image_bytes(kind, height, width, seed))
+    write(str(root / "junk.jpg"), b"not an image at all")
 
 
 def write_csv(path: Path, rows: list[tuple[str, ...]], columns: list[str] = COLUMNS) -> Path:
@@ -144,6 +146,7 @@ def test_every_reason_with_its_path(converted):
         ("badsize.jpg", table.BAD_IMAGE_SIZE),
         ("conflict.jpg", table.CONFLICTING_ROWS),
         ("gone.jpg", "missing"),
+        ("junk.jpg", "unreadable"),
         ("wrong.jpg", objects.ANNOTATION_SIZE_MISMATCH),
     ]
     lines = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
@@ -311,3 +314,47 @@ def test_cli_errors_name_the_flag(object_set, tmp_path):
         assert result.returncode == 2, result.stderr
         assert words in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_transient_error_reading_the_size_is_retried_not_a_reject(monkeypatch):
+    """A busy server while reading a header fails the bundle (the runner retries it); a file that is not an
+    image is the image's reject."""
+    from beam_pipeline.listing import Ref
+
+    ref = Ref("/data/a.jpg", "a.jpg", 10, "train", None, 1, annotations=table.RawObjects(None, ()))
+    check = table._CheckObjects("pixels")  # noqa: SLF001 - the DoFn's own step
+
+    def busy(path: str) -> tuple[int, int]:
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(table, "image_size", busy)
+    with pytest.raises(ConnectionResetError):
+        list(check.process(ref))
+
+    def not_an_image(path: str) -> tuple[int, int]:
+        raise OSError("cannot identify image file")
+
+    monkeypatch.setattr(table, "image_size", not_an_image)
+    [out] = list(check.process(ref))
+    assert out.tag == "rejects" and out.value["reason"] == "unreadable"
+
+
+def test_a_gs_manifest_and_images_make_the_same_shards_as_local_files(converted, object_set, gcs):
+    """The manifest, its images and the output on the GCS emulator (sizes read from gs:// headers): the same
+    shards, byte for byte, as the local run."""
+    from .conftest import BUCKET
+
+    out, _ = converted
+    bucket = gcs.bucket(BUCKET)
+    for file in object_set.rglob("*"):
+        if file.is_file() and file.suffix != ".csv" and file.suffix != ".jsonl":
+            bucket.blob(f"objects-in/{file.relative_to(object_set)}").upload_from_filename(str(file))
+    bucket.blob("objects-in/objects.csv").upload_from_filename(str(object_set / "objects.csv"))
+    convert("--manifest", f"gs://{BUCKET}/objects-in/objects.csv", "--manifest-objects", "rows",
+            "--output", f"gs://{BUCKET}/objects-out/det", "--max-reject-fraction", "1", "--no_auth")  # fmt: skip
+    remote = {b.name[len("objects-out/det/") :]: b for b in gcs.list_blobs(BUCKET, prefix="objects-out/det/")}
+    shards = [s["file"] for split in load_info(out)["splits"].values() for s in split["shards"]]
+    for name in [*shards, objects.LABEL_MAP_PBTXT, "labels.txt"]:
+        assert remote[name].download_as_bytes() == (out / name).read_bytes(), name
+    lines = remote[objects.OBJECT_REJECTS_JSONL].download_as_text().splitlines()
+    assert len(lines) == len((out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines())
