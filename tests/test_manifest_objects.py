@@ -358,3 +358,35 @@ def test_a_gs_manifest_and_images_make_the_same_shards_as_local_files(converted,
         assert remote[name].download_as_bytes() == (out / name).read_bytes(), name
     lines = remote[objects.OBJECT_REJECTS_JSONL].download_as_text().splitlines()
     assert len(lines) == len((out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines())
+
+
+def test_a_killed_run_resumes_only_shards_whose_objects_did_not_change(tmp_path, monkeypatch, tf):
+    """Killed after its 3rd finished shard, then run again after one object of a finished shard moved in the
+    manifest: the other finished shards are taken, that one is written again with the new box."""
+    from .test_resume import TMP, finished
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    names = [f"img_{i:02d}.jpg" for i in range(24)]
+    for seed, name in enumerate(names):
+        write(str(src / name), image_bytes("jpeg", 48, 64, seed))
+    rows = [(n, "train", "4", "4", "20", "20", ["cat", "dog"][i % 2], "", "", "") for i, n in enumerate(names)]
+    manifest = write_csv(src / "objects.csv", rows)
+    args = ["--manifest", str(manifest), "--manifest-objects", "rows", "--output", str(out),
+            "--target-shard-mb", "0.004", "--no-transform", "--no-tfds-metadata"]  # fmt: skip
+    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", "writer.result:3:kill")
+    assert run_cli("convert", *args).returncode != 0
+    monkeypatch.delenv("BEAM_PIPELINE_FAILPOINTS")
+    [scratch] = [p for p in out.iterdir() if p.name.startswith(TMP)]
+    taken = finished(scratch)
+    assert len(taken) == 3
+    moved = json.loads(Path(taken[0]["index_path"]).read_text().splitlines()[0])["path"]
+    rows = [(r[0], "train", "6", "4", "20", "20", *r[6:]) if r[0] == moved else r for r in rows]
+    write_csv(manifest, rows)
+
+    convert(*args)
+    info = load_info(out)
+    assert info["resumed"]["shards"] == 2, info["resumed"]
+    got = parsed_records(out, tf)
+    assert sorted(got) == names
+    assert got[moved]["image/object/bbox/xmin"][0] == pytest.approx(6 / 64, abs=1e-6)
+    assert all(got[n]["image/object/bbox/xmin"][0] == pytest.approx(4 / 64, abs=1e-6) for n in names if n != moved)
