@@ -390,3 +390,46 @@ def test_a_killed_run_resumes_only_shards_whose_objects_did_not_change(tmp_path,
     assert sorted(got) == names
     assert got[moved]["image/object/bbox/xmin"][0] == pytest.approx(6 / 64, abs=1e-6)
     assert all(got[n]["image/object/bbox/xmin"][0] == pytest.approx(4 / 64, abs=1e-6) for n in names if n != moved)
+
+
+def test_rows_of_one_file_group_the_same_whatever_their_order():
+    def row(path: str, box: str, label: str) -> tuple[str, dict[str, str]]:
+        return "/m/a.jpg", {
+            "path": path,
+            "split": "train",
+            **dict(zip(table.BOX_COLUMNS, box.split(","), strict=True)),
+            "label": label,
+        }
+
+    rows = [row("a.jpg", "1,1,5,5", "b"), row("./a.jpg", "0,0,2,2", "a"), row("a.jpg", ",,,", "")]
+    group = table.GroupObjectRows("rows")
+    [one] = list(group(("/m/a.jpg", rows)))
+    assert list(group(("/m/a.jpg", rows[::-1]))) == [one]
+    path, image, raw = one
+    assert image == {"split": "train"} and raw.frame is None
+    assert [o["label"] for o in raw.objects] == ["a", "b"]  # the empty row is no object
+    rows[1][1]["split"] = "test"
+    [out] = list(group(("/m/a.jpg", rows)))
+    assert out.value["reason"] == table.CONFLICTING_ROWS and "split" in out.value["detail"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ({"xmin": "1", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, None),
+        ({"xmin": "1_000", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, objects.BAD_BOX),
+        ({"xmin": "inf", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, objects.BAD_BOX),
+        ({"xmin": float("nan"), "ymin": 1, "xmax": 5, "ymax": 5, "label": "cat"}, objects.BAD_BOX),
+        ({"xmin": True, "ymin": 1, "xmax": 5, "ymax": 5, "label": "cat"}, objects.BAD_BOX),
+        ({"xmin": 1, "ymin": 1, "xmax": 5, "label": "cat"}, objects.BAD_BOX),
+        ({"xmin": 1, "ymin": 1, "xmax": 11, "ymax": 5, "label": "cat"}, None),  # 1 px beyond: clipped
+        ({"xmin": 1, "ymin": 1, "xmax": 11.5, "ymax": 5, "label": "cat"}, objects.BOX_OUTSIDE_IMAGE),
+        ({"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": "a\nb"}, objects.UNKNOWN_CATEGORY),
+        ("cat", objects.BAD_ANNOTATION),
+    ],
+)
+def test_check_object(raw, reason):
+    got = table.check_object(raw, 10, 8, "pixels")
+    assert (got.reason if isinstance(got, objects.Invalid) else None) == reason
+    if reason is None:
+        assert got.label == objects.UNASSIGNED and got.text == "cat" and got.bbox[2] <= 10

@@ -35,7 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..config import MANIFEST_OBJECTS
 from ..images import UNREADABLE
-from ..listing import LABEL_COLUMN, PATH_COLUMN, REJECTS, Ref, canonical_row, is_transient, reject
+from ..listing import LABEL_COLUMN, PATH_COLUMN, REJECTS, Ref, canonical_row, is_transient, reject, value_type
 from . import objects
 from .coco import COUNTS, IMAGES_ALL_REJECTED, IMAGES_WITHOUT_OBJECTS, OBJECT_REJECTS, OBJECTS_KEPT
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
@@ -142,11 +142,8 @@ def _coordinate(value: Any) -> float | None:
         return None
     if isinstance(value, (int, float)):
         return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip().replace("_", "!"))  # "1_000" is not a coordinate
-        except ValueError:
-            return None
+    if isinstance(value, str) and value_type(value) != "string":  # plain decimals: "nan", "1_000" are text
+        return float(value)
     return None
 
 
