@@ -342,13 +342,11 @@ def validate(cfg: ConvertConfig) -> None:
             raise UsageError(
                 "--coco takes its classes from the COCO file: drop --labels-from/--label-regex/--labels-file"
             )
-        for flag, on in (
-            ("--resize-max-side", cfg.resize_max_side),
-            ("--apply-exif-orientation", cfg.apply_exif_orientation),
-            ("--dedupe", cfg.dedupe),
-        ):
-            if on:
-                raise UsageError(f"--coco with {flag} is not supported yet (boxes would not follow; docs/detection.md)")
+        if cfg.dedupe:
+            raise UsageError(
+                "--coco with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
     _validate_manifest_objects(cfg)
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")

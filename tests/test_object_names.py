@@ -6,6 +6,9 @@ import pytest
 
 from beam_pipeline.annotations import objects
 from beam_pipeline.annotations.objects import BACKGROUND, UNASSIGNED, Annotations, Obj
+from beam_pipeline.images import Geometry
+
+SAME_10X10 = Geometry(10, 10, 10, 10)  # a 10 x 10 image recorded as it is stored
 
 
 def test_names_get_ids_one_to_n_sorted_after_the_background() -> None:
@@ -24,10 +27,10 @@ def test_unassigned_objects_take_their_id_from_the_runs_label_list() -> None:
         Obj(bbox=(0, 0, 5, 5), label=UNASSIGNED, text="dog"),
         Obj(bbox=(1, 1, 4, 4), label=7, text="kept as the source gave it"),
     )
-    features = objects.object_features(Annotations("a", 10, 10, objs), 10, 10, {"dog": 2})
+    features = objects.object_features(Annotations("a", 10, 10, objs), SAME_10X10, {"dog": 2})
     assert features[objects.CLASS_LABEL] == [2, 7]
     with pytest.raises(ValueError, match="no id"):
-        objects.object_features(Annotations("a", 10, 10, objs[:1]), 10, 10, {})
+        objects.object_features(Annotations("a", 10, 10, objs[:1]), SAME_10X10, {})
 
 
 def test_object_names_are_those_of_unassigned_objects_only() -> None:
