@@ -193,15 +193,11 @@ def _validate_manifest_objects(cfg: ConvertConfig) -> None:
             "--manifest-objects: the 'label' of an object is its class, named in the manifest (ids 1…N by "
             "name); drop --labels-from/--label-regex/--labels-file"
         )
-    for flag, on in (
-        ("--resize-max-side", cfg.resize_max_side),
-        ("--apply-exif-orientation", cfg.apply_exif_orientation),
-        ("--dedupe", cfg.dedupe),
-    ):
-        if on:
-            raise UsageError(
-                f"--manifest-objects with {flag} is not supported yet (boxes would not follow; docs/detection.md)"
-            )
+    if cfg.dedupe:
+        raise UsageError(
+            "--manifest-objects with --dedupe: one record per distinct content would merge copies of an image that "
+            "carry different objects (docs/detection.md)"
+        )
 
 
 def dataset_name_from_output(output: str) -> str:

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from beam_pipeline.annotations import coco, objects, table
@@ -433,3 +434,37 @@ def test_check_object(raw, reason):
     assert (got.reason if isinstance(got, objects.Invalid) else None) == reason
     if reason is None:
         assert got.label == objects.UNASSIGNED and got.text == "cat" and got.bbox[2] <= 10
+
+
+def test_boxes_turn_and_scale_with_exif_orientation_and_resize(tmp_path, tf):
+    """Pixel boxes in the stored frame of EXIF-tagged JPEGs (all 8 orientations), converted with
+    --apply-exif-orientation --resize-max-side: each box lies on the colour painted under it, in the recorded
+    (turned, resized) image."""
+    from .test_geometry import PAINTED, STORED_H, STORED_W, near, painted_jpeg, turned
+
+    rows = []
+    for o in range(1, 9):
+        write(str(tmp_path / f"o{o}.jpg"), painted_jpeg(o))
+        for colour, (x, y, w, h) in PAINTED:
+            name = "red" if colour == PAINTED[0][0] else "blue"
+            rows.append((f"o{o}.jpg", "train", str(x), str(y), str(x + w), str(y + h), name, "", "", ""))
+    manifest = write_csv(tmp_path / "painted.csv", rows)
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--manifest-objects", "rows", "--output", str(out),
+            "--apply-exif-orientation", "--resize-max-side", "100")  # fmt: skip
+    records = parsed_records(out, tf)
+    colours = {"red": PAINTED[0][0], "blue": PAINTED[1][0]}
+    for o in range(1, 9):
+        row = records[f"o{o}.jpg"]
+        width, height = turned(o, STORED_W, STORED_H)
+        width, height = round(width * 100 / STORED_W), round(height * 100 / STORED_W)
+        image = tf.io.decode_image(row["image/encoded"], channels=3, expand_animations=False).numpy()
+        assert image.shape[:2] == (height, width), o
+        for text, box in zip(
+            row["image/object/class/text"], zip(*(row[k] for k in BOX_KEYS), strict=True), strict=True
+        ):
+            x0, y0, x1, y1 = np.array(box) * [width, height, width, height]
+            painted = near(image, colours[text.decode()])
+            ys, xs = np.nonzero(painted)
+            assert abs(xs.min() - x0) <= 1.5 and abs(xs.max() + 1 - x1) <= 1.5, (o, text, box)
+            assert abs(ys.min() - y0) <= 1.5 and abs(ys.max() + 1 - y1) <= 1.5, (o, text, box)
