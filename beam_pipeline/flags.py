@@ -189,6 +189,13 @@ CONVERT = Command(
                     metavar="FILE",
                 ),
                 Flag(
+                    "--voc",
+                    "Pascal VOC Annotations/ folder (one XML per image, local or gs://) whose images are under "
+                    "--input: boxes, class names (ids 1…N by name), difficult, truncated and pose "
+                    "(see docs/detection.md)",
+                    metavar="DIR",
+                ),
+                Flag(
                     "--manifest-objects",
                     "the --manifest lists objects: rows = one row per object (columns xmin, ymin, xmax, ymax and "
                     "label, the object's class name; empty box cells: an image without objects), column = an "

@@ -21,6 +21,7 @@ from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
 from .annotations.objects import name_labels, object_names
 from .annotations.table import CheckManifestObjects, GroupObjectRows
+from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
@@ -152,7 +153,12 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
-    if cfg.manifest_objects:
+    elif layout.voc:  # as --coco: before the previous run's join
+        joined = refs | "Voc" >> JoinVoc(layout.voc, layout.root)
+        refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
+        rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
+        skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
+    elif cfg.manifest_objects:
         # the objects grouped with their image's rows are checked here, before the previous run's join
         joined = refs | "ManifestObjects" >> CheckManifestObjects(cfg.box_units)
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from beam_pipeline.annotations import coco, objects, table
+from beam_pipeline.annotations import join, objects, table
 
 from .conftest import convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
@@ -173,8 +173,8 @@ def test_every_reason_with_its_path(converted):
                 objects.UNKNOWN_CATEGORY: 2,
             },
         },
-        coco.IMAGES_WITHOUT_OBJECTS: 1,
-        coco.IMAGES_ALL_REJECTED: 1,
+        join.IMAGES_WITHOUT_OBJECTS: 1,
+        join.IMAGES_ALL_REJECTED: 1,
     }
 
 

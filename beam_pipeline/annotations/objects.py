@@ -34,6 +34,7 @@ IS_CROWD = "image/object/is_crowd"
 AREA = "image/object/area"
 DIFFICULT = "image/object/difficult"
 TRUNCATED = "image/object/truncated"
+VIEW = "image/object/view"  # the TF Object Detection API's key for a Pascal VOC object's <pose>
 MASK = "image/object/mask"  # one PNG per instance at image size, 0/1 values (Model Garden's include_masks)
 
 # Per-object reasons (the image stays; object_rejects.jsonl).
@@ -70,6 +71,7 @@ class Obj:
     area: float = 0.0  # pixels of the annotation frame; COCO: the annotation's (its mask's), as Model Garden stores it
     difficult: bool = False
     truncated: bool = False
+    view: str | None = None  # Pascal VOC's <pose> (image/object/view); None: a source without poses
     # The source's instance segmentation as given (COCO polygons, uncompressed or compressed RLE), checked by
     # check_segmentation; written as image/object/mask (mask_pngs).
     segmentation: Any = None
@@ -300,6 +302,8 @@ def object_features(
         AREA: [float(o.area) * scale for o in objs],
         DIFFICULT: [int(o.difficult) for o in objs],
         TRUNCATED: [int(o.truncated) for o in objs],
+        # written only when every object has one (VOC), so a COCO record's bytes stay the same
+        VIEW: [o.view for o in objs] if all(o.view is not None for o in objs) else [],
     }
 
 
@@ -330,6 +334,7 @@ def feature_spec() -> dict[str, dict[str, Any]]:
     for key in (CLASS_LABEL, IS_CROWD, DIFFICULT, TRUNCATED):
         spec[key] = {"dtype": "int64", **many}
     spec[CLASS_TEXT] = {"dtype": "string", **many}
+    spec[VIEW] = {"dtype": "string", **many}
     spec[MASK] = {"dtype": "string", **many}
     return spec
 

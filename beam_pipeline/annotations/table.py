@@ -37,7 +37,7 @@ from ..config import MANIFEST_OBJECTS
 from ..images import UNREADABLE
 from ..listing import LABEL_COLUMN, PATH_COLUMN, REJECTS, Ref, canonical_row, is_transient, reject, value_type
 from . import objects
-from .coco import COUNTS, IMAGES_ALL_REJECTED, IMAGES_WITHOUT_OBJECTS, OBJECT_REJECTS, OBJECTS_KEPT
+from .join import COUNTS, IMAGES_ALL_REJECTED, IMAGES_WITHOUT_OBJECTS, OBJECT_REJECTS, count_objects
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
 
 ROWS, COLUMN = MANIFEST_OBJECTS
@@ -195,7 +195,7 @@ def image_size(path: str) -> tuple[int, int]:
 
 class _CheckObjects(beam.DoFn):
     """Ref with RawObjects → Ref with checked Annotations. Tagged: REJECTS (the image's), OBJECT_REJECTS,
-    COUNTS ((counter, n))."""
+    COUNTS (image counter names, as join.count_objects takes them)."""
 
     def __init__(self, units: str) -> None:
         self._units = units
@@ -222,14 +222,12 @@ class _CheckObjects(beam.DoFn):
                 invalid = check_object(value, width, height, self._units)
             if isinstance(invalid, Invalid):
                 yield tagged(OBJECT_REJECTS, _object_reject(ref, invalid, position))
-                yield tagged(COUNTS, (invalid.reason, 1))
             else:
                 kept.append(invalid)
         if not raw.objects:
-            yield tagged(COUNTS, (IMAGES_WITHOUT_OBJECTS, 1))
+            yield tagged(COUNTS, IMAGES_WITHOUT_OBJECTS)
         elif not kept:
-            yield tagged(COUNTS, (IMAGES_ALL_REJECTED, 1))
-        yield tagged(COUNTS, (OBJECTS_KEPT, len(kept)))
+            yield tagged(COUNTS, IMAGES_ALL_REJECTED)
         yield dataclasses.replace(ref, annotations=Annotations(ref.relpath, width, height, tuple(kept)))
 
     def _frame(self, ref: Ref, raw: RawObjects) -> tuple[int, int] | dict[str, Any]:
@@ -260,6 +258,6 @@ class CheckManifestObjects(beam.PTransform):
         checked = refs | "CheckObjects" >> beam.ParDo(_CheckObjects(self._units)).with_outputs(
             REJECTS, OBJECT_REJECTS, COUNTS, main="refs"
         )
-        counts = checked[COUNTS] | "SumObjectCounts" >> beam.CombinePerKey(sum)
+        counts = count_objects(checked.refs, checked[COUNTS], checked[OBJECT_REJECTS])
         out = {"refs": checked.refs, REJECTS: checked[REJECTS], OBJECT_REJECTS: checked[OBJECT_REJECTS]}
         return {**out, COUNTS: counts}

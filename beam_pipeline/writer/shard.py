@@ -127,8 +127,7 @@ class WriteShardFn(beam.DoFn):
         object_names: bool = False,
     ) -> None:
         self._tmp_dir = tmp_dir
-        # A names-only annotation source (Layout.object_names): the label list names object classes, and the
-        # records have no image/class/label (the feature spec a previous run's must equal has none either).
+        # A names-only annotation source's label list names object classes: its records have no image/class/label.
         self._object_names = object_names
         self._previous = previous  # --incremental-from: unchanged files' records are copied from it
         # Where finished shards of earlier runs may be (resume.py): this run's own scratch folder
