@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
@@ -507,9 +508,10 @@ def test_a_transient_error_reading_an_image_header_is_retried_not_a_reject(monke
     not_an_image.write_bytes(b"not an image")
     assert voc._header_size(str(not_an_image)) == (0, 0)  # noqa: SLF001 - the join's own step
 
-    def busy(path: str, **_: object) -> object:
-        raise ConnectionResetError("connection reset by peer")
+    class Busy(io.BytesIO):
+        def read(self, *_: object) -> bytes:  # the server drops the connection mid-read
+            raise ConnectionResetError("connection reset by peer")
 
-    monkeypatch.setattr(voc.FileSystems, "open", busy)
+    monkeypatch.setattr(voc.FileSystems, "open", lambda path, **_: Busy())
     with pytest.raises(ConnectionResetError):
         voc._header_size(str(not_an_image))  # noqa: SLF001
