@@ -15,6 +15,7 @@ object keys: boxes and masks follow the pixels through orientation and resize.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -84,6 +85,19 @@ class Annotations:
     width: int
     height: int
     objects: tuple[Obj, ...] = ()
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """``digest(self)``, computed once: the writer needs it twice per image (the shard's resume digest and
+        the index line), and with polygons it costs more than the rest of the object keys."""
+        payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        payload["objects"] = [{name: getattr(o, name) for name in _OBJ_FIELDS} for o in self.objects]
+        # the JSON dataclasses.asdict gave (earlier runs' index.jsonl holds it) without its deep copy
+        text = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+_OBJ_FIELDS = tuple(f.name for f in dataclasses.fields(Obj))
 
 
 class Invalid(NamedTuple):
@@ -336,10 +350,7 @@ def feature_spec() -> dict[str, dict[str, Any]]:
 
 def digest(annotations: Annotations | None) -> str:
     """A short digest of an image's annotations: a record is reused (or a shard resumed) only if it is unchanged."""
-    if annotations is None:
-        return ""
-    text = json.dumps(dataclasses.asdict(annotations), sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return "" if annotations is None else annotations.digest
 
 
 # ---- the category list: labels.txt and label_map.pbtxt ---------------------------------------
