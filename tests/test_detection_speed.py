@@ -75,3 +75,32 @@ def test_the_writer_encodes_an_images_annotations_once(monkeypatch: pytest.Monke
     # a copy of the ref (dataclasses.replace) shares the Annotations, and so its digest
     index.extras_digest(dataclasses.replace(ref, key=2))
     assert counting.calls == 1
+
+
+def test_masks_are_0_1_pngs_at_image_size_deflated_as_runs() -> None:
+    """Each mask PNG decodes (TensorFlow, as Model Garden's decoder does) to the 0/1 instance at the recorded
+    size, and is deflated with zlib's run-length strategy: a third less CPU per mask than Pillow's default
+    (the mask encoding is what a --coco run with masks spends most on), and no bigger."""
+    import io
+    import zlib
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from beam_pipeline.images import Geometry
+
+    outline = [10.0, 10.0, 200.0, 12.0, 180.0, 150.0, 15.0, 140.0]
+    objs = [Obj(bbox=(10.0, 10.0, 200.0, 150.0), label=1, text="a", segmentation=[outline])]
+    geometry = Geometry(stored_width=256, stored_height=192, width=256, height=192)
+    (png,) = objects.mask_pngs(objs, geometry)
+    expected = objects._mask(objs[0], 256, 192)  # noqa: SLF001 - the rasterized instance
+    decoded = tf.io.decode_png(png, channels=1).numpy()[:, :, 0]
+    assert decoded.dtype == np.uint8 and decoded.shape == (192, 256)
+    assert set(np.unique(decoded)) == {0, 1}
+    assert (decoded == expected).all()
+    default, runs = io.BytesIO(), io.BytesIO()
+    Image.fromarray(expected).save(default, format="PNG")
+    Image.fromarray(expected).save(runs, format="PNG", compress_type=zlib.Z_RLE)
+    assert png == runs.getvalue()
+    assert len(png) <= len(default.getvalue())
