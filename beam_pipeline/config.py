@@ -54,6 +54,7 @@ class ConvertConfig:
     label_regex: str | None = None
     labels_file: str | None = None
     coco: str | None = None  # COCO instances JSON: objects per image (annotations/coco.py)
+    masks: str | None = None  # folder of label-map PNGs paired with the images by relative path (annotations/masks.py)
     incremental_from: str | None = None  # a previous complete output, or LATEST: its label ids stay, records reused
     # A dated run (--output with {date}): the --output as given, and the date put
     # in it. Where --incremental-from latest looks for the earlier dates.
@@ -154,6 +155,7 @@ class Layout:
     # streamed in the job). Categories set: a detection dataset (labels.txt, label_map.pbtxt, object keys).
     coco: str | None = None
     categories: tuple[tuple[int, str], ...] | None = None
+    masks: str | None = None  # --masks: the label-map folder (absolute), listed and joined in the job
 
 
 def dataset_name_from_output(output: str) -> str:
@@ -301,6 +303,11 @@ def validate(cfg: ConvertConfig) -> None:
         ):
             if on:
                 raise UsageError(f"--coco with {flag} is not supported yet (boxes would not follow; docs/detection.md)")
+    if cfg.masks:
+        if not cfg.input:
+            raise UsageError("--masks needs --input (the folder its label maps mirror)")
+        if cfg.coco:
+            raise UsageError("--masks with --coco is not supported yet: one annotation source per run")
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")
     if cfg.run_date is not None and not is_date(cfg.run_date):

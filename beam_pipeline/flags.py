@@ -186,6 +186,12 @@ CONVERT = Command(
                     "crowd flags and areas become the TF Object Detection API keys (see docs/detection.md)",
                     metavar="FILE",
                 ),
+                Flag(
+                    "--masks",
+                    "folder (local or gs://) of label-map PNGs mirroring --input (a/b.jpg <-> DIR/a/b.png): "
+                    "pixel value = class id, stored as image/segmentation/class/encoded (see docs/detection.md)",
+                    metavar="DIR",
+                ),
             ),
         ),
         Group(

@@ -408,6 +408,14 @@ def prepare(
         if not FileSystems.exists(coco) or (not is_remote(coco) and os.path.isdir(coco)):
             raise UsageError(f"--coco {cfg.coco}: no such file")
         categories = read_categories(coco)
+    masks = None
+    if cfg.masks:
+        masks = absolute(cfg.masks)
+        found = _exists_any(masks + "/**") if is_remote(masks) else os.path.isdir(masks)
+        if not found:
+            raise UsageError(f"--masks {cfg.masks}: no such folder (or nothing in it)")
+        if not cfg.labels_from and not cfg.label_regex and not cfg.labels_file:
+            label_source = "none"  # the classes are the label maps' pixel values
 
     if label_source == "folder" and pattern is not None and _only_files_directly_in(root, pattern):
         raise UsageError(f"--input {cfg.input}: {flat_folder_hint(root)} for an unlabelled dataset")
@@ -457,6 +465,7 @@ def prepare(
         leased=claim is not None,
         coco=coco,
         categories=categories,
+        masks=masks,
     )
     return cfg, layout
 

@@ -19,6 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
+from .annotations.masks import JoinMasks
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
@@ -122,7 +123,7 @@ def build_pipeline(
 
 
 def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str, Any]:
-    """List, drop duplicates (``--dedupe``), attach annotations (``--coco``), join the previous run
+    """List, drop duplicates (``--dedupe``), attach annotations (``--coco``, ``--masks``), join the previous run
     (``--incremental-from``).
 
     {"refs", REJECTS, "skipped_counts": (reason, n), "changes" (or None), "previous": the previous run whose
@@ -141,6 +142,12 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
+    if layout.masks:
+        # likewise before the previous run's join: the mask file's size and mtime are in the annotation digest
+        joined = refs | "Masks" >> JoinMasks(layout.masks)
+        refs = joined["refs"]
+        rejects = (rejects, joined[REJECTS]) | "WithMaskRejects" >> beam.Flatten()
+        skipped = (skipped, joined[SKIPPED]) | "WithMaskSkips" >> beam.Flatten()
     previous, changes = None, None
     if layout.previous:
         # unchanged files (same path, size, mtime) carry where the previous run stored their record
