@@ -263,3 +263,25 @@ def test_mask_usage_errors_are_one_line(mask_set, tmp_path):
         assert result.returncode == 2, result.stderr
         assert word in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_default_flags_succeed_and_tfds_loads_the_label_maps(tmp_path):
+    """A --masks conversion with default flags (TFT analysis, TFDS metadata) publishes, and
+    tfds.builder_from_directory yields each label map as a one-channel uint8 image of its class ids."""
+    import tensorflow_datasets as tfds
+
+    root, mdir, out = tmp_path / "in", tmp_path / "masks", tmp_path / "out"
+    expected = {}
+    for i in range(3):
+        expected[f"x{i}.jpg"] = label_array(24, 32, i)
+        write(str(root / f"x{i}.jpg"), image_bytes("jpeg", 24, 32, i))
+        write(str(mdir / f"x{i}.png"), palette_png(expected[f"x{i}.jpg"]))
+    convert("--input", str(root), "--masks", str(mdir), "--output", str(out), transform=True, tfds=True)
+    assert (out / "_SUCCESS").exists() and (out / "transform_fn").is_dir()
+    seen = {}
+    for ex in tfds.builder_from_directory(str(out)).as_dataset(split="train"):
+        seen[ex["image/filename"].numpy().decode()] = ex[masks.SEGMENTATION_ENCODED].numpy()
+    assert sorted(seen) == sorted(expected)
+    for name, values in expected.items():
+        assert seen[name].dtype == np.uint8
+        np.testing.assert_array_equal(seen[name][..., 0], values)
