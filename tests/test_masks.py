@@ -285,3 +285,39 @@ def test_default_flags_succeed_and_tfds_loads_the_label_maps(tmp_path):
     for name, values in expected.items():
         assert seen[name].dtype == np.uint8
         np.testing.assert_array_equal(seen[name][..., 0], values)
+
+
+def test_a_gs_mask_folder_and_images_make_the_same_shards_as_local_files(converted, mask_set, gcs):
+    """--input, --masks and --output on the GCS emulator: the same shards, byte for byte, and the same rejects."""
+    from .conftest import BUCKET
+
+    out, _ = converted
+    root, mdir, _ = mask_set
+    bucket = gcs.bucket(BUCKET)
+    for folder, prefix in ((root, "seg-in"), (mdir, "seg-masks")):
+        for file in folder.rglob("*"):
+            if file.is_file():
+                bucket.blob(f"{prefix}/{file.relative_to(folder)}").upload_from_filename(str(file))
+    convert("--input", f"gs://{BUCKET}/seg-in", "--masks", f"gs://{BUCKET}/seg-masks",
+            "--output", f"gs://{BUCKET}/seg-out/seg", "--max-reject-fraction", "1", "--no_auth")  # fmt: skip
+    remote = {b.name[len("seg-out/seg/") :]: b for b in gcs.list_blobs(BUCKET, prefix="seg-out/seg/")}
+    info = load_info(out)
+    shards = [s["file"] for split in info["splits"].values() for s in split["shards"]]
+    for name in shards:
+        assert remote[name].download_as_bytes() == (out / name).read_bytes(), name
+    remote_info = json.loads(remote["dataset.json"].download_as_text())
+    assert remote_info["rejects"]["by_reason"] == info["rejects"]["by_reason"]
+    assert remote_info["skipped"]["by_reason"] == info["skipped"]["by_reason"]
+
+
+def test_a_mask_folder_inside_the_input_is_not_listed_as_images(tmp_path):
+    """--input DATA --masks DATA/masks: the label maps are not images of the dataset (skipped, not rejected)."""
+    base, out = tmp_path / "data", tmp_path / "out"
+    values = label_array(24, 32, 0)
+    write(str(base / "img" / "a.jpg"), image_bytes("jpeg", 24, 32, 0))
+    write(str(base / "masks" / "img" / "a.png"), grey_png(values))
+    convert("--input", str(base), "--masks", str(base / "masks"), "--output", str(out))
+    info = load_info(out)
+    assert info["examples"] == 1 and info["rejects"]["total"] == 0
+    assert info["skipped"]["by_reason"] == {masks.IN_MASK_FOLDER: 1}
+    np.testing.assert_array_equal(decoded_mask(records_by_name(out)["img/a.jpg"])[..., 0], values)

@@ -17,7 +17,8 @@ segmentation decoder reads them (``tf.io.decode_image(..., channels=1)``).
 Image rejects (rejects.jsonl): ``missing_mask``, ``duplicate_mask``, ``bad_mask``
 (not a decodable PNG, or a class id above 255), ``mask_not_single_channel`` (RGB,
 grey + alpha: not a label map), ``mask_size_mismatch``. A mask without an image
-is skipped (``mask_without_image``), as is a file in DIR that is not a ``.png``.
+is skipped (``mask_without_image``), as is a file in DIR that is not a ``.png``
+(``not_a_png_mask``) and, when DIR is inside --input, every listed file in DIR (``in_masks_folder``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ MASK_SIZE_MISMATCH = "mask_size_mismatch"  # another size than its image's pixel
 # skip reasons (dataset.json "skipped")
 MASK_WITHOUT_IMAGE = "mask_without_image"
 NOT_A_MASK = "not_a_png_mask"  # a file in DIR that does not end in .png
+IN_MASK_FOLDER = "in_masks_folder"  # a listed image file inside DIR (DIR under --input)
 
 # Pillow modes whose pixel values are class ids: grey (8, 16 bit), 1-bit, palette indices.
 LABEL_MODES = ("1", "L", "P", "I", "I;16", "I;16B", "I;16L")
@@ -97,8 +99,18 @@ class _KeyMasks(beam.DoFn):
         yield (mask_key(rel), LabelMap(meta.path, int(meta.size_in_bytes), mtime))
 
 
-def _keyed_ref(ref: Ref) -> tuple[str, Ref]:
-    return (mask_key(ref.relpath), ref)
+class _KeyRefs(beam.DoFn):
+    """Ref → (key, Ref); SKIPPED for a listed file inside the mask folder (--masks under --input): a label map
+    is not an image of the dataset."""
+
+    def __init__(self, mask_dir: str) -> None:
+        self._prefix = mask_dir.rstrip("/") + "/"
+
+    def process(self, ref: Ref) -> Iterator[Any]:
+        if ref.path.startswith(self._prefix):
+            yield beam.pvalue.TaggedOutput(SKIPPED, IN_MASK_FOLDER)
+            return
+        yield (mask_key(ref.relpath), ref)
 
 
 class _Pair(beam.DoFn):
@@ -142,14 +154,15 @@ class JoinMasks(beam.PTransform):
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         listed = refs.pipeline | "ListMasks" >> ListFolder(self._dir)
         masks = listed[FILES] | "KeyMasks" >> beam.ParDo(_KeyMasks(self._dir)).with_outputs(SKIPPED, main="masks")
+        keyed = refs | "RefByStem" >> beam.ParDo(_KeyRefs(self._dir)).with_outputs(SKIPPED, main="refs")
         paired = (
-            {"refs": refs | "RefByStem" >> beam.Map(_keyed_ref), "masks": masks.masks}
+            {"refs": keyed.refs, "masks": masks.masks}
             # (relative path without extension, {"refs": [Ref], "masks": [LabelMap]})
             | "JoinByStem" >> beam.CoGroupByKey()
             | "Pair" >> beam.ParDo(_Pair()).with_outputs(REJECTS, SKIPPED, main="refs")
         )
         # odd entries of the mask folder (an unreadable file) are not images: not rejects of this run
-        skipped = (masks[SKIPPED], paired[SKIPPED]) | "MaskSkips" >> beam.Flatten()
+        skipped = (masks[SKIPPED], keyed[SKIPPED], paired[SKIPPED]) | "MaskSkips" >> beam.Flatten()
         return {"refs": paired.refs, REJECTS: paired[REJECTS], SKIPPED: skipped}
 
 
