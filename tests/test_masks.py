@@ -212,27 +212,39 @@ def test_masks_follow_resize_and_exif_orientation(tmp_path):
 
 
 def test_a_changed_mask_never_reuses_the_old_record(mask_set, tmp_path):
-    """--incremental-from after a mask changed while its image did not: that record is converted again with the
-    new label map; the unchanged pair is copied."""
+    """--incremental-from after masks changed while their images did not: a changed label map converts its image
+    again; a fixed broken mask and an added missing one too (those rejects are not kept); the unchanged pair and
+    an unchanged bad mask's reject are kept."""
     root, mdir, expected = mask_set
     import shutil
 
     mdir2 = tmp_path / "masks2"
     shutil.copytree(mdir, mdir2)
     first, second = tmp_path / "first", tmp_path / "second"
-    common = ("--input", str(root), "--max-reject-fraction", "1")
-    convert(*common, "--masks", str(mdir2), "--output", str(first))
+    common = ("--input", str(root), "--max-reject-fraction", "1", "--masks", str(mdir2))
+    convert(*common, "--output", str(first))
     changed = expected["a.jpg"].copy()
     changed[0, 0] = 3 if changed[0, 0] != 3 else 2
     (mdir2 / "a.png").write_bytes(grey_png(changed))
     stat = (mdir2 / "a.png").stat()
     os.utime(mdir2 / "a.png", (stat.st_atime, stat.st_mtime + 10))  # same size is possible: mtime moves
-    convert(*common, "--masks", str(mdir2), "--output", str(second), "--incremental-from", str(first))
+    fixed, added = label_array(24, 32, 5), label_array(24, 32, 2)
+    (mdir2 / "broken.png").write_bytes(grey_png(fixed))
+    (mdir2 / "nomask.png").write_bytes(grey_png(added))
+    convert(*common, "--output", str(second), "--incremental-from", str(first))
     rows = records_by_name(second)
     np.testing.assert_array_equal(decoded_mask(rows["a.jpg"])[..., 0], changed)
     np.testing.assert_array_equal(decoded_mask(rows["sub/b.png"])[..., 0], expected["sub/b.png"])
+    np.testing.assert_array_equal(decoded_mask(rows["broken.jpg"])[..., 0], fixed)
+    np.testing.assert_array_equal(decoded_mask(rows["nomask.jpg"])[..., 0], added)
     inc = load_info(second)["incremental"]
-    assert inc["converted"] == 1 and inc["reused"] == 1, inc
+    assert inc["reused"] == 1 and inc["converted"] == 3, inc
+    assert load_info(second)["rejects"]["by_reason"] == {
+        masks.MASK_NOT_SINGLE_CHANNEL: 1,
+        masks.MASK_SIZE_MISMATCH: 1,
+        masks.BAD_MASK: 1,
+        masks.DUPLICATE_MASK: 1,
+    }
 
 
 def test_the_shard_digest_covers_the_mask_file():
