@@ -333,3 +333,30 @@ def test_a_mask_folder_inside_the_input_is_not_listed_as_images(tmp_path):
     assert info["examples"] == 1 and info["rejects"]["total"] == 0
     assert info["skipped"]["by_reason"] == {masks.IN_MASK_FOLDER: 1}
     np.testing.assert_array_equal(decoded_mask(records_by_name(out)["img/a.jpg"])[..., 0], values)
+
+
+def test_a_mask_changed_after_a_kill_rewrites_its_shard_only(tmp_path, monkeypatch):
+    """A run killed after finishing shards, run again after one image's mask changed (its image did not): that
+    image's shard is written again with the new label map; the other finished shards are taken."""
+    from .test_resume import finished, killed_run
+
+    root, mdir, out = tmp_path / "in", tmp_path / "masks", tmp_path / "out"
+    for i in range(12):
+        write(str(root / f"x{i:02d}.jpg"), image_bytes("jpeg", 24, 32, i))
+        write(str(mdir / f"x{i:02d}.png"), grey_png(label_array(24, 32, i)))
+    extra = ("--masks", str(mdir), "--no-transform", "--no-tfds-metadata")
+    scratch = killed_run(root, out, monkeypatch, "writer.result:3:kill", *extra)
+    taken = finished(scratch)
+    assert len(taken) == 3
+    changed = json.loads(Path(taken[0]["index_path"]).read_text().splitlines()[0])["path"]
+    new_values = np.full((24, 32), 7, np.uint8)
+    mask = mdir / changed.replace(".jpg", ".png")
+    stat = mask.stat()
+    mask.write_bytes(grey_png(new_values))
+    os.utime(mask, (stat.st_atime, stat.st_mtime + 10))
+    from .test_resume import ARGS
+
+    convert("--input", str(root), "--output", str(out), *ARGS, *extra)
+    np.testing.assert_array_equal(decoded_mask(records_by_name(out)[changed])[..., 0], new_values)
+    resumed = load_info(out)["resumed"]
+    assert resumed["shards"] == 2 and resumed["records"] == sum(r["records"] for r in taken[1:]), resumed
