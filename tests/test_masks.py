@@ -360,3 +360,43 @@ def test_a_mask_changed_after_a_kill_rewrites_its_shard_only(tmp_path, monkeypat
     np.testing.assert_array_equal(decoded_mask(records_by_name(out)[changed])[..., 0], new_values)
     resumed = load_info(out)["resumed"]
     assert resumed["shards"] == 2 and resumed["records"] == sum(r["records"] for r in taken[1:]), resumed
+
+
+def test_a_transient_error_reading_a_mask_fails_the_bundle_not_the_image(tmp_path, monkeypatch):
+    """A reset connection while reading the label map is not bad input: the error is raised (the runner retries
+    the bundle), never turned into a reject. A mask gone since the listing is a missing_mask reject."""
+    from beam_pipeline import storage
+    from beam_pipeline.listing import Ref
+    from beam_pipeline.writer.records import decode_one
+
+    image = image_bytes("jpeg", 24, 32, 0)
+    mask_path = write(str(tmp_path / "a.png"), grey_png(label_array(24, 32, 0)))
+    label_map = masks.LabelMap(mask_path, os.path.getsize(mask_path), 1.0)
+    ref = Ref(str(tmp_path / "a.jpg"), "a.jpg", len(image), "train", None, 1, annotations=label_map)
+    assert not isinstance(decode_one(ref, image, {}, {}), Rejected)
+
+    real = storage.read_bytes
+
+    def reset(path: str, *args: Any, **kwargs: Any) -> bytes:
+        if path == mask_path:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(storage, "read_bytes", reset)
+    with pytest.raises(ConnectionResetError):
+        decode_one(ref, image, {}, {})
+    monkeypatch.setattr(storage, "read_bytes", real)
+    os.remove(mask_path)
+    gone = decode_one(ref, image, {}, {})
+    assert isinstance(gone, Rejected) and gone.reason == masks.MISSING_MASK
+
+
+def test_the_write_to_tfrecord_sink_writes_the_label_maps_too(mask_set, tmp_path):
+    root, mdir, expected = mask_set
+    out = tmp_path / "wtt"
+    convert("--input", str(root), "--masks", str(mdir), "--output", str(out), "--max-reject-fraction", "1",
+            "--sink", "write_to_tfrecord")  # fmt: skip
+    rows = records_by_name(out)
+    for name, values in expected.items():
+        np.testing.assert_array_equal(decoded_mask(rows[name])[..., 0], values)
+    assert load_info(out)["rejects"]["by_reason"][masks.MISSING_MASK] == 1

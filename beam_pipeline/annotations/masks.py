@@ -169,6 +169,18 @@ class JoinMasks(beam.PTransform):
 # ---- in the shard writer: the mask's bytes → the record's keys ---------------------------------
 
 
+class TransientMaskRead(Exception):
+    """A label map read that failed for a reason other than the file (a reset connection, a GCS 503).
+
+    The record builder's catch-all turns unforeseen errors into ``decode_error``
+    rejects; this one it re-raises as ``error`` so the bundle fails and the runner retries it.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def segmentation_features(
     label_map: LabelMap,
     image: bytes,
@@ -184,6 +196,8 @@ def segmentation_features(
         data = read_bytes(label_map.path, label_map.size, options)
     except Rejected as r:  # gone since the listing, or not readable: this image has no usable label map
         raise Rejected(MISSING_MASK, f"{label_map.path}: {r.reason}: {r.detail}") from None
+    except Exception as e:  # transient (read_bytes raises only those): not the files' fault
+        raise TransientMaskRead(e) from e
     width, height, orientation = source_geometry(image, options.apply_exif_orientation)
     held = reserve(2 * width * height) if reserve else nullcontext()
     with held:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .. import examples, index, metadata
-from ..annotations.masks import LabelMap, segmentation_features
+from ..annotations.masks import LabelMap, TransientMaskRead, segmentation_features
 from ..annotations.objects import ANNOTATION_SIZE_MISMATCH, object_features, size_mismatch
 from ..images import DECODE_ERROR, ImageOptions, Prepared, Rejected, prepare_image
 from ..listing import Ref, coerce, file_reject
@@ -133,6 +133,8 @@ def decode_one(
         return r
     except MemoryError:
         raise
+    except TransientMaskRead as e:  # not the files' fault: the runner retries the bundle
+        raise e.error from None
     except Exception as e:  # noqa: BLE001 - see above
         return Rejected(DECODE_ERROR, f"unexpected {type(e).__name__}: {e}")
 
