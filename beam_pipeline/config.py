@@ -54,6 +54,7 @@ class ConvertConfig:
     label_regex: str | None = None
     labels_file: str | None = None
     coco: str | None = None  # COCO instances JSON: objects per image (annotations/coco.py)
+    voc: str | None = None  # Pascal VOC Annotations/ folder: one XML per image (annotations/voc.py)
     masks: str | None = None  # folder of label-map PNGs paired with the images by relative path (annotations/masks.py)
     incremental_from: str | None = None  # a previous complete output, or LATEST: its label ids stay, records reused
     # A dated run (--output with {date}): the --output as given, and the date put
@@ -156,6 +157,16 @@ class Layout:
     coco: str | None = None
     categories: tuple[tuple[int, str], ...] | None = None
     masks: str | None = None  # --masks: the label-map folder (absolute), listed and joined in the job
+    # A names-only annotation source (VOC, CSV objects): its objects carry class names, and the run's
+    # label list gives their ids (annotations.objects.name_labels: 0 background, then 1…N sorted, an
+    # earlier run's ids kept); the categories are that list's. ``categories`` stays None then.
+    object_names: bool = False
+    voc: str | None = None  # --voc: the folder of XML files (absolute), read in the job
+
+
+def names_only_source(cfg: ConvertConfig) -> bool:
+    """Whether the run's objects come from a source that names classes without ids (VOC, CSV objects)."""
+    return bool(cfg.voc)
 
 
 def dataset_name_from_output(output: str) -> str:
@@ -296,18 +307,31 @@ def validate(cfg: ConvertConfig) -> None:
             raise UsageError(
                 "--coco takes its classes from the COCO file: drop --labels-from/--label-regex/--labels-file"
             )
-        for flag, on in (
-            ("--resize-max-side", cfg.resize_max_side),
-            ("--apply-exif-orientation", cfg.apply_exif_orientation),
-            ("--dedupe", cfg.dedupe),
-        ):
-            if on:
-                raise UsageError(f"--coco with {flag} is not supported yet (boxes would not follow; docs/detection.md)")
+        if cfg.dedupe:
+            raise UsageError(
+                "--coco with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
+    if cfg.voc:
+        if cfg.coco:
+            raise UsageError("--voc and --coco: give one annotation source")
+        if not cfg.input:
+            raise UsageError("--voc needs --input (the folder its <filename> values are relative to)")
+        if cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file:
+            raise UsageError(
+                "--voc takes its classes from the XML files (ids 1…N by name): drop "
+                "--labels-from/--label-regex/--labels-file"
+            )
+        if cfg.dedupe:
+            raise UsageError(
+                "--voc with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
     if cfg.masks:
         if not cfg.input:
             raise UsageError("--masks needs --input (the folder its label maps mirror)")
-        if cfg.coco:
-            raise UsageError("--masks with --coco is not supported yet: one annotation source per run")
+        if cfg.coco or cfg.voc:
+            raise UsageError("--masks with --coco or --voc is not supported yet: one annotation source per run")
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")
     if cfg.run_date is not None and not is_date(cfg.run_date):

@@ -187,6 +187,13 @@ CONVERT = Command(
                     metavar="FILE",
                 ),
                 Flag(
+                    "--voc",
+                    "Pascal VOC Annotations/ folder (one XML per image, local or gs://) whose images are under "
+                    "--input: boxes, class names (ids 1…N by name), difficult, truncated and pose "
+                    "(see docs/detection.md)",
+                    metavar="DIR",
+                ),
+                Flag(
                     "--masks",
                     "folder (local or gs://) of label-map PNGs mirroring --input (a/b.jpg <-> DIR/a/b.png): "
                     "pixel value = class id, stored as image/segmentation/class/encoded (see docs/detection.md)",

@@ -35,7 +35,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import index, lease, metadata, resume
 from .annotations.coco import read_categories
-from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date
+from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
@@ -408,6 +408,14 @@ def prepare(
         if not FileSystems.exists(coco) or (not is_remote(coco) and os.path.isdir(coco)):
             raise UsageError(f"--coco {cfg.coco}: no such file")
         categories = read_categories(coco)
+    voc = None
+    if cfg.voc:  # a detection dataset whose classes are named in the XML files (ids from the run's label list)
+        label_source = "none"
+        voc = absolute(cfg.voc)
+        if not is_remote(voc) and not os.path.isdir(voc):
+            raise UsageError(f"--voc {cfg.voc}: no such folder")
+        if not FileSystems.match([FileSystems.join(voc, "**.xml")], limits=[1])[0].metadata_list:
+            raise UsageError(f"--voc {cfg.voc}: no .xml files in it (the Annotations/ folder of a VOC set)")
     masks = None
     if cfg.masks:
         masks = absolute(cfg.masks)
@@ -437,7 +445,11 @@ def prepare(
         previous, prior_labels = _read_previous(absolute(cfg.incremental_from), labelled)
     else:
         previous, prior_labels = None, None
-    if previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
+    object_names = names_only_source(cfg)
+    if previous and object_names:
+        # the objects' class ids of the previous run (its labels.txt) stay; new names follow
+        _, prior_labels = _previous_problem(previous, True)
+    elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
         _, prior_labels = _previous_problem(previous, True)
     if previous:
@@ -465,6 +477,8 @@ def prepare(
         leased=claim is not None,
         coco=coco,
         categories=categories,
+        object_names=object_names,
+        voc=voc,
         masks=masks,
     )
     return cfg, layout

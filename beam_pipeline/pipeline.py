@@ -20,6 +20,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
 from .annotations.masks import JoinMasks
+from .annotations.objects import name_labels, object_names
+from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
@@ -47,6 +49,14 @@ class CollectLabels(beam.PTransform):
         fixed = self._layout.labels
         if fixed is not None:
             return refs.pipeline | "FixedLabels" >> beam.Create([list(fixed)])
+        if self._layout.object_names:  # the objects' class names: 0 background, then 1…N
+            return (
+                refs
+                | "ObjectNames" >> beam.FlatMap(lambda r: object_names(r.annotations))
+                | "DistinctNames" >> beam.Distinct()
+                | "AllNames" >> beam.combiners.ToList()
+                | "SortNames" >> beam.Map(name_labels, self._layout.prior_labels or ())
+            )
         return (
             refs
             | "LabelOf" >> beam.Map(lambda r: r.label)
@@ -142,7 +152,12 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
-    if layout.masks:
+    elif layout.voc:  # as --coco: before the previous run's join
+        joined = refs | "Voc" >> JoinVoc(layout.voc, layout.root)
+        refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
+        rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
+        skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
+    elif layout.masks:
         # likewise before the previous run's join: the mask file's size and mtime are in the annotation digest
         joined = refs | "Masks" >> JoinMasks(layout.masks)
         refs = joined["refs"]
@@ -213,6 +228,7 @@ class WritePlannedShards(beam.PTransform):
                     cfg.image_options,
                     self._previous,
                     resume_from=layout.resume_from,
+                    object_names=layout.object_names,
                 ),
                 beam.pvalue.AsSingleton(self._labels),
                 beam.pvalue.AsSingleton(self._extra_types),

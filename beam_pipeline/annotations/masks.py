@@ -32,7 +32,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from ..images import ImageInfo, ImageOptions, Rejected
+from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
 from ..listing import FILES, REJECTS, SKIPPED, ListFolder, Ref, reject, relative_path
 
 SEGMENTATION_ENCODED = "image/segmentation/class/encoded"
@@ -51,9 +51,6 @@ IN_MASK_FOLDER = "in_masks_folder"  # a listed image file inside DIR (DIR under 
 # Pillow modes whose pixel values are class ids: grey (8, 16 bit), 1-bit, palette indices.
 LABEL_MODES = ("1", "L", "P", "I", "I;16", "I;16B", "I;16L")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# EXIF orientation → the Pillow transpose that shows the image upright (as ImageOps.exif_transpose does).
-_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_270"}
-_TRANSPOSE.update({7: "TRANSVERSE", 8: "ROTATE_90"})
 
 
 @dataclass(frozen=True)
@@ -183,13 +180,14 @@ class TransientMaskRead(Exception):
 
 def segmentation_features(
     label_map: LabelMap,
-    image: bytes,
+    geometry: Geometry | None,
     info: ImageInfo,
     options: ImageOptions,
     reserve: Callable[[int], AbstractContextManager[object]] | None = None,
 ) -> dict[str, Any]:
-    """The segmentation keys of one record: its mask read, checked against the image ``image`` (the file's
-    bytes) and brought to the recorded ``info`` size. Rejected with a reason when the mask cannot be one."""
+    """The segmentation keys of one record: its mask read, checked against the image's stored frame and brought
+    to the recorded size the way the image went (``geometry``: images.prepare_image's). Rejected with a reason
+    when the mask cannot be one."""
     from ..storage import read_bytes
 
     try:
@@ -198,29 +196,13 @@ def segmentation_features(
         raise Rejected(MISSING_MASK, f"{label_map.path}: {r.reason}: {r.detail}") from None
     except Exception as e:  # transient (read_bytes raises only those): not the files' fault
         raise TransientMaskRead(e) from e
-    width, height, orientation = source_geometry(image, options.apply_exif_orientation)
-    held = reserve(2 * width * height) if reserve else nullcontext()
+    if geometry is None:  # no transform recorded: the image is stored as it is
+        geometry = Geometry(info.width, info.height, info.width, info.height)
+    stored = (geometry.stored_width, geometry.stored_height)
+    held = reserve(2 * stored[0] * stored[1]) if reserve else nullcontext()
     with held:
-        encoded = label_map_png(data, (width, height), orientation, (info.width, info.height))
+        encoded = label_map_png(data, stored, geometry.orientation, (info.width, info.height))
     return {SEGMENTATION_ENCODED: encoded, SEGMENTATION_FORMAT: "png"}
-
-
-def source_geometry(image: bytes, apply_orientation: bool) -> tuple[int, int, int]:
-    """(width, height, EXIF orientation) of an image file's stored pixels, from its header (no decode).
-
-    The orientation is 1 unless ``--apply-exif-orientation`` turns the image (then the mask turns with it).
-    """
-    from PIL import Image
-
-    with Image.open(io.BytesIO(image)) as img:
-        width, height = img.size
-        orientation = 1
-        if apply_orientation:
-            try:
-                orientation = int(img.getexif().get(0x0112, 1))
-            except Exception:  # noqa: BLE001 - a broken EXIF block is no orientation, as images.py reads it
-                orientation = 1
-    return width, height, orientation
 
 
 def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, recorded: tuple[int, int]) -> bytes:
@@ -258,12 +240,12 @@ def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, re
         if top > 255:
             raise Rejected(BAD_MASK, f"class id {top} is above 255 (label maps are decoded as uint8)")
         values = values.astype(np.uint8)
-    turn = _TRANSPOSE.get(orientation)
+    turn = ORIENTATION_TRANSPOSE.get(orientation)  # as the image was turned (images.py)
     if plain and turn is None and image_size == recorded:
         return data
     out = Image.fromarray(values, "L")
     if turn is not None:
-        out = out.transpose(getattr(Image.Transpose, turn))
+        out = out.transpose(turn)
     if out.size != recorded:
         out = out.resize(recorded, Image.Resampling.NEAREST)
     buffer = io.BytesIO()
