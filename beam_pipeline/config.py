@@ -59,6 +59,7 @@ class ConvertConfig:
     manifest_objects: str | None = None
     box_units: str = "pixels"
     voc: str | None = None  # Pascal VOC Annotations/ folder: one XML per image (annotations/voc.py)
+    masks: str | None = None  # folder of label-map PNGs paired with the images by relative path (annotations/masks.py)
     incremental_from: str | None = None  # a previous complete output, or LATEST: its label ids stay, records reused
     # A dated run (--output with {date}): the --output as given, and the date put
     # in it. Where --incremental-from latest looks for the earlier dates.
@@ -159,6 +160,7 @@ class Layout:
     # streamed in the job). Categories set: a detection dataset (labels.txt, label_map.pbtxt, object keys).
     coco: str | None = None
     categories: tuple[tuple[int, str], ...] | None = None
+    masks: str | None = None  # --masks: the label-map folder (absolute), listed and joined in the job
     # A names-only annotation source (VOC, CSV objects): its objects carry class names, and the run's
     # label list gives their ids (annotations.objects.name_labels: 0 background, then 1…N sorted, an
     # earlier run's ids kept); the categories are that list's. ``categories`` stays None then.
@@ -360,6 +362,11 @@ def validate(cfg: ConvertConfig) -> None:
                 "--voc with --dedupe: one record per distinct content would merge copies of an image that carry "
                 "different annotations (docs/detection.md)"
             )
+    if cfg.masks:
+        if not cfg.input:
+            raise UsageError("--masks needs --input (the folder its label maps mirror)")
+        if cfg.coco or cfg.voc:
+            raise UsageError("--masks with --coco or --voc is not supported yet: one annotation source per run")
     _validate_manifest_objects(cfg)
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")

@@ -49,7 +49,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from . import failpoints, index, lease, metadata, resume
-from .annotations import coco, objects
+from .annotations import coco, masks, objects
 from .config import ConvertConfig, Layout
 from .storage import read_json, write_text
 
@@ -807,6 +807,8 @@ class FinalizeFn(beam.DoFn):
         if categories is not None:
             info.update(detection_summary(categories, object_counts))
             info["features"] = dict(sorted({**info["features"], **objects.feature_spec()}.items()))
+        if self._layout.masks:
+            info["features"] = dict(sorted({**info["features"], **masks.feature_spec()}.items()))
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
         if any(r.get("idx_path") for files in layout.values() for _, r in files):
             info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record

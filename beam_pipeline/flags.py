@@ -210,6 +210,12 @@ CONVERT = Command(
                     choices=BOX_UNITS,
                     show_default=True,
                 ),
+                Flag(
+                    "--masks",
+                    "folder (local or gs://) of label-map PNGs mirroring --input (a/b.jpg <-> DIR/a/b.png): "
+                    "pixel value = class id, stored as image/segmentation/class/encoded (see docs/detection.md)",
+                    metavar="DIR",
+                ),
             ),
         ),
         Group(

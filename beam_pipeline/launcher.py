@@ -431,6 +431,14 @@ def prepare(
             raise UsageError(f"--voc {cfg.voc}: no such folder")
         if not FileSystems.match([FileSystems.join(voc, "**.xml")], limits=[1])[0].metadata_list:
             raise UsageError(f"--voc {cfg.voc}: no .xml files in it (the Annotations/ folder of a VOC set)")
+    masks = None
+    if cfg.masks:
+        masks = absolute(cfg.masks)
+        found = _exists_any(masks + "/**") if is_remote(masks) else os.path.isdir(masks)
+        if not found:
+            raise UsageError(f"--masks {cfg.masks}: no such folder (or nothing in it)")
+        if not cfg.labels_from and not cfg.label_regex and not cfg.labels_file:
+            label_source = "none"  # the classes are the label maps' pixel values
 
     if label_source == "folder" and pattern is not None and _only_files_directly_in(root, pattern):
         raise UsageError(f"--input {cfg.input}: {flat_folder_hint(root)} for an unlabelled dataset")
@@ -486,6 +494,7 @@ def prepare(
         categories=categories,
         object_names=object_names,
         voc=voc,
+        masks=masks,
     )
     return cfg, layout
 

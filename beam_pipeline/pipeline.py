@@ -19,6 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
+from .annotations.masks import JoinMasks
 from .annotations.objects import name_labels, object_names
 from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
@@ -133,7 +134,7 @@ def build_pipeline(
 
 
 def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str, Any]:
-    """List, drop duplicates (``--dedupe``), attach annotations (``--coco``), join the previous run
+    """List, drop duplicates (``--dedupe``), attach annotations (``--coco``, ``--masks``), join the previous run
     (``--incremental-from``).
 
     {"refs", REJECTS, "skipped_counts": (reason, n), "changes" (or None), "previous": the previous run whose
@@ -163,6 +164,12 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         joined = refs | "ManifestObjects" >> CheckManifestObjects(cfg.box_units)
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithObjectRowRejects" >> beam.Flatten()
+    elif layout.masks:
+        # likewise before the previous run's join: the mask file's size and mtime are in the annotation digest
+        joined = refs | "Masks" >> JoinMasks(layout.masks)
+        refs = joined["refs"]
+        rejects = (rejects, joined[REJECTS]) | "WithMaskRejects" >> beam.Flatten()
+        skipped = (skipped, joined[SKIPPED]) | "WithMaskSkips" >> beam.Flatten()
     previous, changes = None, None
     if layout.previous:
         # unchanged files (same path, size, mtime) carry where the previous run stored their record

@@ -32,6 +32,7 @@ DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
 LABEL_KEY = "image/class/label"
 IMAGE_KEY = "image/encoded"
+SEGMENTATION_KEY = "image/segmentation/class/encoded"  # annotations.masks.SEGMENTATION_ENCODED
 # TFDS's own file-name rule for a ClassLabel's names ("/" in the key becomes ".").
 LABEL_NAMES = LABEL_KEY.replace("/", ".") + ".labels.txt"
 SUPERVISED_KEYS = (IMAGE_KEY, LABEL_KEY)
@@ -74,6 +75,12 @@ def features_json(info: dict[str, Any]) -> dict[str, Any]:
             "classLabel": {"numClasses": str(len(info["labels"]))},
         }
         features["image/class/text"] = _TEXT
+    if SEGMENTATION_KEY in info.get("features", {}):  # --masks: the label map, one channel of class ids
+        features[SEGMENTATION_KEY] = {
+            "pythonClassName": _CLS + "image_feature.Image",
+            "image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "1"]}},
+        }
+        features["image/segmentation/class/format"] = _TEXT
     return {
         "pythonClassName": _CLS + "features_dict.FeaturesDict",
         "featuresDict": {"features": dict(sorted(features.items()))},

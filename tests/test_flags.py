@@ -37,6 +37,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "manifest_objects": ("rows", {"input": None, "manifest": "list.csv"}),
     "box_units": ("normalized", {"input": None, "manifest": "list.csv", "manifest_objects": "rows"}),
     "voc": ("Annotations", {}),
+    "masks": ("labelmaps", {}),
     "incremental_from": ("previous", {}),
     "split_ratios": ("train=0.5,test=0.5", {}),
     "allow_split_names": (True, {}),

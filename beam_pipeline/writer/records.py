@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .. import examples, index, metadata
+from ..annotations.masks import LabelMap, TransientMaskRead, segmentation_features
 from ..annotations.objects import ANNOTATION_SIZE_MISMATCH, object_features, size_mismatch
 from ..images import DECODE_ERROR, Geometry, ImageOptions, Prepared, Rejected, prepare_image
 from ..listing import Ref, coerce, file_reject
@@ -63,7 +64,10 @@ def build_record(
         examples.FILENAME: ref.relpath,
         examples.SHA256: sha256,
     }
-    if ref.annotations is not None:
+    if isinstance(ref.annotations, LabelMap):  # --masks: the label map is read here, beside its image
+        options = image_options or ImageOptions()
+        features.update(segmentation_features(ref.annotations, prepared.geometry, info, options, reserve))
+    elif ref.annotations is not None:
         features.update(annotation_features(ref.annotations, prepared.geometry, label_ids))
     if ref.label is not None:
         features[examples.LABEL] = label_ids[ref.label]
@@ -134,6 +138,8 @@ def decode_one(
         return r
     except MemoryError:
         raise
+    except TransientMaskRead as e:  # not the files' fault: the runner retries the bundle
+        raise e.error from None
     except Exception as e:  # noqa: BLE001 - see above
         return Rejected(DECODE_ERROR, f"unexpected {type(e).__name__}: {e}")
 
@@ -166,4 +172,5 @@ def read_cost(ref: Ref, reuse: bool, limit: int) -> int:
         return 0  # the previous reject is kept
     if reuse and isinstance(ref.previous, index.Previous):
         return max(ref.previous.length, 0)
-    return max(ref.size, 0)
+    mask = ref.annotations.size if isinstance(ref.annotations, LabelMap) else 0  # read beside the image
+    return max(ref.size, 0) + max(mask, 0)

@@ -1,0 +1,253 @@
+"""Semantic segmentation label maps (``--masks DIR``): one PNG per image, paired by relative path in the pipeline.
+
+An image ``INPUT/a/b.jpg`` is paired with ``DIR/a/b.png`` (its relative path
+without the extension, plus ``.png``). The mask folder is listed inside the job
+(``listing.ListFolder``, local or gs://) and joined to the listed images by that
+key with a CoGroupByKey: no process holds every mask. Only the mask's path,
+size and mtime (``LabelMap``) ride on the image's Ref through the shuffle; the
+shard writer reads the mask beside its image (``segmentation_features``).
+
+    refs (Ref) ──► JoinMasks ──► {"refs": Ref with .annotations = LabelMap, REJECTS, SKIPPED}
+
+The record gets ``image/segmentation/class/encoded`` (a single-channel 8-bit
+PNG: pixel value = class id, 255 kept as it is, e.g. an "ignore" value) and
+``image/segmentation/class/format`` (``png``), as TF Model Garden's semantic
+segmentation decoder reads them (``tf.io.decode_image(..., channels=1)``).
+
+Image rejects (rejects.jsonl): ``missing_mask``, ``duplicate_mask``, ``bad_mask``
+(not a decodable PNG, or a class id above 255), ``mask_not_single_channel`` (RGB,
+grey + alpha: not a label map), ``mask_size_mismatch``. A mask without an image
+is skipped (``mask_without_image``), as is a file in DIR that is not a ``.png``
+(``not_a_png_mask``) and, when DIR is inside --input, every listed file in DIR (``in_masks_folder``).
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+
+from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
+from ..listing import FILES, REJECTS, SKIPPED, ListFolder, Ref, reject, relative_path
+
+SEGMENTATION_ENCODED = "image/segmentation/class/encoded"
+SEGMENTATION_FORMAT = "image/segmentation/class/format"
+
+MISSING_MASK = "missing_mask"  # an image without its label map: it cannot train segmentation
+DUPLICATE_MASK = "duplicate_mask"  # two files in DIR for one image (a/b.png and a/b.PNG)
+BAD_MASK = "bad_mask"  # not a PNG Pillow decodes, or a class id a uint8 label map cannot hold
+MASK_NOT_SINGLE_CHANNEL = "mask_not_single_channel"  # RGB(A), grey + alpha: colours, not class ids
+MASK_SIZE_MISMATCH = "mask_size_mismatch"  # another size than its image's pixels
+# skip reasons (dataset.json "skipped")
+MASK_WITHOUT_IMAGE = "mask_without_image"
+NOT_A_MASK = "not_a_png_mask"  # a file in DIR that does not end in .png
+IN_MASK_FOLDER = "in_masks_folder"  # a listed image file inside DIR (DIR under --input)
+
+# Pillow modes whose pixel values are class ids: grey (8, 16 bit), 1-bit, palette indices.
+LABEL_MODES = ("1", "L", "P", "I", "I;16", "I;16B", "I;16L")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """An image's label map file, as listed: its size and mtime go into the record's annotation digest, so a
+    record is reused (or a shard resumed) only while the mask file is unchanged too."""
+
+    path: str
+    size: int
+    mtime: float
+
+
+def mask_key(relpath: str) -> str:
+    """The join key of an image or a mask: its relative path without the extension (``a/b.jpg`` → ``a/b``)."""
+    stem, _ = posixpath.splitext(relpath)
+    return stem
+
+
+def feature_spec() -> dict[str, dict[str, Any]]:
+    """The segmentation keys in dataset.json's feature spec (``source: annotations``: compared per record by
+    the annotation digest, not as the run's features)."""
+    return {
+        SEGMENTATION_ENCODED: {"dtype": "string", "shape": [], "source": "annotations"},
+        SEGMENTATION_FORMAT: {"dtype": "string", "shape": [], "source": "annotations"},
+    }
+
+
+# ---- the join ------------------------------------------------------------------------------------
+
+
+class _KeyMasks(beam.DoFn):
+    """FileMetadata of a file in DIR → (key, LabelMap); SKIPPED for a file that is not a ``.png``."""
+
+    def __init__(self, mask_dir: str) -> None:
+        self._dir = mask_dir
+
+    def process(self, meta: Any) -> Iterator[Any]:
+        rel = relative_path(meta.path, self._dir)
+        if not rel.lower().endswith(".png"):
+            yield beam.pvalue.TaggedOutput(SKIPPED, NOT_A_MASK)
+            return
+        mtime = float(getattr(meta, "last_updated_in_seconds", 0.0) or 0.0)
+        yield (mask_key(rel), LabelMap(meta.path, int(meta.size_in_bytes), mtime))
+
+
+class _KeyRefs(beam.DoFn):
+    """Ref → (key, Ref); SKIPPED for a listed file inside the mask folder (--masks under --input): a label map
+    is not an image of the dataset."""
+
+    def __init__(self, mask_dir: str) -> None:
+        self._prefix = mask_dir.rstrip("/") + "/"
+
+    def process(self, ref: Ref) -> Iterator[Any]:
+        if ref.path.startswith(self._prefix):
+            yield beam.pvalue.TaggedOutput(SKIPPED, IN_MASK_FOLDER)
+            return
+        yield (mask_key(ref.relpath), ref)
+
+
+class _Pair(beam.DoFn):
+    """(key, {"refs": [Ref], "masks": [LabelMap]}) → Ref with its LabelMap; REJECTS, SKIPPED.
+
+    Rejects here carry no size or mtime: an incremental run checks them again
+    (the mask may have been added while the image stayed the same).
+    """
+
+    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
+        key, joined = element
+        refs, found = list(joined["refs"]), sorted(joined["masks"], key=lambda m: m.path)
+        tagged = beam.pvalue.TaggedOutput
+        if not refs:
+            for _ in found:
+                yield tagged(SKIPPED, MASK_WITHOUT_IMAGE)
+            return
+        for ref in refs:
+            if not found:
+                yield tagged(REJECTS, reject(ref.path, MISSING_MASK, f"no label map {key}.png in the --masks folder"))
+            elif len(found) > 1:
+                names = ", ".join(m.path for m in found)
+                yield tagged(REJECTS, reject(ref.path, DUPLICATE_MASK, f"more than one label map: {names}"))
+            else:
+                yield _with_mask(ref, found[0])
+
+
+def _with_mask(ref: Ref, mask: LabelMap) -> Ref:
+    import dataclasses
+
+    return dataclasses.replace(ref, annotations=mask)
+
+
+class JoinMasks(beam.PTransform):
+    """refs → {"refs", REJECTS, SKIPPED}: each listed image with its label map, joined inside the pipeline."""
+
+    def __init__(self, mask_dir: str) -> None:
+        super().__init__()
+        self._dir = mask_dir
+
+    def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
+        listed = refs.pipeline | "ListMasks" >> ListFolder(self._dir)
+        masks = listed[FILES] | "KeyMasks" >> beam.ParDo(_KeyMasks(self._dir)).with_outputs(SKIPPED, main="masks")
+        keyed = refs | "RefByStem" >> beam.ParDo(_KeyRefs(self._dir)).with_outputs(SKIPPED, main="refs")
+        paired = (
+            {"refs": keyed.refs, "masks": masks.masks}
+            # (relative path without extension, {"refs": [Ref], "masks": [LabelMap]})
+            | "JoinByStem" >> beam.CoGroupByKey()
+            | "Pair" >> beam.ParDo(_Pair()).with_outputs(REJECTS, SKIPPED, main="refs")
+        )
+        # odd entries of the mask folder (an unreadable file) are not images: not rejects of this run
+        skipped = (masks[SKIPPED], keyed[SKIPPED], paired[SKIPPED]) | "MaskSkips" >> beam.Flatten()
+        return {"refs": paired.refs, REJECTS: paired[REJECTS], SKIPPED: skipped}
+
+
+# ---- in the shard writer: the mask's bytes → the record's keys ---------------------------------
+
+
+class TransientMaskRead(Exception):
+    """A label map read that failed for a reason other than the file (a reset connection, a GCS 503).
+
+    The record builder's catch-all turns unforeseen errors into ``decode_error``
+    rejects; this one it re-raises as ``error`` so the bundle fails and the runner retries it.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def segmentation_features(
+    label_map: LabelMap,
+    geometry: Geometry | None,
+    info: ImageInfo,
+    options: ImageOptions,
+    reserve: Callable[[int], AbstractContextManager[object]] | None = None,
+) -> dict[str, Any]:
+    """The segmentation keys of one record: its mask read, checked against the image's stored frame and brought
+    to the recorded size the way the image went (``geometry``: images.prepare_image's). Rejected with a reason
+    when the mask cannot be one."""
+    from ..storage import read_bytes
+
+    try:
+        data = read_bytes(label_map.path, label_map.size, options)
+    except Rejected as r:  # gone since the listing, or not readable: this image has no usable label map
+        raise Rejected(MISSING_MASK, f"{label_map.path}: {r.reason}: {r.detail}") from None
+    except Exception as e:  # transient (read_bytes raises only those): not the files' fault
+        raise TransientMaskRead(e) from e
+    if geometry is None:  # no transform recorded: the image is stored as it is
+        geometry = Geometry(info.width, info.height, info.width, info.height)
+    stored = (geometry.stored_width, geometry.stored_height)
+    held = reserve(2 * stored[0] * stored[1]) if reserve else nullcontext()
+    with held:
+        encoded = label_map_png(data, stored, geometry.orientation, (info.width, info.height))
+    return {SEGMENTATION_ENCODED: encoded, SEGMENTATION_FORMAT: "png"}
+
+
+def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, recorded: tuple[int, int]) -> bytes:
+    """A label map as the single-channel 8-bit PNG to store: pixel values = class ids, exactly.
+
+    ``image_size``: the image's stored pixels (width, height), the frame the mask
+    must match; ``orientation`` turns it as the image was turned; ``recorded``:
+    the stored image's size after that and ``--resize-max-side`` (nearest
+    neighbour: no new class ids). An 8-bit grey PNG needing neither is kept
+    byte for byte; anything else (palette, 16-bit, 1-bit) is re-encoded as 8-bit
+    grey holding the indices — TF's decode_png turns a palette PNG into RGB colours.
+    """
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    if not data.startswith(PNG_SIGNATURE):
+        raise Rejected(BAD_MASK, "not a PNG file (a label map must be lossless)")
+    try:
+        img = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise Rejected(BAD_MASK, f"cannot read the PNG: {e}") from None
+    with img:
+        if img.mode not in LABEL_MODES:
+            raise Rejected(MASK_NOT_SINGLE_CHANNEL, f"mode {img.mode}: a label map has one channel of class ids")
+        if img.size != image_size:
+            w, h = img.size
+            raise Rejected(MASK_SIZE_MISMATCH, f"mask is {w}x{h}, its image {image_size[0]}x{image_size[1]}")
+        try:
+            values = np.asarray(img)
+        except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt pixel data
+            raise Rejected(BAD_MASK, f"cannot decode the PNG: {e}") from None
+        plain = data[24:26] == b"\x08\x00" and "transparency" not in img.info  # 8-bit grey, no tRNS
+    if values.dtype != np.uint8:
+        top = int(values.max()) if values.size else 0
+        if top > 255:
+            raise Rejected(BAD_MASK, f"class id {top} is above 255 (label maps are decoded as uint8)")
+        values = values.astype(np.uint8)
+    turn = ORIENTATION_TRANSPOSE.get(orientation)  # as the image was turned (images.py)
+    if plain and turn is None and image_size == recorded:
+        return data
+    out = Image.fromarray(values, "L")
+    if turn is not None:
+        out = out.transpose(turn)
+    if out.size != recorded:
+        out = out.resize(recorded, Image.Resampling.NEAREST)
+    buffer = io.BytesIO()
+    out.save(buffer, format="PNG")
+    return buffer.getvalue()
