@@ -23,6 +23,9 @@ EXAMPLES = {
     "manifest": "gs://b/list.csv",
     "coco": "gs://b/annotations/instances_train2017.json",
     "voc": "gs://b/VOC2012/Annotations",
+    "masks": "gs://b/VOC2012/SegmentationClass",
+    "manifest_objects": "rows",
+    "box_units": "normalized",
     "output": "gs://b/datasets/photos/{date}",
     "name": "photos",
     "run_date": "2026-11-22",
@@ -59,7 +62,7 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 
 
 def test_template_parameters_reach_convert():
-    skip = ("manifest", "label_regex", "labels_from", "labels_file", "coco", "voc")
+    skip = ("manifest", "label_regex", "labels_from", "labels_file", "coco", "voc", "masks", "manifest_objects", "box_units")
     params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in skip]
     command, *args = convert_args([*params, "--project=p", "--region=r"])
     assert "--incremental-from=latest" in args
@@ -76,9 +79,13 @@ def test_template_parameters_reach_convert():
     assert cfg.keep_last == 7 and cfg.allow_split_names is False
 
 
-@pytest.mark.parametrize(("source", "local"), [("coco", "/local/instances.json"), ("voc", "/local/Annotations")])
+@pytest.mark.parametrize(
+    ("source", "local"),
+    [("coco", "/local/instances.json"), ("voc", "/local/Annotations"), ("masks", "/local/SegmentationClass")],
+)
 def test_annotation_template_parameters_reach_convert(source: str, local: str) -> None:
-    """A detection dataset launched from the Flex Template: --coco / --voc arrives as convert's flag."""
+    """A detection or segmentation dataset launched from the Flex Template: --coco / --voc / --masks arrives
+    as convert's flag."""
     params = [f"--{k}={EXAMPLES[k]}" for k in ("input", source, "output", "name", "run_date")]
     command, *args = convert_args(params)
     cfg, _, _ = parse_convert(args)
@@ -86,6 +93,13 @@ def test_annotation_template_parameters_reach_convert(source: str, local: str) -
     meta = json.loads((REPO / "templates" / "metadata.json").read_text())
     [param] = [p for p in meta["parameters"] if p["name"] == source]
     assert not any(re.match(r, local) for r in param["regexes"])
+
+
+def test_manifest_objects_template_parameters_reach_convert() -> None:
+    keys = ("manifest", "manifest_objects", "box_units", "output", "name", "run_date")
+    command, *args = convert_args([f"--{k}={EXAMPLES[k]}" for k in keys])
+    cfg, _, _ = parse_convert(args)
+    assert (cfg.manifest, cfg.manifest_objects, cfg.box_units) == ("gs://b/list.csv", "rows", "normalized")
 
 
 def test_dated_output_and_job_name():
