@@ -62,7 +62,8 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 
 
 def test_template_parameters_reach_convert():
-    skip = ("manifest", "label_regex", "labels_from", "labels_file", "coco", "voc", "masks", "manifest_objects", "box_units")
+    sources = ("coco", "voc", "masks", "manifest_objects", "box_units")  # annotation sources: tested below
+    skip = ("manifest", "label_regex", "labels_from", "labels_file", *sources)
     params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in skip]
     command, *args = convert_args([*params, "--project=p", "--region=r"])
     assert "--incremental-from=latest" in args
