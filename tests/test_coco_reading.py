@@ -74,3 +74,82 @@ def test_tfds_metadata_is_skipped_for_a_category_name_tfds_would_change():
     info = {"compression": "none", "labels": None, "categories": [{"id": 1, "name": " cat"}]}
     assert "leading or trailing spaces" in tfds_metadata.skip_reason(info)
     assert tfds_metadata.skip_reason({**info, "categories": [{"id": 1, "name": "cat"}]}) is None
+
+
+def _by_name(ds: Any) -> dict[str, Any]:
+    return {ex["image/filename"].numpy().decode(): ex for ex in ds}
+
+
+def test_raw_load_reads_the_object_lists(detection):
+    """reader.load without options: each object key a 1-D list (empty for a negative), ragged when batched."""
+    from beam_pipeline import reader
+
+    out, doc = detection
+    rows = _by_name(reader.load(str(out), "train", shuffle=False))
+    assert sorted(rows) == ["a.jpg", "c.jpg", "d.jpg", "sub/b.png"]
+    for name, row in rows.items():
+        want = expected_objects(doc, name)
+        assert _close(row["image/object/bbox/ymax"].numpy(), [w["box"][3] for w in want])
+        assert list(row["image/object/class/label"].numpy()) == [w["label"] for w in want]
+    [batch] = list(reader.load(str(out), "train", shuffle=False, batch_size=4))
+    assert [len(v) for v in batch["image/object/class/label"].to_list()] == [
+        len(expected_objects(doc, n.decode())) for n in batch["image/filename"].numpy()
+    ]
+
+
+def test_load_objects_gives_images_boxes_and_classes_as_the_json_says(detection):
+    """objects=True: uint8 image, [N, 4] boxes (ymin, xmin, ymax, xmax, normalized), ids, crowd, area, masks."""
+    from beam_pipeline import reader
+
+    out, doc = detection
+    ids = {i["id"]: i for i in doc["images"]}
+    seen = set()
+    for ex in reader.load(str(out), "train", shuffle=False, objects=True, masks=True):
+        image = ids[int(ex["source_id"].numpy())]
+        want = expected_objects(doc, image["file_name"])
+        assert ex["image"].dtype.name == "uint8" and ex["image"].shape == (image["height"], image["width"], 3)
+        boxes = ex["boxes"].numpy()
+        assert boxes.dtype.name == "float32" and boxes.shape == (len(want), 4)
+        for got, w in zip(boxes, want, strict=True):
+            xmin, ymin, xmax, ymax = w["box"]
+            assert _close(got, [ymin, xmin, ymax, xmax])
+        assert ex["classes"].dtype.name == "int64" and list(ex["classes"].numpy()) == [w["label"] for w in want]
+        assert list(ex["is_crowd"].numpy()) == [bool(w["crowd"]) for w in want]
+        assert _close(ex["area"].numpy(), [w["area"] for w in want])
+        masks = ex["masks"].numpy()
+        assert masks.dtype.name == "uint8" and masks.shape == (len(want), image["height"], image["width"])
+        if image["file_name"] == "c.jpg":
+            assert (masks[0] == mask_of(60, 80)).all()
+        seen.add(image["file_name"])
+    assert seen == {"a.jpg", "c.jpg", "d.jpg", "sub/b.png"}
+
+
+def test_load_objects_batches_as_ragged_tensors(detection):
+    """With batch_size, images and per-object values batch as RaggedTensors (sizes and object counts differ)."""
+    import tensorflow as tf
+
+    from beam_pipeline import reader
+
+    out, doc = detection
+    ids = {i["id"]: i for i in doc["images"]}
+    [batch] = list(reader.load(str(out), "train", shuffle=False, objects=True, batch_size=4))
+    assert "masks" not in batch
+    assert isinstance(batch["boxes"], tf.RaggedTensor) and isinstance(batch["image"], tf.RaggedTensor)
+    for k, source_id in enumerate(batch["source_id"].numpy()):
+        image = ids[int(source_id)]
+        want = expected_objects(doc, image["file_name"])
+        assert batch["boxes"][k].shape == (len(want), 4) and list(batch["classes"][k].numpy()) == [
+            w["label"] for w in want
+        ]
+        assert batch["image"][k].to_tensor().shape == (image["height"], image["width"], 3)
+
+
+def test_load_objects_refuses_a_dataset_without_objects(tmp_path):
+    from beam_pipeline import reader
+
+    from .imagegen import image_bytes, write
+
+    write(str(tmp_path / "in" / "cat" / "a.png"), image_bytes("png"))
+    convert("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="no objects"):
+        reader.load(str(tmp_path / "out"), "train", objects=True)
