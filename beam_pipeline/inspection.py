@@ -25,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples, index, metadata, storage
+from .annotations import objects
 from .errors import UsageError
 from .examples import parse_example
 from .index import FRAME_OVERHEAD
@@ -188,7 +189,8 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
     ``.idx`` line; per shard the record count of dataset.json; and every
     index line belongs to exactly one record. Memory stays flat whatever the
     dataset's size: index.jsonl (written in shard order) and each ``.idx``
-    are read a line at a time beside the shard they describe.
+    are read a line at a time beside the shard they describe. A detection
+    dataset's records also get their objects checked (``check_objects``).
     """
     from .analysis import quiet_native_logs
 
@@ -196,6 +198,8 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
         import tensorflow as tf
 
     _no_stray_shards(output, info)
+    cats = objects.categories_of(info)
+    categories = None if cats is None else dict(cats)
     total = sum(s["examples"] for n, s in info["splits"].items() if not split or n == split)
     done = 0
     with _index_lines(output, info) as lines:
@@ -205,7 +209,7 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
                     if lines is not None:
                         lines.skip(shard["file"])
                     continue
-                for _ in _verify_shard(output, info, name, shard, lines, tf):
+                for _ in _verify_shard(output, info, name, shard, lines, tf, categories):
                     done += 1
                     if done % 64 == 0:
                         _progress(done, total, stream)
@@ -230,6 +234,7 @@ def _no_stray_shards(output: str, info: dict[str, Any]) -> None:
 def verified_what(info: dict[str, Any]) -> str:
     """What verify checked of this dataset (index.jsonl and idx/ only where the dataset has them)."""
     parts = ["CRCs", "Example parse", "image sha256", "decoded shapes", "counts"]
+    parts += ["object boxes, ids and masks"] if info.get("categories") is not None else []
     parts += [index.INDEX_JSONL] if _has_index(info) else []
     parts += [f"{index.IDX_DIR}/"] if info.get("idx_files") else []
     return ", ".join(parts[:-1]) + " and " + parts[-1]
@@ -241,7 +246,13 @@ def _has_index(info: dict[str, Any]) -> bool:
 
 
 def _verify_shard(
-    output: str, info: dict[str, Any], split: str, shard: dict[str, Any], lines: _IndexLines | None, tf: Any
+    output: str,
+    info: dict[str, Any],
+    split: str,
+    shard: dict[str, Any],
+    lines: _IndexLines | None,
+    tf: Any,
+    categories: dict[int, str] | None = None,
 ) -> Iterator[None]:
     """Checks one shard's records (yields once per record), its .idx and its index lines."""
     file = shard["file"]
@@ -255,6 +266,10 @@ def _verify_shard(
             for count, record in enumerate(iter_records(path), start=1):  # noqa: B007
                 where = f"{file} record {count - 1}"
                 ex = _check_record(record, where, tf)
+                if categories is not None:
+                    problem = check_objects(ex, categories, tf)
+                    if problem:
+                        raise VerifyError(f"{where}: {problem}")
                 if lines is not None:
                     lines.check(file, split, count - 1, offset, len(record), ex)
                 if idx is not None:
@@ -292,6 +307,58 @@ def _check_record(record: bytes, where: str, tf: Any) -> dict[str, list[Any]]:
     if tuple(decoded.shape) != recorded:
         raise VerifyError(f"{where}: decodes to {tuple(decoded.shape)}, recorded {recorded}")
     return ex
+
+
+# Lists with one value per object beside the four box lists; difficult/truncated are checked where present.
+_PER_OBJECT = (objects.CLASS_LABEL, objects.CLASS_TEXT, objects.IS_CROWD, objects.AREA)
+_PER_OBJECT_IF_PRESENT = (objects.DIFFICULT, objects.TRUNCATED)
+_BOXES = (objects.XMIN, objects.YMIN, objects.XMAX, objects.YMAX)
+
+
+def check_objects(ex: dict[str, list[Any]], categories: dict[int, str], tf: Any) -> str | None:
+    """What is wrong with one parsed record's objects, or None.
+
+    Boxes in [0, 1] with min <= max; every per-object list as long as the
+    boxes; class ids among dataset.json's categories, with their names as
+    class/text; masks none or one per object, each a PNG of the record's
+    height x width with one channel (what Model Garden's decoder expects).
+    """
+    count = len(ex.get(objects.XMIN, []))
+    for key in (*_BOXES, *_PER_OBJECT, *(k for k in _PER_OBJECT_IF_PRESENT if k in ex)):
+        if len(ex.get(key, [])) != count:
+            return f"{key} has {len(ex.get(key, []))} values, the boxes {count}"
+    for key in _BOXES:
+        for i, value in enumerate(ex.get(key, [])):
+            if not 0.0 <= value <= 1.0:  # NaN too
+                return f"{key}[{i}] is {value:g}, outside [0, 1]"
+    for i, (xmin, ymin, xmax, ymax) in enumerate(zip(*(ex.get(k, []) for k in _BOXES), strict=True)):
+        if xmin > xmax:
+            return f"object {i}: xmin {xmin:g} > xmax {xmax:g}"
+        if ymin > ymax:
+            return f"object {i}: ymin {ymin:g} > ymax {ymax:g}"
+    for i, (label, text) in enumerate(
+        zip(ex.get(objects.CLASS_LABEL, []), ex.get(objects.CLASS_TEXT, []), strict=True)
+    ):
+        if label not in categories:
+            return f"object {i}: class id {label} is not a category of {metadata.DATASET_JSON}"
+        if text.decode("utf-8", "replace") != categories[label]:
+            return (
+                f"object {i}: class text {text.decode('utf-8', 'replace')!r}, category {label} is {categories[label]!r}"
+            )
+    masks = ex.get(objects.MASK, [])
+    if masks and len(masks) != count:
+        return f"{len(masks)} masks for {count} objects"
+    height, width = ex[examples.HEIGHT][0], ex[examples.WIDTH][0]
+    for i, png in enumerate(masks):
+        if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+            return f"mask {i} is not a PNG"
+        try:
+            shape = tuple(tf.io.decode_png(png).shape)
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            return f"mask {i}: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        if shape != (height, width, 1):
+            return f"mask {i} decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
+    return None
 
 
 def _text(ex: dict[str, list[Any]], key: str) -> str | None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,3 +155,107 @@ def test_load_objects_refuses_a_dataset_without_objects(tmp_path):
     convert("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
     with pytest.raises(ValueError, match="no objects"):
         reader.load(str(tmp_path / "out"), "train", objects=True)
+
+
+def _damage(out: Path, file_name: str, change: Callable[[dict[str, list[Any]]], None]) -> str:
+    """Rewrites the shard holding ``file_name`` with that record's features changed (frames and CRCs valid,
+    written by the project's own Example builder and framing); returns the shard's name."""
+    from beam_pipeline.examples import build_example, parse_example
+    from beam_pipeline.inspection import iter_records
+    from beam_pipeline.writer.shard import frame_record
+
+    for split in load_info(out)["splits"].values():
+        for shard in split["shards"]:
+            path = out / shard["file"]
+            records = list(iter_records(str(path)))
+            for k, record in enumerate(records):
+                ex = parse_example(record)
+                if ex["image/filename"] == [file_name.encode()]:
+                    change(ex)
+                    records[k] = build_example(ex)
+                    frames = (frame_record(r) for r in records)
+                    path.write_bytes(b"".join(head + r + tail for r, (head, tail) in zip(records, frames, strict=True)))
+                    return shard["file"]
+    raise AssertionError(f"{file_name} not in {out}")
+
+
+def _png(height: int, width: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.ones((height, width), np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _set(key: str, index: int, value: Any) -> Callable[[dict[str, list[Any]]], None]:
+    def change(ex: dict[str, list[Any]]) -> None:
+        ex[key][index] = value
+
+    return change
+
+
+def _drop(key: str) -> Callable[[dict[str, list[Any]]], None]:
+    def change(ex: dict[str, list[Any]]) -> None:
+        ex[key] = ex[key][:-1]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (_set("image/object/bbox/xmax", 1, 1.2), "image/object/bbox/xmax[1] is 1.2, outside [0, 1]"),
+        (_set("image/object/bbox/ymin", 0, -0.5), "image/object/bbox/ymin[0] is -0.5, outside [0, 1]"),
+        (_set("image/object/bbox/xmin", 0, 0.9), "object 0: xmin 0.9 > xmax"),
+        (_set("image/object/bbox/ymax", 0, 0.1), "object 0: ymin 0.208333 > ymax 0.1"),
+        (_drop("image/object/class/text"), "image/object/class/text has 1 values, the boxes 2"),
+        (_drop("image/object/is_crowd"), "image/object/is_crowd has 1 values, the boxes 2"),
+        (_drop("image/object/area"), "image/object/area has 1 values, the boxes 2"),
+        (_drop("image/object/bbox/ymin"), "image/object/bbox/ymin has 1 values, the boxes 2"),
+        (_set("image/object/class/label", 1, 2), "object 1: class id 2 is not a category of dataset.json"),
+        (_set("image/object/class/text", 0, b"car"), "object 0: class text 'car', category 1 is 'person'"),
+        (_drop("image/object/mask"), "1 masks for 2 objects"),
+        (_set("image/object/mask", 1, _png(10, 64)), "mask 1 decodes to 10x64x1, the image is 48x64"),
+        (_set("image/object/mask", 0, b"not a png"), "mask 0 is not a PNG"),
+    ],
+)
+def test_verify_names_a_damaged_object(detection, tmp_path, change, words):
+    import io
+    import shutil
+
+    from beam_pipeline import inspection
+
+    out, _ = detection
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shard = _damage(copy, "a.jpg", change)
+    with pytest.raises(inspection.VerifyError) as caught:
+        inspection.verify(str(copy), load_info(copy), stream=io.StringIO())
+    assert shard in str(caught.value) and words in str(caught.value), str(caught.value)
+
+
+def test_verify_fails_in_one_line_on_a_box_outside_the_image(detection, tmp_path):
+    import shutil
+
+    from .conftest import run_cli
+
+    out, _ = detection
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shard = _damage(copy, "c.jpg", _set("image/object/bbox/xmax", 0, 1.2))
+    result = run_cli("inspect", str(copy), "--verify")
+    assert result.returncode == 1, result.stdout
+    assert f"{shard} record" in result.stderr and "image/object/bbox/xmax[0] is 1.2, outside [0, 1]" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_verify_passes_a_good_detection_dataset_and_says_what_it_checked(detection):
+    from .conftest import run_cli
+
+    out, _ = detection
+    result = run_cli("inspect", str(out), "--verify")
+    assert result.returncode == 0, result.stderr
+    assert "verified 4 records" in result.stdout and "object boxes, ids and masks" in result.stdout
