@@ -259,3 +259,67 @@ def test_verify_passes_a_good_detection_dataset_and_says_what_it_checked(detecti
     result = run_cli("inspect", str(out), "--verify")
     assert result.returncode == 0, result.stderr
     assert "verified 4 records" in result.stdout and "object boxes, ids and masks" in result.stdout
+
+
+def test_contact_sheet_draws_the_box_the_mask_outline_and_nothing_else(tmp_path):
+    """One plain grey 248 x 186 image with one box and a triangle mask: on its 124 x 93 thumbnail the class's
+    colour lies on the box's edges and along the triangle's edges, and nowhere in the plain regions."""
+    import numpy as np
+    from PIL import Image
+
+    from beam_pipeline import inspection
+
+    from .conftest import run_cli
+
+    root = tmp_path / "in"
+    root.mkdir()
+    Image.new("RGB", (248, 186), (128, 128, 128)).save(root / "plain.png")
+    doc = {
+        "images": [{"id": 1, "file_name": "plain.png", "width": 248, "height": 186}],
+        "annotations": [
+            {
+                "id": 1,
+                "image_id": 1,
+                "category_id": 3,
+                "bbox": [40, 40, 160, 120],
+                "area": 4800.0,
+                "iscrowd": 0,
+                "segmentation": [[60, 60, 180, 60, 60, 140]],
+            },  # fmt: skip
+        ],
+        "categories": [{"id": 3, "name": "car"}],
+    }
+    (tmp_path / "instances.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(tmp_path / "instances.json"), "--output", str(out))
+    sheet = tmp_path / "sheet.png"
+    result = run_cli("inspect", str(out), "--contact-sheet", str(sheet))
+    assert result.returncode == 0, result.stderr
+    pixels = np.asarray(Image.open(sheet).convert("RGB")).astype(int)
+    # the thumbnail is 124 x 93 (scale 0.5), centred in the 128 x 128 tile: its corner is at (2, 17)
+    left, top = 2, 17
+    colour = pixels[top + 60, left + 20]  # on the box's left edge (x = 40, y = 120 in the image)
+    assert tuple(colour) != (128, 128, 128), "no box drawn"
+    assert tuple(colour) == inspection.object_colour(3)
+
+    def coloured_near(x: float, y: float) -> bool:  # (x, y) in image pixels; within a pixel on the thumbnail
+        cx, cy = left + round(x / 2), top + round(y / 2)
+        patch = pixels[cy - 1 : cy + 2, cx - 1 : cx + 2]
+        return bool((np.abs(patch - colour).sum(axis=-1) == 0).any())
+
+    def plain(x0: int, y0: int, x1: int, y1: int) -> bool:  # image pixels; every thumbnail pixel grey
+        region = pixels[top + y0 // 2 : top + y1 // 2, left + x0 // 2 : left + x1 // 2]
+        return region.size > 0 and bool((region == 128).all())
+
+    # the box [40, 40] - [200, 160]: all four edges
+    assert all(coloured_near(40, y) for y in range(100, 150, 6)), "left edge"
+    assert all(coloured_near(199, y) for y in range(60, 150, 6)), "right edge"
+    assert all(coloured_near(x, 40) for x in range(120, 190, 6)), "top edge"
+    assert all(coloured_near(x, 159) for x in range(60, 190, 6)), "bottom edge"
+    # the triangle (60, 60), (180, 60), (60, 140): its top side and its hypotenuse (x = 180 - 1.5 (y - 60))
+    assert all(coloured_near(x, 61) for x in range(90, 170, 6)), "mask top side"
+    assert all(coloured_near(180 - 1.5 * (y - 60), y) for y in range(70, 130, 6)), "mask hypotenuse"
+    assert plain(66, 70, 84, 96), "inside the mask"
+    assert plain(150, 140, 190, 154), "inside the box, outside the mask"
+    assert plain(206, 40, 240, 180), "outside the box"
+    assert not coloured_near(10, 10) and not coloured_near(220, 100)
