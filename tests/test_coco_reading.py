@@ -323,3 +323,29 @@ def test_contact_sheet_draws_the_box_the_mask_outline_and_nothing_else(tmp_path)
     assert plain(150, 140, 190, 154), "inside the box, outside the mask"
     assert plain(206, 40, 240, 180), "outside the box"
     assert not coloured_near(10, 10) and not coloured_near(220, 100)
+
+
+def test_the_tft_analysis_of_a_default_coco_run_reads_back(detection):
+    """Default flags ran the TFT analysis on the detection set: transform_fn exists and reader.load(transformed=
+    True) gives every record's image, resized and padded, the same pixels as the raw image through the graph."""
+    from beam_pipeline import reader
+
+    out, _ = detection
+    info = load_info(out)
+    assert (out / "transform_fn").is_dir() and (out / "transformed_metadata").is_dir()
+    size = info["transform"]["image_size"]
+    import numpy as np
+    import tensorflow as tf
+
+    from beam_pipeline.analysis import decode_resized
+
+    # traced like the TFT graph (image size unknown until run time: resize_with_pad rounds as it does there)
+    graph = tf.function(lambda encoded: decode_resized(encoded, size), input_signature=[tf.TensorSpec([], tf.string)])
+    rows = list(reader.load(str(out), "train", transformed=True, shuffle=False))
+    raw = list(reader.load(str(out), "train", shuffle=False))
+    assert len(rows) == len(raw) == info["splits"]["train"]["examples"] == 4
+    for row, ex in zip(rows, raw, strict=True):
+        assert row["image"].shape == (size, size, 3) and row["image"].dtype.name == "float32"
+        want = graph(ex["image/encoded"]).numpy()
+        assert want.max() > 0 and not np.allclose(want, want.mean())  # a real picture, not padding
+        np.testing.assert_allclose(row["image"].numpy(), want, atol=1e-5)
