@@ -349,3 +349,20 @@ def test_the_tft_analysis_of_a_default_coco_run_reads_back(detection):
         want = graph(ex["image/encoded"]).numpy()
         assert want.max() > 0 and not np.allclose(want, want.mean())  # a real picture, not padding
         np.testing.assert_allclose(row["image"].numpy(), want, atol=1e-5)
+
+
+def test_a_classification_run_over_a_detection_output_leaves_no_object_class_names(tmp_path):
+    """The TFDS object class-names file is one of the tool's published files: a later run into the same
+    folder that has no objects removes it (a stale one would sit beside features.json without a feature)."""
+    from .imagegen import image_bytes, write
+
+    root = tmp_path / "images"
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(make_coco(root)))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out), "--max-reject-fraction", "1", tfds=True)
+    assert (out / tfds_metadata.OBJECT_LABEL_NAMES).exists()
+    write(str(tmp_path / "cls" / "cat" / "a.png"), image_bytes("png"))
+    convert("--input", str(tmp_path / "cls"), "--output", str(out), "--overwrite", tfds=True)
+    assert not (out / tfds_metadata.OBJECT_LABEL_NAMES).exists()
+    assert "image/object" not in (out / "features.json").read_text()
