@@ -154,6 +154,15 @@ class Layout:
     # streamed in the job). Categories set: a detection dataset (labels.txt, label_map.pbtxt, object keys).
     coco: str | None = None
     categories: tuple[tuple[int, str], ...] | None = None
+    # A names-only annotation source (VOC, CSV objects): its objects carry class names, and the run's
+    # label list gives their ids (annotations.objects.name_labels: 0 background, then 1…N sorted, an
+    # earlier run's ids kept); the categories are that list's. ``categories`` stays None then.
+    object_names: bool = False
+
+
+def names_only_source(cfg: ConvertConfig) -> bool:
+    """Whether the run's objects come from a source that names classes without ids (VOC, CSV objects)."""
+    return False  # --voc and the CSV/JSONL object forms set this (annotations/voc.py, annotations/table.py)
 
 
 def dataset_name_from_output(output: str) -> str:
@@ -294,13 +303,11 @@ def validate(cfg: ConvertConfig) -> None:
             raise UsageError(
                 "--coco takes its classes from the COCO file: drop --labels-from/--label-regex/--labels-file"
             )
-        for flag, on in (
-            ("--resize-max-side", cfg.resize_max_side),
-            ("--apply-exif-orientation", cfg.apply_exif_orientation),
-            ("--dedupe", cfg.dedupe),
-        ):
-            if on:
-                raise UsageError(f"--coco with {flag} is not supported yet (boxes would not follow; docs/detection.md)")
+        if cfg.dedupe:
+            raise UsageError(
+                "--coco with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")
     if cfg.run_date is not None and not is_date(cfg.run_date):

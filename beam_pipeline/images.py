@@ -165,11 +165,41 @@ class Cost:
         return self.frame_pixels * _BYTES_PER_PIXEL * copies
 
 
+# EXIF orientation (2-8) → the transpose that shows the image upright: ImageOps.exif_transpose's own table,
+# so annotations (annotations/objects.py) follow the pixels exactly.
+ORIENTATION_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How the recorded pixels came from the stored file's: what boxes and masks drawn on the stored
+    image (its ``stored_width`` x ``stored_height`` frame) must go through to stay on their objects.
+
+    ``orientation`` is the EXIF orientation actually applied (1: none; else a key of
+    ORIENTATION_TRANSPOSE); ``width`` x ``height`` is the recorded size, after any resize.
+    """
+
+    stored_width: int
+    stored_height: int
+    width: int
+    height: int
+    orientation: int = 1
+
+
 @dataclass(frozen=True)
 class Prepared:
     data: bytes
     info: ImageInfo
     converted_from: str | None = None  # the source format when the bytes were re-encoded
+    geometry: Geometry | None = None  # the stored frame and the transform applied (see Geometry)
 
 
 @dataclass(frozen=True)
@@ -884,13 +914,26 @@ def _prepare(
         rotate = options.apply_exif_orientation and _orientation(img) != 1
         if readable and not (rotate or shrink or reencode):
             stored = strip_metadata(data) if options.strip_exif else data
-            return Prepared(stored, ImageInfo(_TF_FORMATS[source], height, width, channels))  # type: ignore[arg-type]
+            info = ImageInfo(_TF_FORMATS[source], height, width, channels)  # type: ignore[arg-type]
+            return Prepared(stored, info, geometry=Geometry(width, height, width, height))
         if not readable and options.on_unsupported == "reject" and not (rotate or shrink or reencode):
             raise Rejected(UNSUPPORTED_FORMAT, f"{tf_reading.why}: not read back by TensorFlow as Pillow reads it")
+        orientation = _applied_orientation(img) if rotate else 1
         encoded = _convert(img, options, source, readable, rotate, shrink)
         del img  # the decoded source goes before the check below decodes the result
         info = _inspect(encoded, ImageOptions(max_pixels=0, max_total_pixels=0, max_frames=0))
-    return Prepared(encoded, info, converted_from=source.lower())
+    geometry = Geometry(width, height, info.width, info.height, orientation)
+    return Prepared(encoded, info, converted_from=source.lower(), geometry=geometry)
+
+
+def _applied_orientation(img: Image.Image) -> int:
+    """The orientation ImageOps.exif_transpose will apply to ``img``: its EXIF tag if it names a transpose,
+    else 1 (it leaves other values, and an image whose EXIF cannot be read, as they are)."""
+    try:
+        value = img.getexif().get(0x0112, 1)
+        return int(value) if value in ORIENTATION_TRANSPOSE else 1
+    except Exception:  # noqa: BLE001 - a broken EXIF block is no orientation (as _orientation)
+        return 1
 
 
 def _convert(img: Image.Image, options: ImageOptions, source: str, readable: bool, rotate: bool, shrink: bool) -> bytes:

@@ -35,7 +35,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import index, lease, metadata, resume
 from .annotations.coco import read_categories
-from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date
+from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
@@ -429,7 +429,11 @@ def prepare(
         previous, prior_labels = _read_previous(absolute(cfg.incremental_from), labelled)
     else:
         previous, prior_labels = None, None
-    if previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
+    object_names = names_only_source(cfg)
+    if previous and object_names:
+        # the objects' class ids of the previous run (its labels.txt) stay; new names follow
+        _, prior_labels = _previous_problem(previous, True)
+    elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
         _, prior_labels = _previous_problem(previous, True)
     if previous:
@@ -457,6 +461,7 @@ def prepare(
         leased=claim is not None,
         coco=coco,
         categories=categories,
+        object_names=object_names,
     )
     return cfg, layout
 

@@ -19,6 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
+from .annotations.objects import name_labels, object_names
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
@@ -46,6 +47,14 @@ class CollectLabels(beam.PTransform):
         fixed = self._layout.labels
         if fixed is not None:
             return refs.pipeline | "FixedLabels" >> beam.Create([list(fixed)])
+        if self._layout.object_names:  # the objects' class names: 0 background, then 1…N
+            return (
+                refs
+                | "ObjectNames" >> beam.FlatMap(lambda r: object_names(r.annotations))
+                | "DistinctNames" >> beam.Distinct()
+                | "AllNames" >> beam.combiners.ToList()
+                | "SortNames" >> beam.Map(name_labels, self._layout.prior_labels or ())
+            )
         return (
             refs
             | "LabelOf" >> beam.Map(lambda r: r.label)

@@ -404,7 +404,7 @@ def test_cli_errors_name_the_flag(tmp_path, coco_set):
     root, path, _ = coco_set
     cases = [
         (["--coco", str(tmp_path / "nope.json")], "--coco"),
-        (["--coco", str(path), "--resize-max-side", "10"], "--resize-max-side"),
+        (["--coco", str(path), "--dedupe"], "--dedupe"),
         (["--coco", str(path), "--labels-from", "folder"], "--labels-from"),
     ]
     for extra, word in cases:

@@ -4,10 +4,12 @@ Every annotation source (COCO today; VOC, CSV later) turns its files into one
 ``Annotations`` per image: boxes in pixels of the frame the source describes
 (``width`` x ``height``), checked here once, whatever the source. It rides on
 the image's ``Ref`` through the shuffle; the shard writer calls
-``object_features`` with the recorded image's size to add the object keys.
+``object_features`` with the ``images.Geometry`` prepare_image reports (the
+stored frame, the EXIF orientation applied, the recorded size) to add the
+object keys: boxes and masks follow the pixels through orientation and resize.
 
     kept = check_box([x, y, w, h], width=640, height=480)   # (xmin, ymin, xmax, ymax) or Invalid
-    features = object_features(annotations, recorded_width, recorded_height)
+    features = object_features(annotations, prepared.geometry)
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+from ..images import ORIENTATION_TRANSPOSE, Geometry
 
 # The Example keys Model Garden's create_coco_tf_record.py writes and its TfExampleDecoder reads
 # (difficult/truncated: the TF Object Detection API's Pascal VOC keys).
@@ -42,6 +46,11 @@ MASK_SIZE_MISMATCH = "mask_size_mismatch"  # an RLE of another size than its ima
 # Per-image reasons (rejects.jsonl): the recorded image is not the size the boxes refer to.
 ANNOTATION_SIZE_MISMATCH = "annotation_size_mismatch"
 
+# Obj.label of a names-only source until the writer assigns it: ids 1…N follow the run's label list
+# (labels.txt line k = id k; line 0 is BACKGROUND, the TF Object Detection API's id 0).
+UNASSIGNED = -1
+BACKGROUND = "background"
+
 # A box edge at most this many pixels outside the image is clipped to it; farther is a reject.
 EDGE_TOLERANCE = 1.0
 LABEL_MAP_PBTXT = "label_map.pbtxt"
@@ -53,10 +62,12 @@ class Obj:
     """One object of an image, checked: a box in pixels of its image's annotation frame."""
 
     bbox: tuple[float, float, float, float]  # xmin, ymin, xmax, ymax (pixels, clipped to the frame)
-    label: int  # the category id as the source has it (COCO ids stay, gaps and all)
+    # The category id as the source has it (COCO ids stay, gaps and all); UNASSIGNED for a names-only
+    # source (VOC, CSV): the writer takes the id of ``text`` from the run's label list (``class_ids``).
+    label: int
     text: str  # the category's name
     is_crowd: bool = False
-    area: float = 0.0  # pixels; COCO: the annotation's area (its mask's), as Model Garden stores it
+    area: float = 0.0  # pixels of the annotation frame; COCO: the annotation's (its mask's), as Model Garden stores it
     difficult: bool = False
     truncated: bool = False
     # The source's instance segmentation as given (COCO polygons, uncompressed or compressed RLE), checked by
@@ -66,7 +77,8 @@ class Obj:
 
 @dataclass(frozen=True)
 class Annotations:
-    """What an annotation source says about one image; ``width``/``height``: the frame its boxes are in."""
+    """What an annotation source says about one image; ``width``/``height``: the frame its boxes are in, the
+    stored image's pixels (before EXIF orientation or resizing)."""
 
     source_id: str  # image/source_id (COCO: the image id as text)
     width: int
@@ -153,67 +165,159 @@ def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | 
     return Invalid(BAD_MASK, f"segmentation of type {type(segmentation).__name__}")
 
 
-def mask_pngs(objs: Sequence[Obj], width: int, height: int) -> list[bytes]:
-    """One PNG per object, height x width, 1 inside the instance and 0 outside (as Model Garden writes them).
+def oriented_box(
+    box: tuple[float, float, float, float], width: int, height: int, orientation: int
+) -> tuple[float, float, float, float]:
+    """``box`` (xmin, ymin, xmax, ymax in a width x height frame) where it lies once the image is turned by
+    its EXIF ``orientation`` as ImageOps.exif_transpose turns the pixels (2-8; anything else: unchanged).
 
-    pycocotools rasterizes polygons and decodes both kinds of RLE.
+    Orientations 5-8 swap the axes: the result is in a height x width frame.
+    """
+    x0, y0, x1, y1 = box
+    w, h = float(width), float(height)
+    corners = {
+        2: (w - x1, y0, w - x0, y1),  # mirrored left-right
+        3: (w - x1, h - y1, w - x0, h - y0),  # turned 180 degrees
+        4: (x0, h - y1, x1, h - y0),  # mirrored top-bottom
+        5: (y0, x0, y1, x1),  # transposed (mirrored about the main diagonal)
+        6: (h - y1, x0, h - y0, x1),  # turned 90 degrees clockwise
+        7: (h - y1, w - x1, h - y0, w - x0),  # transversed (mirrored about the other diagonal)
+        8: (y0, w - x1, y1, w - x0),  # turned 90 degrees counter-clockwise
+    }
+    return corners.get(orientation, box)
+
+
+def _mask(obj: Obj, width: int, height: int) -> Any:
+    """The object's segmentation as a height x width uint8 array, 1 inside (pycocotools decodes both kinds of
+    RLE and rasterizes polygons)."""
+    import numpy as np
+    from pycocotools import mask as coco_mask
+
+    seg = obj.segmentation
+    if isinstance(seg, dict) and isinstance(seg.get("counts"), str):
+        rles = {"size": seg["size"], "counts": seg["counts"].encode("ascii")}  # compressed: already an RLE
+    else:  # polygons or an uncompressed RLE
+        rles = coco_mask.frPyObjects(seg, height, width)
+    binary = coco_mask.decode(rles)
+    if binary.ndim == 3:  # polygons: one layer per polygon
+        binary = np.amax(binary, axis=2)
+    return binary.astype(np.uint8)
+
+
+def mask_pngs(objs: Sequence[Obj], geometry: Geometry) -> list[bytes]:
+    """One PNG per object at the recorded size, 1 inside the instance and 0 outside (as Model Garden writes them).
+
+    Each mask is rasterized in the annotation frame (the stored image), turned with the pixels (the same
+    Image.transpose ImageOps.exif_transpose uses) and resized to the recorded size with nearest neighbour,
+    so it stays 0/1.
     """
     import io
 
-    import numpy as np
     from PIL import Image
-    from pycocotools import mask as coco_mask
 
+    method = ORIENTATION_TRANSPOSE.get(geometry.orientation)
+    size = (geometry.width, geometry.height)
     out = []
     for obj in objs:
-        seg = obj.segmentation
-        if isinstance(seg, dict) and isinstance(seg.get("counts"), str):
-            rles = {"size": seg["size"], "counts": seg["counts"].encode("ascii")}  # compressed: already an RLE
-        else:  # polygons or an uncompressed RLE
-            rles = coco_mask.frPyObjects(seg, height, width)
-        binary = coco_mask.decode(rles)
-        if binary.ndim == 3:  # polygons: one layer per polygon
-            binary = np.amax(binary, axis=2)
+        mask = Image.fromarray(_mask(obj, geometry.stored_width, geometry.stored_height), mode="L")
+        if method is not None:
+            mask = mask.transpose(method)
+        if mask.size != size:
+            mask = mask.resize(size, Image.Resampling.NEAREST)
         buffer = io.BytesIO()
-        Image.fromarray(binary.astype(np.uint8), mode="L").save(buffer, format="PNG")
+        mask.save(buffer, format="PNG")
         out.append(buffer.getvalue())
     return out
 
 
-def object_features(annotations: Annotations, width: int, height: int) -> dict[str, Any]:
-    """The object keys of one record, boxes normalized by the recorded ``width`` x ``height``.
+def check_class_name(name: Any) -> Invalid | None:
+    """Why a names-only source's class name cannot name a class (a labels.txt line), or None."""
+    if not isinstance(name, str) or not name.strip():
+        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is empty")
+    if "\n" in name or "\r" in name:
+        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} holds a line break (labels.txt has one per line)")
+    if name == BACKGROUND:
+        return Invalid(UNKNOWN_CATEGORY, f"class name {BACKGROUND!r} is id 0, kept for the background")
+    return None
 
-    The recorded image must be the frame the boxes are in (a Rejected with
-    ``annotation_size_mismatch`` is the caller's to raise otherwise). An
-    image without objects gets ``image/source_id`` only (empty lists are not
-    written, as Model Garden writes a negative). Masks are written when
-    every object has a segmentation (one mask per box, or none).
+
+def object_names(annotations: Annotations | None) -> Iterator[str]:
+    """The class names a names-only source gave an image's objects (their ids are assigned by the run)."""
+    if annotations is not None:
+        yield from (o.text for o in annotations.objects if o.label == UNASSIGNED)
+
+
+def name_labels(found: Iterable[str], prior: Sequence[str] = ()) -> list[str]:
+    """The label list of a names-only source: line 0 BACKGROUND, then the names sorted (ids 1…N).
+
+    An earlier run's list (``--incremental-from``) keeps its ids; new names follow it, sorted.
+    """
+    first = list(prior) or [BACKGROUND]
+    known = set(first)
+    return [*first, *sorted({name for name in found if name not in known})]
+
+
+def categories_from_labels(labels: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """(id, name) of a names-only run's label list: every line but the background's."""
+    return tuple((k, name) for k, name in enumerate(labels) if k > 0 and name != BACKGROUND)
+
+
+def object_features(
+    annotations: Annotations, geometry: Geometry, class_ids: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The object keys of one record, boxes and masks on the recorded pixels.
+
+    ``class_ids``: name → id of the run's label list, for objects of a names-only source (UNASSIGNED).
+
+    ``geometry`` (from prepare_image) says how the recorded image came from the stored one, whose frame the
+    annotations are in (a Rejected with ``annotation_size_mismatch`` is the caller's to raise when that frame
+    is not the annotations'). Boxes are turned by the EXIF orientation applied, then normalized by the
+    turned frame: a resize scales the whole image, so normalized boxes stay as they are. ``image/object/area``
+    is scaled to the recorded pixels (the frame Model Garden's evaluator denormalizes boxes to), so it is the
+    source's area unchanged unless the image was resized. An image without objects gets ``image/source_id``
+    only (empty lists are not written, as Model Garden writes a negative). Masks are written when every
+    object has a segmentation (one mask per box, or none).
     """
     objs = annotations.objects
     masked = bool(objs) and all(o.segmentation is not None for o in objs)
+    stored_w, stored_h, orientation = geometry.stored_width, geometry.stored_height, geometry.orientation
+    boxes = [oriented_box(o.bbox, stored_w, stored_h, orientation) for o in objs]
+    # the turned frame: orientations 5-8 swap the axes
+    frame_w, frame_h = (stored_h, stored_w) if orientation in (5, 6, 7, 8) else (stored_w, stored_h)
+    scale = 1.0
+    if (geometry.width, geometry.height) != (frame_w, frame_h):
+        scale = geometry.width * geometry.height / (frame_w * frame_h)
     return {
-        MASK: mask_pngs(objs, width, height) if masked else [],
+        MASK: mask_pngs(objs, geometry) if masked else [],
         SOURCE_ID: annotations.source_id,
-        XMIN: [o.bbox[0] / width for o in objs],
-        YMIN: [o.bbox[1] / height for o in objs],
-        XMAX: [o.bbox[2] / width for o in objs],
-        YMAX: [o.bbox[3] / height for o in objs],
-        CLASS_LABEL: [o.label for o in objs],
+        XMIN: [b[0] / frame_w for b in boxes],
+        YMIN: [b[1] / frame_h for b in boxes],
+        XMAX: [b[2] / frame_w for b in boxes],
+        YMAX: [b[3] / frame_h for b in boxes],
+        CLASS_LABEL: [_class_id(o, class_ids) for o in objs],
         CLASS_TEXT: [o.text for o in objs],
         IS_CROWD: [int(o.is_crowd) for o in objs],
-        AREA: [float(o.area) for o in objs],
+        AREA: [float(o.area) * scale for o in objs],
         DIFFICULT: [int(o.difficult) for o in objs],
         TRUNCATED: [int(o.truncated) for o in objs],
     }
 
 
-def size_mismatch(annotations: Annotations, width: int, height: int) -> str | None:
-    """Why the recorded image is not the frame its boxes are in, or None."""
-    if (annotations.width, annotations.height) == (width, height):
+def _class_id(obj: Obj, class_ids: Mapping[str, int] | None) -> int:
+    if obj.label != UNASSIGNED:
+        return obj.label
+    if class_ids is None or obj.text not in class_ids:  # the run's label list holds every name it found
+        raise ValueError(f"class {obj.text!r} has no id in the run's label list")
+    return class_ids[obj.text]
+
+
+def size_mismatch(annotations: Annotations, geometry: Geometry) -> str | None:
+    """Why the stored image (before EXIF orientation or resizing) is not the frame the boxes are in, or None."""
+    if (annotations.width, annotations.height) == (geometry.stored_width, geometry.stored_height):
         return None
     return (
         f"the annotations describe a {annotations.width}x{annotations.height} image, "
-        f"the file decodes to {width}x{height}"
+        f"the file decodes to {geometry.stored_width}x{geometry.stored_height}"
     )
 
 
@@ -239,8 +343,6 @@ def digest(annotations: Annotations | None) -> str:
 
 
 # ---- the category list: labels.txt and label_map.pbtxt ---------------------------------------
-
-BACKGROUND = "background"
 
 
 def labels_lines(categories: Sequence[tuple[int, str]]) -> list[str]:

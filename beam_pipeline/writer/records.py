@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .. import examples, index, metadata
 from ..annotations.objects import ANNOTATION_SIZE_MISMATCH, object_features, size_mismatch
-from ..images import DECODE_ERROR, ImageOptions, Prepared, Rejected, prepare_image
+from ..images import DECODE_ERROR, Geometry, ImageOptions, Prepared, Rejected, prepare_image
 from ..listing import Ref, coerce, file_reject
 from ..storage import read_bytes
 
@@ -64,7 +64,7 @@ def build_record(
         examples.SHA256: sha256,
     }
     if ref.annotations is not None:
-        features.update(annotation_features(ref.annotations, info.width, info.height))
+        features.update(annotation_features(ref.annotations, prepared.geometry, label_ids))
     if ref.label is not None:
         features[examples.LABEL] = label_ids[ref.label]
         features[examples.LABEL_TEXT] = ref.label
@@ -80,13 +80,17 @@ def build_record(
     return Record(examples.build_example(dict(sorted(features.items()))), prepared, sha256)
 
 
-def annotation_features(annotations: Any, width: int, height: int) -> dict[str, Any]:
-    """The object keys of an annotated image (boxes normalized by its recorded size); Rejected when the
-    recorded image is not the frame its boxes are in."""
-    problem = size_mismatch(annotations, width, height)
+def annotation_features(
+    annotations: Any, geometry: Geometry | None, label_ids: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The object keys of an annotated image (boxes and masks following its pixels through EXIF orientation
+    and resizing); Rejected when the stored image is not the frame its boxes are in. ``label_ids``: the
+    run's ids of a names-only source's classes."""
+    assert geometry is not None, "prepare_image reports the geometry of every image it prepares"
+    problem = size_mismatch(annotations, geometry)
     if problem:
         raise Rejected(ANNOTATION_SIZE_MISMATCH, problem)
-    return object_features(annotations, width, height)
+    return object_features(annotations, geometry, label_ids)
 
 
 def convert_one(
