@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .annotations import objects as obj_keys
+from .annotations import keys as obj_keys
 from .errors import MissingExtraError
 
 _DTYPES = {"string": "string", "int64": "int64", "float32": "float32"}
@@ -139,10 +139,7 @@ def decode_objects(record: Any, masks: bool = False) -> dict[str, Any]:
     spec = {
         "image/encoded": tf.io.FixedLenFeature((), tf.string),
         obj_keys.SOURCE_ID: tf.io.FixedLenFeature((), tf.string, default_value=""),
-        **{
-            key: tf.io.RaggedFeature(tf.float32) for key in (obj_keys.YMIN, obj_keys.XMIN, obj_keys.YMAX, obj_keys.XMAX)
-        },
-        obj_keys.AREA: tf.io.RaggedFeature(tf.float32),
+        **{key: tf.io.RaggedFeature(tf.float32) for key in (*BOX_KEYS, obj_keys.AREA)},
         **{key: tf.io.RaggedFeature(tf.int64) for key in (obj_keys.CLASS_LABEL, obj_keys.IS_CROWD, obj_keys.DIFFICULT)},
     }
     if masks:
