@@ -200,6 +200,8 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
     _no_stray_shards(output, info)
     cats = objects.categories_of(info)
     categories = None if cats is None else dict(cats)
+    if cats is not None:
+        _check_category_files(output, cats)
     total = sum(s["examples"] for n, s in info["splits"].items() if not split or n == split)
     done = 0
     with _index_lines(output, info) as lines:
@@ -221,6 +223,21 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
     return done
 
 
+def _check_category_files(output: str, categories: list[tuple[int, str]]) -> None:
+    """labels.txt and label_map.pbtxt are exactly what dataset.json's categories make (ids index labels.txt)."""
+    wanted = {
+        metadata.LABELS_TXT: "".join(f"{name}\n" for name in objects.labels_lines(categories)),
+        objects.LABEL_MAP_PBTXT: objects.label_map_pbtxt(categories),
+    }
+    for name, text in wanted.items():
+        path = FileSystems.join(output, name)
+        if not FileSystems.exists(path):
+            raise VerifyError(f"{name}: missing")
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+            if fh.read() != text.encode("utf-8"):
+                raise VerifyError(f"{name}: does not name {metadata.DATASET_JSON}'s categories")
+
+
 def _no_stray_shards(output: str, info: dict[str, Any]) -> None:
     """A shard-named file dataset.json does not list fails: a reader's glob (``ds-train.tfrecord-*``) would read it."""
     listed = {shard["file"] for s in info["splits"].values() for shard in s["shards"]}
@@ -234,7 +251,8 @@ def _no_stray_shards(output: str, info: dict[str, Any]) -> None:
 def verified_what(info: dict[str, Any]) -> str:
     """What verify checked of this dataset (index.jsonl and idx/ only where the dataset has them)."""
     parts = ["CRCs", "Example parse", "image sha256", "decoded shapes", "counts"]
-    parts += ["object boxes, ids and masks"] if info.get("categories") is not None else []
+    if info.get("categories") is not None:
+        parts += [f"{metadata.LABELS_TXT} and {objects.LABEL_MAP_PBTXT}", "object boxes, ids and masks"]
     parts += [index.INDEX_JSONL] if _has_index(info) else []
     parts += [f"{index.IDX_DIR}/"] if info.get("idx_files") else []
     return ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -366,3 +366,24 @@ def test_a_classification_run_over_a_detection_output_leaves_no_object_class_nam
     convert("--input", str(tmp_path / "cls"), "--output", str(out), "--overwrite", tfds=True)
     assert not (out / tfds_metadata.OBJECT_LABEL_NAMES).exists()
     assert "image/object" not in (out / "features.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("label_map.pbtxt", "item {\n  id: 1\n  name: 'person'\n}\n"),  # three categories missing
+        ("labels.txt", "background\nperson\n"),  # ids 2-90 gone: class ids would not index it
+    ],
+)
+def test_verify_checks_the_category_files_against_dataset_json(detection, tmp_path, name, text):
+    import io
+    import shutil
+
+    from beam_pipeline import inspection
+
+    out, _ = detection
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / name).write_text(text)
+    with pytest.raises(inspection.VerifyError, match=f"{name}: does not name dataset.json's categories"):
+        inspection.verify(str(copy), load_info(copy), stream=io.StringIO())
