@@ -54,6 +54,7 @@ class ConvertConfig:
     label_regex: str | None = None
     labels_file: str | None = None
     coco: str | None = None  # COCO instances JSON: objects per image (annotations/coco.py)
+    voc: str | None = None  # Pascal VOC Annotations/ folder: one XML per image (annotations/voc.py)
     incremental_from: str | None = None  # a previous complete output, or LATEST: its label ids stay, records reused
     # A dated run (--output with {date}): the --output as given, and the date put
     # in it. Where --incremental-from latest looks for the earlier dates.
@@ -158,11 +159,12 @@ class Layout:
     # label list gives their ids (annotations.objects.name_labels: 0 background, then 1…N sorted, an
     # earlier run's ids kept); the categories are that list's. ``categories`` stays None then.
     object_names: bool = False
+    voc: str | None = None  # --voc: the folder of XML files (absolute), read in the job
 
 
 def names_only_source(cfg: ConvertConfig) -> bool:
     """Whether the run's objects come from a source that names classes without ids (VOC, CSV objects)."""
-    return False  # --voc and the CSV/JSONL object forms set this (annotations/voc.py, annotations/table.py)
+    return bool(cfg.voc)
 
 
 def dataset_name_from_output(output: str) -> str:
@@ -306,6 +308,21 @@ def validate(cfg: ConvertConfig) -> None:
         if cfg.dedupe:
             raise UsageError(
                 "--coco with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
+    if cfg.voc:
+        if cfg.coco:
+            raise UsageError("--voc and --coco: give one annotation source")
+        if not cfg.input:
+            raise UsageError("--voc needs --input (the folder its <filename> values are relative to)")
+        if cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file:
+            raise UsageError(
+                "--voc takes its classes from the XML files (ids 1…N by name): drop "
+                "--labels-from/--label-regex/--labels-file"
+            )
+        if cfg.dedupe:
+            raise UsageError(
+                "--voc with --dedupe: one record per distinct content would merge copies of an image that carry "
                 "different annotations (docs/detection.md)"
             )
     if cfg.incremental_from and cfg.sink != "planned":

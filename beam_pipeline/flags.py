@@ -186,6 +186,13 @@ CONVERT = Command(
                     "crowd flags and areas become the TF Object Detection API keys (see docs/detection.md)",
                     metavar="FILE",
                 ),
+                Flag(
+                    "--voc",
+                    "Pascal VOC Annotations/ folder (one XML per image, local or gs://) whose images are under "
+                    "--input: boxes, class names (ids 1…N by name), difficult, truncated and pose "
+                    "(see docs/detection.md)",
+                    metavar="DIR",
+                ),
             ),
         ),
         Group(

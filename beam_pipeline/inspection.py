@@ -327,9 +327,9 @@ def _check_record(record: bytes, where: str, tf: Any) -> dict[str, list[Any]]:
     return ex
 
 
-# Lists with one value per object beside the four box lists; difficult/truncated are checked where present.
+# Lists with one value per object beside the four box lists; difficult/truncated/view are checked where present.
 _PER_OBJECT = (objects.CLASS_LABEL, objects.CLASS_TEXT, objects.IS_CROWD, objects.AREA)
-_PER_OBJECT_IF_PRESENT = (objects.DIFFICULT, objects.TRUNCATED)
+_PER_OBJECT_IF_PRESENT = (objects.DIFFICULT, objects.TRUNCATED, objects.VIEW)
 _BOXES = (objects.XMIN, objects.YMIN, objects.XMAX, objects.YMAX)
 
 

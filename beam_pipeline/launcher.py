@@ -408,6 +408,14 @@ def prepare(
         if not FileSystems.exists(coco) or (not is_remote(coco) and os.path.isdir(coco)):
             raise UsageError(f"--coco {cfg.coco}: no such file")
         categories = read_categories(coco)
+    voc = None
+    if cfg.voc:  # a detection dataset whose classes are named in the XML files (ids from the run's label list)
+        label_source = "none"
+        voc = absolute(cfg.voc)
+        if not is_remote(voc) and not os.path.isdir(voc):
+            raise UsageError(f"--voc {cfg.voc}: no such folder")
+        if not FileSystems.match([FileSystems.join(voc, "**.xml")], limits=[1])[0].metadata_list:
+            raise UsageError(f"--voc {cfg.voc}: no .xml files in it (the Annotations/ folder of a VOC set)")
 
     if label_source == "folder" and pattern is not None and _only_files_directly_in(root, pattern):
         raise UsageError(f"--input {cfg.input}: {flat_folder_hint(root)} for an unlabelled dataset")
@@ -462,6 +470,7 @@ def prepare(
         coco=coco,
         categories=categories,
         object_names=object_names,
+        voc=voc,
     )
     return cfg, layout
 

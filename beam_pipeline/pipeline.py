@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
 from .annotations.objects import name_labels, object_names
+from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
@@ -150,6 +151,11 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
+    elif layout.voc:  # as --coco: before the previous run's join
+        joined = refs | "Voc" >> JoinVoc(layout.voc, layout.root)
+        refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
+        rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
+        skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
     previous, changes = None, None
     if layout.previous:
         # unchanged files (same path, size, mtime) carry where the previous run stored their record
@@ -215,6 +221,7 @@ class WritePlannedShards(beam.PTransform):
                     cfg.image_options,
                     self._previous,
                     resume_from=layout.resume_from,
+                    object_names=layout.object_names,
                 ),
                 beam.pvalue.AsSingleton(self._labels),
                 beam.pvalue.AsSingleton(self._extra_types),

@@ -28,7 +28,8 @@ is stored as ``image/object/bbox/xmin``, a list with one float per object.
 ``builder.as_dataset`` then yields ``ex["image/object"]["bbox"]["xmin"]``
 ([N] float32), ``["class"]["label"]`` (a ClassLabel over labels.txt's lines,
 so a category id indexes its name), ``["class"]["text"]``, ``["is_crowd"]``,
-``["area"]``, ``["difficult"]``, ``["truncated"]`` and ``["mask"]`` ([N, H,
+``["area"]``, ``["difficult"]``, ``["truncated"]``, ``["view"]`` (VOC's
+pose; empty for COCO) and ``["mask"]`` ([N, H,
 W, 1] uint8, the PNGs decoded). TFDS's ``BBoxFeature`` cannot be used: it
 reads one key of 4N floats (``.../bbox``), not the four per-coordinate lists
 the Object Detection API keys are.
@@ -137,6 +138,7 @@ def _object_sequence(num_classes: int) -> dict[str, Any]:
         objects.AREA: _FLOAT32,
         objects.DIFFICULT: _INT64,
         objects.TRUNCATED: _INT64,
+        objects.VIEW: _TEXT,  # a VOC object's <pose>
         # one PNG per object, 0/1, at the image's size; TFDS decodes the list to [N, H, W, 1] uint8
         objects.MASK: {
             "pythonClassName": _CLS + "image_feature.Image",

@@ -2,9 +2,10 @@
 
     python scripts/measure_run.py -- python -m beam_pipeline convert --input big --output out
 
-Prints one JSON line: {"seconds", "peak_rss_mb", "returncode", "command"}.  RSS is
-summed over the process and all its descendants (Beam worker processes
-included), sampled every 50 ms.
+Prints one JSON line: {"seconds", "peak_rss_mb", "root_peak_rss_mb", "returncode",
+"command"}.  RSS is summed over the process and all its descendants (Beam
+worker processes included), sampled every 50 ms; root_peak_rss_mb is the
+started process alone (the launcher, without the workers it starts).
 """
 
 from __future__ import annotations
@@ -32,16 +33,18 @@ def measure(command: list[str], interval: float = 0.05) -> dict[str, object]:
     started = time.perf_counter()
     child = subprocess.Popen(command)
     proc = psutil.Process(child.pid)
-    peak = 0
+    peak = root_peak = 0
     while child.poll() is None:
         try:
             peak = max(peak, tree_rss(proc))
+            root_peak = max(root_peak, proc.memory_info().rss)
         except psutil.NoSuchProcess:
             break
         time.sleep(interval)
     return {
         "seconds": round(time.perf_counter() - started, 2),
         "peak_rss_mb": round(peak / 1e6, 1),
+        "root_peak_rss_mb": round(root_peak / 1e6, 1),
         "returncode": child.returncode,
         "command": " ".join(command),
     }

@@ -172,13 +172,13 @@ def parsed_records(out: Path, tf: Any) -> dict[str, dict[str, Any]]:
 
 
 def expected_objects(doc: dict[str, Any], file_name: str) -> list[dict[str, Any]]:
-    """What the JSON says one image's written objects are: the valid annotations in id order, boxes clipped
+    """What the JSON says one image's written objects are: the valid annotations in file order, boxes clipped
     within a pixel and normalized, area as given (the box's when none is)."""
     image = next(i for i in doc["images"] if i["file_name"] == file_name)
     names = {c["id"]: c["name"] for c in doc["categories"]}
     w, h = image["width"], image["height"]
     out = []
-    for ann in sorted((a for a in doc["annotations"] if a["image_id"] == image["id"]), key=lambda a: a["id"]):
+    for ann in (a for a in doc["annotations"] if a["image_id"] == image["id"]):
         x, y, bw, bh = ann["bbox"]
         if ann["category_id"] not in names or bw <= 0 or bh <= 0 or x + bw > w + 1 or y + bh > h + 1:
             continue
@@ -505,3 +505,32 @@ def test_the_summary_counts_objects(converted):
     assert "objects             5 kept, 2 images without any" in result.stdout
     assert "objects out         7 (bad_box 2, " in result.stdout and "-> object_rejects.jsonl" in result.stdout
     assert "categories          4 -> label_map.pbtxt, labels.txt" in result.stdout
+
+
+def test_objects_keep_the_files_order_as_model_garden_writes_them(tmp_path, tf):
+    """create_coco_tf_record.py writes an image's objects in the order the file lists them (COCO's own files
+    are not in annotation-id order): so do we, whatever order the pipeline's join delivers them in."""
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=40, width=50, seed=1))
+    write(str(root / "b.jpg"), image_bytes("jpeg", height=40, width=50, seed=2))
+    listed = [(9, 1, 7), (3, 1, 1), (12, 2, 90), (5, 1, 3), (4, 2, 1), (1, 1, 90)]  # (annotation id, image, class)
+    doc = {
+        "images": [
+            {"id": 1, "file_name": "a.jpg", "width": 50, "height": 40},
+            {"id": 2, "file_name": "b.jpg", "width": 50, "height": 40},
+        ],
+        "annotations": [
+            {"id": aid, "image_id": img, "category_id": cid, "bbox": [aid, 2, 10, 10], "area": float(aid), "iscrowd": 0}
+            for aid, img, cid in listed
+        ],
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    rows = parsed_records(out, tf)
+    assert list(rows["a.jpg"]["image/object/area"]) == [9.0, 3.0, 5.0, 1.0]
+    assert list(rows["a.jpg"]["image/object/class/label"]) == [7, 1, 3, 90]
+    assert list(rows["b.jpg"]["image/object/area"]) == [12.0, 4.0]
+    assert [round(x * 50) for x in rows["b.jpg"]["image/object/bbox/xmin"]] == [12, 4]

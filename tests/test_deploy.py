@@ -21,6 +21,7 @@ from .conftest import REPO
 EXAMPLES = {
     "input": "gs://b/photos",
     "manifest": "gs://b/list.csv",
+    "coco": "gs://b/annotations/instances_train2017.json",
     "output": "gs://b/datasets/photos/{date}",
     "name": "photos",
     "run_date": "2026-11-22",
@@ -57,7 +58,8 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 
 
 def test_template_parameters_reach_convert():
-    params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in ("manifest", "label_regex", "labels_from")]
+    skip = ("manifest", "label_regex", "labels_from", "labels_file", "coco")
+    params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in skip]
     command, *args = convert_args([*params, "--project=p", "--region=r"])
     assert "--incremental-from=latest" in args
     cfg, beam_flags, _ = parse_convert(args)
@@ -71,6 +73,17 @@ def test_template_parameters_reach_convert():
     assert cfg.incremental_from == "latest" and cfg.output_template == "gs://b/datasets/photos/{date}"
     assert cfg.run_date == "2026-11-22"
     assert cfg.keep_last == 7 and cfg.allow_split_names is False
+
+
+def test_coco_template_parameter_reaches_convert():
+    """A detection dataset launched from the Flex Template: --coco arrives as convert's flag."""
+    params = [f"--{k}={EXAMPLES[k]}" for k in ("input", "coco", "output", "name", "run_date")]
+    command, *args = convert_args(params)
+    cfg, _, _ = parse_convert(args)
+    assert command == "convert" and cfg.coco == EXAMPLES["coco"] and cfg.input == EXAMPLES["input"]
+    meta = json.loads((REPO / "templates" / "metadata.json").read_text())
+    [coco] = [p for p in meta["parameters"] if p["name"] == "coco"]
+    assert not any(re.match(r, "/local/instances.json") for r in coco["regexes"])
 
 
 def test_dated_output_and_job_name():

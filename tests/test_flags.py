@@ -34,6 +34,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "label_regex": ("_([a-z]+)\\.png$", {}),
     "labels_file": ("labels.txt", {}),
     "coco": ("instances.json", {}),
+    "voc": ("Annotations", {}),
     "incremental_from": ("previous", {}),
     "split_ratios": ("train=0.5,test=0.5", {}),
     "allow_split_names": (True, {}),

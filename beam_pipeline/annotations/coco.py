@@ -30,13 +30,20 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from ..errors import UsageError
-from ..listing import REJECTS, SKIPPED, Ref, reject
+from ..listing import REJECTS, SKIPPED, reject
 from . import objects
+from .join import (
+    COUNTS,
+    IMAGES_ALL_REJECTED,
+    IMAGES_WITHOUT_OBJECTS,
+    OBJECT_REJECTS,
+    OBJECTS_KEPT,  # noqa: F401 - finalize reads the counters as coco.*
+    count_objects,
+    keyed_ref,
+)
 from .objects import Annotations, Invalid, Obj
 
 IMAGES, ANNOTATIONS = "images", "annotations"
-OBJECT_REJECTS = "object_rejects"
-COUNTS = "counts"
 
 MISSING_IMAGE = "missing_image"
 DUPLICATE_IMAGE_ID = "duplicate_image_id"
@@ -44,11 +51,6 @@ DUPLICATE_FILE_NAME = "duplicate_file_name"
 BAD_IMAGE_ENTRY = "bad_image_entry"
 UNKNOWN_IMAGE_ID = "unknown_image_id"
 NOT_IN_COCO = "not_in_coco"  # skip reason
-
-# dataset.json "objects" counters (besides the per-reason object rejects)
-OBJECTS_KEPT = "kept"
-IMAGES_WITHOUT_OBJECTS = "images_without_annotations"
-IMAGES_ALL_REJECTED = "images_with_every_object_rejected"
 
 # Category ids a labels.txt line can stand for (line k = id k): beyond it the file is refused.
 MAX_CATEGORY_ID = 100_000
@@ -104,31 +106,25 @@ class CocoImage(NamedTuple):
 
 
 class _ReadSection(beam.DoFn):
-    """(section, COCO path) → that section's items, streamed: ``images`` entries or ``annotations``."""
+    """(section, COCO path) → that section's items, streamed: ``images`` entries, or ``annotations`` as
+    (place in the file, annotation): the join loses the file's order, and the records keep it."""
 
     def process(self, element: tuple[str, str]) -> Iterator[Any]:
         import ijson
 
         section, path = element
         with _open(path) as fh:
-            for item in ijson.items(fh, f"{section}.item", use_float=True):
-                yield beam.pvalue.TaggedOutput(section, item)
+            for position, item in enumerate(ijson.items(fh, f"{section}.item", use_float=True)):
+                yield beam.pvalue.TaggedOutput(section, (position, item) if section == ANNOTATIONS else item)
 
 
 def _image_key(entry: Any) -> tuple[str, Any]:
     return (_id_key(entry.get("id")) if isinstance(entry, dict) else "null", entry)
 
 
-def _annotation_key(ann: Any) -> tuple[str, Any]:
-    return (_id_key(ann.get("image_id")) if isinstance(ann, dict) else "null", ann)
-
-
-def _annotation_order(ann: Any) -> tuple[int, float, str]:
-    """Annotations by id (numbers numerically, then any other id by its JSON text), whatever the file's order."""
-    ann_id = ann.get("id") if isinstance(ann, dict) else None
-    if isinstance(ann_id, (int, float)) and not isinstance(ann_id, bool):
-        return (0, float(ann_id), "")
-    return (1, 0.0, json.dumps(ann_id, sort_keys=True, default=str))
+def _annotation_key(placed: tuple[int, Any]) -> tuple[str, tuple[int, Any]]:
+    ann = placed[1]
+    return (_id_key(ann.get("image_id")) if isinstance(ann, dict) else "null", placed)
 
 
 def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int) -> Obj | Invalid:
@@ -169,7 +165,7 @@ def _object_reject(where: str, ann: Any, invalid: Invalid, position: int | None)
     row = reject(where, invalid.reason, f"annotation id {ann_id!r}: {invalid.detail}")
     row["annotation_id"] = ann_id
     if position is not None:
-        row["object"] = position  # its place among the image's annotations, by annotation id
+        row["object"] = position  # its place among the image's annotations, in the file's order
     return row
 
 
@@ -189,7 +185,8 @@ class _JoinImageObjects(beam.DoFn):
     """(image id, {"images": [entry], "annotations": [ann]}) → (file key, CocoImage | reject dict).
 
     Tagged OBJECT_REJECTS: one per annotation that cannot be written (the image stays).
-    Annotations are ordered by their id, so the objects' order does not depend on the file's.
+    An image's objects keep the order the file lists them in, as Model Garden's create_coco_tf_record.py
+    writes them (a model reading both gets the same tensors); the order is not the annotation ids'.
     """
 
     def __init__(self, coco_path: str, root: str, categories: Sequence[tuple[int, str]]) -> None:
@@ -200,7 +197,7 @@ class _JoinImageObjects(beam.DoFn):
     def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
         key, joined = element
         entries = list(joined[IMAGES])
-        anns = sorted(joined[ANNOTATIONS], key=_annotation_order)
+        anns = [ann for _, ann in sorted(joined[ANNOTATIONS], key=lambda placed: placed[0])]
         tagged = beam.pvalue.TaggedOutput
         if not entries:
             for ann in anns:
@@ -236,10 +233,6 @@ class _JoinImageObjects(beam.DoFn):
         if isinstance(file_name, str) and file_name:
             return FileSystems.join(self._root, file_key(file_name))
         return self._coco_path
-
-
-def _keyed_ref(ref: Ref) -> tuple[str, Ref]:
-    return (ref.relpath, ref)
 
 
 class _AttachAnnotations(beam.DoFn):
@@ -321,19 +314,12 @@ class JoinCoco(beam.PTransform):
             )
         )
         attached = (
-            {"refs": refs | "RefByPath" >> beam.Map(_keyed_ref), "coco": by_image.images}
+            {"refs": refs | "RefByPath" >> beam.Map(keyed_ref), "coco": by_image.images}
             # (relative path, {"refs": [Ref], "coco": [CocoImage | reject]})
             | "JoinByFileName" >> beam.CoGroupByKey()
             | "Attach" >> beam.ParDo(_AttachAnnotations(self._root)).with_outputs(REJECTS, SKIPPED, COUNTS, main="refs")
         )
-        kept = attached.refs | "ObjectsKept" >> beam.Map(lambda r: (OBJECTS_KEPT, len(r.annotations.objects)))
-        image_counts = attached[COUNTS] | "ImageCounts" >> beam.Map(lambda name: (name, 1))
-        object_reasons = by_image[OBJECT_REJECTS] | "ObjectRejectReason" >> beam.Map(lambda r: (r["reason"], 1))
-        counts = (
-            (kept, image_counts, object_reasons)
-            | "AllObjectCounts" >> beam.Flatten()
-            | ("SumObjectCounts" >> beam.CombinePerKey(sum))
-        )
+        counts = count_objects(attached.refs, attached[COUNTS], by_image[OBJECT_REJECTS])
         return {
             "refs": attached.refs,
             REJECTS: attached[REJECTS],

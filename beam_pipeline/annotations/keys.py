@@ -17,4 +17,5 @@ IS_CROWD = "image/object/is_crowd"
 AREA = "image/object/area"
 DIFFICULT = "image/object/difficult"
 TRUNCATED = "image/object/truncated"
+VIEW = "image/object/view"  # the TF Object Detection API's key for a Pascal VOC object's <pose>
 MASK = "image/object/mask"  # one PNG per instance at image size, 0/1 values (Model Garden's include_masks)

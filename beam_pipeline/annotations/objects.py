@@ -25,7 +25,21 @@ from typing import Any, NamedTuple
 from ..images import ORIENTATION_TRANSPOSE, Geometry
 
 # The Example keys (in keys.py, which the reader side imports without Pillow), named here as before.
-from .keys import AREA, CLASS_LABEL, CLASS_TEXT, DIFFICULT, IS_CROWD, MASK, SOURCE_ID, TRUNCATED, XMAX, XMIN, YMAX, YMIN
+from .keys import (
+    AREA,
+    CLASS_LABEL,
+    CLASS_TEXT,
+    DIFFICULT,
+    IS_CROWD,
+    MASK,
+    SOURCE_ID,
+    TRUNCATED,
+    VIEW,
+    XMAX,
+    XMIN,
+    YMAX,
+    YMIN,
+)
 
 # Per-object reasons (the image stays; object_rejects.jsonl).
 BAD_BOX = "bad_box"  # zero or negative width/height, NaN, not four numbers
@@ -61,6 +75,7 @@ class Obj:
     area: float = 0.0  # pixels of the annotation frame; COCO: the annotation's (its mask's), as Model Garden stores it
     difficult: bool = False
     truncated: bool = False
+    view: str | None = None  # Pascal VOC's <pose> (image/object/view); None: a source without poses
     # The source's instance segmentation as given (COCO polygons, uncompressed or compressed RLE), checked by
     # check_segmentation; written as image/object/mask (mask_pngs).
     segmentation: Any = None
@@ -291,6 +306,8 @@ def object_features(
         AREA: [float(o.area) * scale for o in objs],
         DIFFICULT: [int(o.difficult) for o in objs],
         TRUNCATED: [int(o.truncated) for o in objs],
+        # written only when every object has one (VOC), so a COCO record's bytes stay the same
+        VIEW: [o.view for o in objs] if all(o.view is not None for o in objs) else [],
     }
 
 
@@ -321,6 +338,7 @@ def feature_spec() -> dict[str, dict[str, Any]]:
     for key in (CLASS_LABEL, IS_CROWD, DIFFICULT, TRUNCATED):
         spec[key] = {"dtype": "int64", **many}
     spec[CLASS_TEXT] = {"dtype": "string", **many}
+    spec[VIEW] = {"dtype": "string", **many}
     spec[MASK] = {"dtype": "string", **many}
     return spec
 

@@ -124,8 +124,11 @@ class WriteShardFn(beam.DoFn):
         image_options: ImageOptions | None = None,
         previous: index.PreviousRun | None = None,
         resume_from: Sequence[str] = (),
+        object_names: bool = False,
     ) -> None:
         self._tmp_dir = tmp_dir
+        # A names-only annotation source's label list names object classes: its records have no image/class/label.
+        self._object_names = object_names
         self._previous = previous  # --incremental-from: unchanged files' records are copied from it
         # Where finished shards of earlier runs may be (resume.py): this run's own scratch folder
         # first (a bundle retried after its shard was finished), then earlier runs', newest first.
@@ -193,7 +196,7 @@ class WriteShardFn(beam.DoFn):
         return (
             self._previous is not None
             and self._previous_code_ok
-            and self._previous.features == examples_features(labels, extra_types)
+            and self._previous.features == examples_features(() if self._object_names else labels, extra_types)
         )
 
     def _count(self, write: ShardWrite) -> None:
