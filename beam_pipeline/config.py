@@ -54,6 +54,10 @@ class ConvertConfig:
     label_regex: str | None = None
     labels_file: str | None = None
     coco: str | None = None  # COCO instances JSON: objects per image (annotations/coco.py)
+    # The manifest holds objects (annotations/table.py): "rows" (one row per object: xmin, ymin, xmax,
+    # ymax, label) or "column" (an 'objects' column: a list per image); their boxes in BOX_UNITS.
+    manifest_objects: str | None = None
+    box_units: str = "pixels"
     voc: str | None = None  # Pascal VOC Annotations/ folder: one XML per image (annotations/voc.py)
     incremental_from: str | None = None  # a previous complete output, or LATEST: its label ids stay, records reused
     # A dated run (--output with {date}): the --output as given, and the date put
@@ -164,7 +168,38 @@ class Layout:
 
 def names_only_source(cfg: ConvertConfig) -> bool:
     """Whether the run's objects come from a source that names classes without ids (VOC, CSV objects)."""
-    return bool(cfg.voc)
+    return bool(cfg.voc) or bool(cfg.manifest_objects)
+
+
+# --manifest-objects forms and --box-units (annotations/table.py reads them).
+MANIFEST_OBJECTS = ("rows", "column")
+BOX_UNITS = ("pixels", "normalized")
+
+
+def _validate_manifest_objects(cfg: ConvertConfig) -> None:
+    """--manifest-objects / --box-units usage errors (the manifest's columns are the launcher's to check)."""
+    if cfg.box_units not in BOX_UNITS:
+        raise UsageError(f"--box-units must be one of {', '.join(BOX_UNITS)}")
+    if not cfg.manifest_objects:
+        if cfg.box_units != "pixels":
+            raise UsageError("--box-units needs --manifest-objects (it says how the manifest's boxes are given)")
+        return
+    if cfg.manifest_objects not in MANIFEST_OBJECTS:
+        raise UsageError(f"--manifest-objects must be one of {', '.join(MANIFEST_OBJECTS)}")
+    if not cfg.manifest:
+        raise UsageError("--manifest-objects needs --manifest (the CSV/JSONL file that lists the objects)")
+    if cfg.coco:
+        raise UsageError("--manifest-objects cannot be combined with --coco: give one annotation source")
+    if cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file:
+        raise UsageError(
+            "--manifest-objects: the 'label' of an object is its class, named in the manifest (ids 1…N by "
+            "name); drop --labels-from/--label-regex/--labels-file"
+        )
+    if cfg.dedupe:
+        raise UsageError(
+            "--manifest-objects with --dedupe: one record per distinct content would merge copies of an image that "
+            "carry different objects (docs/detection.md)"
+        )
 
 
 def dataset_name_from_output(output: str) -> str:
@@ -325,6 +360,7 @@ def validate(cfg: ConvertConfig) -> None:
                 "--voc with --dedupe: one record per distinct content would merge copies of an image that carry "
                 "different annotations (docs/detection.md)"
             )
+    _validate_manifest_objects(cfg)
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")
     if cfg.run_date is not None and not is_date(cfg.run_date):

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import (
+    BOX_UNITS,
     COMPRESSIONS,
     DATE_FIELD,
     LABEL_SOURCES,
     LATEST,
+    MANIFEST_OBJECTS,
     POST_STEPS,
     SINKS,
     UNSUPPORTED_POLICIES,
@@ -192,6 +194,21 @@ CONVERT = Command(
                     "--input: boxes, class names (ids 1…N by name), difficult, truncated and pose "
                     "(see docs/detection.md)",
                     metavar="DIR",
+                ),
+                Flag(
+                    "--manifest-objects",
+                    "the --manifest lists objects: rows = one row per object (columns xmin, ymin, xmax, ymax and "
+                    "label, the object's class name; empty box cells: an image without objects), column = an "
+                    "'objects' column holding a list of {xmin, ymin, xmax, ymax, label} per image (JSON text in "
+                    "a CSV); class ids 1…N by name (see docs/detection.md)",
+                    choices=MANIFEST_OBJECTS,
+                ),
+                Flag(
+                    "--box-units",
+                    "how --manifest-objects boxes are given: pixels (0-based corners, xmax/ymax exclusive, of the "
+                    "image file as stored) or normalized (fractions of its width and height, 0-1)",
+                    choices=BOX_UNITS,
+                    show_default=True,
                 ),
             ),
         ),

@@ -35,6 +35,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import index, lease, metadata, resume
 from .annotations.coco import read_categories
+from .annotations.table import required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
@@ -149,6 +150,19 @@ def _manifest_columns(path: str, fmt: str) -> tuple[str, ...]:
         raise UsageError(f"--manifest {path}: not UTF-8 text") from None
     except ValueError as e:
         raise UsageError(f"--manifest {path}: {e}") from None
+
+
+def _check_object_columns(cfg: ConvertConfig, fmt: str, columns: tuple[str, ...]) -> None:
+    """--manifest-objects: a CSV's header must have the form's columns (a JSONL row may leave them out: a
+    row without objects)."""
+    if not cfg.manifest_objects or fmt != "csv":
+        return
+    missing = [c for c in required_columns(cfg.manifest_objects) if c not in columns]
+    if missing:
+        raise UsageError(
+            f"--manifest-objects {cfg.manifest_objects}: {cfg.manifest} has no {', '.join(repr(c) for c in missing)} "
+            f"column{'s' if len(missing) > 1 else ''} (found: {', '.join(columns)})"
+        )
 
 
 def label_lines(path: str) -> list[str]:
@@ -383,6 +397,7 @@ def prepare(
         columns = _manifest_columns(manifest, manifest_format)
         if PATH_COLUMN not in columns:
             raise UsageError(f"--manifest {cfg.manifest}: no 'path' column (found: {', '.join(columns) or 'none'})")
+        _check_object_columns(cfg, manifest_format, columns)
         root = posixpath.dirname(manifest) if is_remote(manifest) else os.path.dirname(manifest)
         pattern = None
     else:

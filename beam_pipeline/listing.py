@@ -308,7 +308,9 @@ def manifest_sources(cfg: ConvertConfig, columns: Collection[str]) -> Sources:
         split = "manifest"
     else:
         split = "ratios" if cfg.split_ratios else "default"
-    if cfg.label_regex:
+    if cfg.manifest_objects:  # the label column names the objects' classes (annotations/table.py)
+        label = "none"
+    elif cfg.label_regex:
         label = "regex"
     elif cfg.labels_from:
         label = cfg.labels_from
@@ -456,8 +458,9 @@ class _StatManifestRow(beam.DoFn):
             self._resolved = (sources, layout)
         return self._resolved[1]
 
-    def process(self, element: tuple[str, dict[str, Any]], sources: Sources) -> Iterator[Any]:
-        path, row = element  # the full path the row names, the row
+    def process(self, element: tuple[Any, ...], sources: Sources) -> Iterator[Any]:
+        # the full path the row names, the row; and with --manifest-objects the image's unchecked objects
+        path, row = element[:2]
         layout = self._layout_for(sources)
         try:
             found = stat_literal(path)
@@ -482,6 +485,8 @@ class _StatManifestRow(beam.DoFn):
             extras=extras,
             mtime=float(getattr(found, "last_updated_in_seconds", 0.0) or 0.0),
         )
+        if len(element) > 2 and isinstance(out, Ref):
+            out = replace(out, annotations=element[2])  # annotations.table.RawObjects, checked after listing
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 
@@ -723,10 +728,15 @@ class ListInputs(beam.PTransform):
     every row (the launcher has only looked at its first rows).
     """
 
-    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
+    def __init__(
+        self, cfg: ConvertConfig, layout: Layout, group_rows: Callable[[Any], Iterator[Any]] | None = None
+    ) -> None:
         super().__init__()
         self._cfg = cfg
         self._layout = layout
+        # A manifest file's rows → what StatRows takes ((path, row), or (path, row, annotations)): first_row,
+        # or an annotation source's grouping of an image's object rows (annotations.table.GroupObjectRows).
+        self._group_rows = group_rows or first_row
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         layout = self._layout
@@ -773,7 +783,7 @@ class ListInputs(beam.PTransform):
             keyed.keyed
             # (file, [row]): spreads the rows before the per-file lookups, and meets a file's rows
             | "GroupRowsByPath" >> beam.GroupByKey()
-            | "FirstRowPerPath" >> beam.FlatMap(first_row).with_outputs(REJECTS, main="rows")
+            | "FirstRowPerPath" >> beam.FlatMap(self._group_rows).with_outputs(REJECTS, main="rows")
         )
         stat = firsts.rows | "StatRows" >> beam.ParDo(
             _StatManifestRow(cfg, layout), beam.pvalue.AsSingleton(sources)

@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
 from .annotations.objects import name_labels, object_names
+from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
@@ -139,7 +140,8 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
     records may be reused (or None), "sources": ListInputs' one element, "labelled": whether the run is labelled,
     OBJECT_REJECTS and COUNTS: the annotation join's (None without annotations)}
     """
-    listed = p | "List" >> ListInputs(cfg, layout)
+    group_rows = GroupObjectRows(cfg.manifest_objects) if cfg.manifest_objects else None
+    listed = p | "List" >> ListInputs(cfg, layout, group_rows)
     refs, rejects, skipped = listed["refs"], listed[REJECTS], listed[SKIPPED]
     if cfg.dedupe:
         refs, duplicates = refs | "Dedupe" >> DropDuplicates()
@@ -156,6 +158,11 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
+    elif cfg.manifest_objects:
+        # the objects grouped with their image's rows are checked here, before the previous run's join
+        joined = refs | "ManifestObjects" >> CheckManifestObjects(cfg.box_units)
+        refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
+        rejects = (rejects, joined[REJECTS]) | "WithObjectRowRejects" >> beam.Flatten()
     previous, changes = None, None
     if layout.previous:
         # unchanged files (same path, size, mtime) carry where the previous run stored their record

@@ -2,16 +2,22 @@
 
     python scripts/measure_run.py -- python -m beam_pipeline convert --input big --output out
 
-Prints one JSON line: {"seconds", "peak_rss_mb", "root_peak_rss_mb", "returncode",
-"command"}.  RSS is summed over the process and all its descendants (Beam
-worker processes included), sampled every 50 ms; root_peak_rss_mb is the
+Prints one JSON line: {"seconds", "cpu_seconds", "peak_rss_mb", "root_peak_rss_mb", "load",
+"returncode", "command"}. RSS is summed over the process and all its descendants
+(Beam worker processes included), sampled every 50 ms; root_peak_rss_mb is the
 started process alone (the launcher, without the workers it starts).
+``cpu_seconds`` is user + system CPU of the process and the descendants it
+waited for (``RUSAGE_CHILDREN``): on a shared machine a busy neighbour
+stretches the wall time far more than the CPU a run needs. ``load`` is the
+1-minute load average when the run ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -30,6 +36,7 @@ def tree_rss(proc: psutil.Process) -> int:
 
 
 def measure(command: list[str], interval: float = 0.05) -> dict[str, object]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     child = subprocess.Popen(command)
     proc = psutil.Process(child.pid)
@@ -41,8 +48,14 @@ def measure(command: list[str], interval: float = 0.05) -> dict[str, object]:
         except psutil.NoSuchProcess:
             break
         time.sleep(interval)
+    seconds = time.perf_counter() - started
+    child.wait()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {
-        "seconds": round(time.perf_counter() - started, 2),
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu, 2),
+        "load": round(os.getloadavg()[0], 2),
         "peak_rss_mb": round(peak / 1e6, 1),
         "root_peak_rss_mb": round(root_peak / 1e6, 1),
         "returncode": child.returncode,

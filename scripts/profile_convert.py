@@ -3,6 +3,7 @@
     .venv/bin/python scripts/make_sample_images.py small95 --per-class 800 --size 512x384 --no-corrupt --jpeg-only
     .venv/bin/python scripts/profile_convert.py --data small95             # one big shard, the real ShardWrite
     .venv/bin/python scripts/profile_convert.py --data small95 --pipeline  # the whole convert, in-process
+    .venv/bin/python scripts/profile_convert.py --data small95 --parts     # each necessary part alone
 
 The real code runs, in this process, with a CPU timer (``time.thread_time_ns``,
 the CPU of the calling thread) around each stage's function: read, check
@@ -18,6 +19,13 @@ writer is Beam's (listing, keys, plan, the shuffle of references, finalize).
 CPU time, not wall time, is what the table counts: on a shared machine a
 busy neighbour stretches wall time but hardly the CPU a piece of code needs.
 Idle is the wall time × cores not spent by this process.
+
+``--parts`` times, alone on one thread and on the same files, each piece of
+work the output needs whatever the code around it (the check, the read, the
+sha256 that ``image/key/sha256`` stores, the Example, the two CRC32C of the
+frame, writing the record): the least CPU per image ``convert`` could spend
+with no glue, Beam or thread hand-off at all, and so the best ratio to the
+check floor it could reach.
 """
 
 from __future__ import annotations
@@ -296,6 +304,54 @@ def difference(big: Measured, small: Measured) -> Measured:
     return out
 
 
+def necessary_parts(files: list[Path], work: Path) -> int:
+    """Prints the CPU per image of each piece of work the output needs, alone, and the ratio they bound."""
+    from apache_beam.io.tfrecordio import _TFRecordUtil
+
+    from beam_pipeline import examples
+    from beam_pipeline.images import prepare_image
+
+    blobs = [f.read_bytes() for f in files]  # warm: the page cache holds them, as in the benchmark
+    sink = work / "parts.bin"
+
+    def read(data: bytes, path: Path) -> None:
+        with open(path, "rb", buffering=0) as fh:
+            fh.read(len(data) + 1)
+
+    def example(data: bytes, path: Path) -> None:
+        examples.build_example({examples.ENCODED: data, examples.FORMAT: "jpeg", examples.HEIGHT: 384,
+                                examples.WIDTH: 512, examples.CHANNELS: 3, examples.FILENAME: path.name,
+                                examples.SHA256: "0" * 64, examples.LABEL: 0, examples.LABEL_TEXT: "a"})  # fmt: skip
+
+    parts: dict[str, Callable[[bytes, Path], Any]] = {
+        CHECK: lambda data, _: prepare_image(data),
+        READ: read,
+        SHA: lambda data, _: hashlib.sha256(data).hexdigest(),
+        EXAMPLE: example,
+        FRAMING: lambda data, _: (_TFRecordUtil._masked_crc32c(data[:8]), _TFRecordUtil._masked_crc32c(data)),
+    }
+    cpu: dict[str, float] = {}
+    for name, fn in parts.items():
+        started = time.thread_time_ns()
+        for data, path in zip(blobs, files, strict=True):
+            fn(data, path)
+        cpu[name] = (time.thread_time_ns() - started) / len(files) / 1e6
+    with open(sink, "wb") as out:  # the write calls, into the page cache (a new file, like a shard)
+        started = time.thread_time_ns()
+        for data in blobs:
+            out.write(data)
+        cpu[WRITE] = (time.thread_time_ns() - started) / len(files) / 1e6
+    sink.unlink()
+    print("| part, alone on one thread | CPU ms / image |\n|---|---:|")
+    for name, ms in cpu.items():
+        print(f"| {name} | {ms:.3f} |")
+    rest = sum(ms for name, ms in cpu.items() if name != CHECK)
+    print(f"| **all but the check** | **{rest:.3f}** |")
+    print(f"\nbest CPU ratio to the check floor with no glue at all: {cpu[CHECK]:.3f} / "
+          f"({cpu[CHECK]:.3f} + {rest:.3f}) = {cpu[CHECK] / (cpu[CHECK] + rest):.2f}x")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="folder of class folders of images")
@@ -304,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs; the one with the least CPU per image is shown")
     p.add_argument("--pipeline", action="store_true", help="the whole convert in-process, big minus small")
     p.add_argument("--small", type=int, default=300, help="--pipeline: images in the start-up run")
+    p.add_argument("--parts", action="store_true", help="each piece of work the output needs, alone (no glue)")
     p.add_argument("--work", default="", help="scratch folder (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
                    help="A/B a tunable, e.g. beam_pipeline.writer.shard.LOCAL_BATCH_BYTES=0")  # fmt: skip
@@ -321,6 +378,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: no images under {root}")
     cores = os.cpu_count() or 1
     work = Path(args.work or tempfile.mkdtemp(prefix="profile-"))
+    if args.parts:
+        print(f"{len(files)} images; load {os.getloadavg()[0]:.2f}")
+        necessary_parts(files, work)
+        necessary_parts(files, work)  # the second pass: warm caches and imports
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     stages = Stages()
     instrument(stages)
     timer_ns = calibrate(stages)

@@ -22,6 +22,7 @@ EXAMPLES = {
     "input": "gs://b/photos",
     "manifest": "gs://b/list.csv",
     "coco": "gs://b/annotations/instances_train2017.json",
+    "voc": "gs://b/VOC2012/Annotations",
     "output": "gs://b/datasets/photos/{date}",
     "name": "photos",
     "run_date": "2026-11-22",
@@ -58,7 +59,7 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 
 
 def test_template_parameters_reach_convert():
-    skip = ("manifest", "label_regex", "labels_from", "labels_file", "coco")
+    skip = ("manifest", "label_regex", "labels_from", "labels_file", "coco", "voc")
     params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in skip]
     command, *args = convert_args([*params, "--project=p", "--region=r"])
     assert "--incremental-from=latest" in args
@@ -75,15 +76,16 @@ def test_template_parameters_reach_convert():
     assert cfg.keep_last == 7 and cfg.allow_split_names is False
 
 
-def test_coco_template_parameter_reaches_convert():
-    """A detection dataset launched from the Flex Template: --coco arrives as convert's flag."""
-    params = [f"--{k}={EXAMPLES[k]}" for k in ("input", "coco", "output", "name", "run_date")]
+@pytest.mark.parametrize(("source", "local"), [("coco", "/local/instances.json"), ("voc", "/local/Annotations")])
+def test_annotation_template_parameters_reach_convert(source: str, local: str) -> None:
+    """A detection dataset launched from the Flex Template: --coco / --voc arrives as convert's flag."""
+    params = [f"--{k}={EXAMPLES[k]}" for k in ("input", source, "output", "name", "run_date")]
     command, *args = convert_args(params)
     cfg, _, _ = parse_convert(args)
-    assert command == "convert" and cfg.coco == EXAMPLES["coco"] and cfg.input == EXAMPLES["input"]
+    assert command == "convert" and getattr(cfg, source) == EXAMPLES[source] and cfg.input == EXAMPLES["input"]
     meta = json.loads((REPO / "templates" / "metadata.json").read_text())
-    [coco] = [p for p in meta["parameters"] if p["name"] == "coco"]
-    assert not any(re.match(r, "/local/instances.json") for r in coco["regexes"])
+    [param] = [p for p in meta["parameters"] if p["name"] == source]
+    assert not any(re.match(r, local) for r in param["regexes"])
 
 
 def test_dated_output_and_job_name():

@@ -34,6 +34,8 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "label_regex": ("_([a-z]+)\\.png$", {}),
     "labels_file": ("labels.txt", {}),
     "coco": ("instances.json", {}),
+    "manifest_objects": ("rows", {"input": None, "manifest": "list.csv"}),
+    "box_units": ("normalized", {"input": None, "manifest": "list.csv", "manifest_objects": "rows"}),
     "voc": ("Annotations", {}),
     "incremental_from": ("previous", {}),
     "split_ratios": ("train=0.5,test=0.5", {}),
@@ -128,7 +130,13 @@ def test_config_keys_are_the_convert_config_fields_with_their_types():
 def test_choices_are_what_validate_accepts(flag):
     """A config file skips argparse's choices; validate() must accept exactly the same values."""
     base = ConvertConfig(output="out", name="out", input="in")
-    needs = {"regex": {"label_regex": "(x)"}, "manifest": {"input": None, "manifest": "m.csv"}}
+    manifest = {"input": None, "manifest": "m.csv"}
+    needs = {
+        "regex": {"label_regex": "(x)"},
+        "manifest": manifest,
+        **dict.fromkeys(("rows", "column"), manifest),
+        "normalized": {**manifest, "manifest_objects": "rows"},
+    }
     for choice in flag.choices:
         validate(dataclasses.replace(base, **{flag.key: choice, **needs.get(choice, {})}))
         with pytest.raises(UsageError, match=re.escape(flag.name)):

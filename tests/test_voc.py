@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
@@ -498,3 +499,19 @@ def test_boxes_follow_exif_orientation_and_resize(tmp_path, tf):
         assert_boxes(boxes(row), want)
         areas = [(x1 - x0) * (y1 - y0) * scale for x0, y0, x1, y1 in corners]
         assert list(row["image/object/area"]) == pytest.approx(areas, rel=1e-5)
+
+
+def test_a_transient_error_reading_an_image_header_is_retried_not_a_reject(monkeypatch, tmp_path):
+    """An XML without <size> sends the job to the image's header: a busy server there fails the bundle (the
+    runner retries it); a file that is not an image gets (0, 0), and the writer rejects it with why."""
+    not_an_image = tmp_path / "a.jpg"
+    not_an_image.write_bytes(b"not an image")
+    assert voc._header_size(str(not_an_image)) == (0, 0)  # noqa: SLF001 - the join's own step
+
+    class Busy(io.BytesIO):
+        def read(self, *_: object) -> bytes:  # the server drops the connection mid-read
+            raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(voc.FileSystems, "open", lambda path, **_: Busy())
+    with pytest.raises(ConnectionResetError):
+        voc._header_size(str(not_an_image))  # noqa: SLF001

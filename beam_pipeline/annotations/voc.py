@@ -39,7 +39,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from ..listing import REJECTS, SKIPPED, reject
+from ..listing import REJECTS, SKIPPED, is_transient, reject
 from . import objects
 from .join import COUNTS, IMAGES_ALL_REJECTED, IMAGES_WITHOUT_OBJECTS, OBJECT_REJECTS, count_objects, keyed_ref
 from .objects import Annotations, Invalid, Obj
@@ -197,12 +197,13 @@ def _header_size(path: str) -> tuple[int, int]:
     """An image's size from its header (Pillow opens lazily), for an XML without <size>; (0, 0) if unreadable."""
     from PIL import Image, UnidentifiedImageError
 
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-        try:
-            with Image.open(fh) as img:
-                return img.size
-        except (UnidentifiedImageError, ValueError, OSError):  # not an image: the writer rejects it with why
-            return 0, 0
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh, Image.open(fh) as img:
+            return img.size
+    except (UnidentifiedImageError, ValueError, OSError) as e:
+        if is_transient(e):  # a busy server is not a bad file: the runner retries the bundle
+            raise
+        return 0, 0  # not an image: the writer rejects it with why
 
 
 class _Attach(beam.DoFn):

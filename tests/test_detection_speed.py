@@ -1,0 +1,106 @@
+"""Per-image costs of annotated images that scripts/detection_speed.py measured, kept cut (issue #21)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from beam_pipeline import index, resume
+from beam_pipeline.annotations import objects
+from beam_pipeline.annotations.objects import Annotations, Obj
+from beam_pipeline.images import ImageOptions
+from beam_pipeline.listing import Ref
+
+VARIANTS = {
+    "boxes": (),
+    "polygons": ([[1.0, 2.0, 30.5, 2.0, 30.5, 40.25]], [[0, 0, 5, 0, 5, 5], [7, 7, 9, 7, 9, 9]]),
+    "rle": ({"counts": [0, 100, 3000], "size": [48, 64]},),
+    "compressed rle": ({"counts": "PPYo0", "size": [48, 64]},),
+}
+
+
+def annotations(segmentations: tuple[Any, ...]) -> Annotations:
+    objs = [Obj(bbox=(1.0, 2.5, 30.0, 40.0), label=3, text="voiture é", area=12.5, is_crowd=True)]
+    more = [Obj(bbox=(0.0, 0.0, 9.0, 9.0), label=-1, text="dog", difficult=True, segmentation=s) for s in segmentations]
+    objs += more
+    return Annotations("42", 64, 48, tuple(objs))
+
+
+def asdict_digest(value: Annotations) -> str:
+    """The digest as the first --coco runs wrote it to index.jsonl (dataclasses.asdict): kept, so an
+    incremental run from such an output reuses its records."""
+    text = json.dumps(dataclasses.asdict(value), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("kind", sorted(VARIANTS))
+def test_annotation_digest_is_the_one_earlier_runs_wrote(kind: str) -> None:
+    value = annotations(VARIANTS[kind])
+    assert objects.digest(value) == asdict_digest(value)
+    assert objects.digest(None) == ""
+    changed = dataclasses.replace(value, objects=value.objects[:1] + (dataclasses.replace(value.objects[0], area=1.0),))
+    assert objects.digest(changed) != objects.digest(value)
+
+
+class _CountingJson:
+    """objects.json with its dumps calls counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def dumps(self, *args: Any, **kwargs: Any) -> str:
+        self.calls += 1
+        return json.dumps(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(json, name)
+
+
+def test_the_writer_encodes_an_images_annotations_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard's resume digest and the image's index line both need the annotation digest; with polygons
+    its JSON encoding cost more than the object keys: it is encoded once per image, not per use."""
+    counting = _CountingJson()
+    monkeypatch.setattr(objects, "json", counting)
+    value = annotations(VARIANTS["polygons"])
+    ref = Ref("/in/a.jpg", "a.jpg", 10, "train", None, 1, annotations=value)
+    first = resume.shard_digest("train", 0, [ref], ["background"], {}, ImageOptions(), "none")
+    line = json.loads(index.part_line(ref, 0, 0, 10, "ab", None))
+    assert resume.shard_digest("train", 0, [ref], ["background"], {}, ImageOptions(), "none") == first
+    assert line["extras"] == index.extras_digest(ref) != ""
+    assert counting.calls == 1
+    # a copy of the ref (dataclasses.replace) shares the Annotations, and so its digest
+    index.extras_digest(dataclasses.replace(ref, key=2))
+    assert counting.calls == 1
+
+
+def test_masks_are_0_1_pngs_at_image_size_deflated_as_runs() -> None:
+    """Each mask PNG decodes (TensorFlow, as Model Garden's decoder does) to the 0/1 instance at the recorded
+    size, and is deflated with zlib's run-length strategy: a third less CPU per mask than Pillow's default
+    (the mask encoding is what a --coco run with masks spends most on), and no bigger."""
+    import io
+    import zlib
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from beam_pipeline.images import Geometry
+
+    outline = [10.0, 10.0, 200.0, 12.0, 180.0, 150.0, 15.0, 140.0]
+    objs = [Obj(bbox=(10.0, 10.0, 200.0, 150.0), label=1, text="a", segmentation=[outline])]
+    geometry = Geometry(stored_width=256, stored_height=192, width=256, height=192)
+    (png,) = objects.mask_pngs(objs, geometry)
+    expected = objects._mask(objs[0], 256, 192)  # noqa: SLF001 - the rasterized instance
+    decoded = tf.io.decode_png(png, channels=1).numpy()[:, :, 0]
+    assert decoded.dtype == np.uint8 and decoded.shape == (192, 256)
+    assert set(np.unique(decoded)) == {0, 1}
+    assert (decoded == expected).all()
+    default, runs = io.BytesIO(), io.BytesIO()
+    Image.fromarray(expected).save(default, format="PNG")
+    Image.fromarray(expected).save(runs, format="PNG", compress_type=zlib.Z_RLE)
+    assert png == runs.getvalue()
+    assert len(png) <= len(default.getvalue())
