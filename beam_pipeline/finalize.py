@@ -318,6 +318,7 @@ PUBLISHED_FILES = (
     "features.json",
     "image.class.label.labels.txt",  # TFDS class names (tfds_metadata.LABEL_NAMES)
     "image-class-label.labels.txt",  # the same, as runs before flat TFDS keys named it
+    "image.object-class-label.labels.txt",  # a detection dataset's (tfds_metadata.OBJECT_LABEL_NAMES)
     objects.LABEL_MAP_PBTXT,  # a detection dataset's (annotations)
     objects.OBJECT_REJECTS_JSONL,
 )

@@ -25,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples, index, metadata, storage
+from .annotations import objects
 from .errors import UsageError
 from .examples import parse_example
 from .index import FRAME_OVERHEAD
@@ -188,7 +189,8 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
     ``.idx`` line; per shard the record count of dataset.json; and every
     index line belongs to exactly one record. Memory stays flat whatever the
     dataset's size: index.jsonl (written in shard order) and each ``.idx``
-    are read a line at a time beside the shard they describe.
+    are read a line at a time beside the shard they describe. A detection
+    dataset's records also get their objects checked (``check_objects``).
     """
     from .analysis import quiet_native_logs
 
@@ -196,6 +198,10 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
         import tensorflow as tf
 
     _no_stray_shards(output, info)
+    cats = objects.categories_of(info)
+    categories = None if cats is None else dict(cats)
+    if cats is not None:
+        _check_category_files(output, cats)
     total = sum(s["examples"] for n, s in info["splits"].items() if not split or n == split)
     done = 0
     with _index_lines(output, info) as lines:
@@ -205,7 +211,7 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
                     if lines is not None:
                         lines.skip(shard["file"])
                     continue
-                for _ in _verify_shard(output, info, name, shard, lines, tf):
+                for _ in _verify_shard(output, info, name, shard, lines, tf, categories):
                     done += 1
                     if done % 64 == 0:
                         _progress(done, total, stream)
@@ -215,6 +221,21 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
     if stream.isatty():
         stream.write("\n")
     return done
+
+
+def _check_category_files(output: str, categories: list[tuple[int, str]]) -> None:
+    """labels.txt and label_map.pbtxt are exactly what dataset.json's categories make (ids index labels.txt)."""
+    wanted = {
+        metadata.LABELS_TXT: "".join(f"{name}\n" for name in objects.labels_lines(categories)),
+        objects.LABEL_MAP_PBTXT: objects.label_map_pbtxt(categories),
+    }
+    for name, text in wanted.items():
+        path = FileSystems.join(output, name)
+        if not FileSystems.exists(path):
+            raise VerifyError(f"{name}: missing")
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+            if fh.read() != text.encode("utf-8"):
+                raise VerifyError(f"{name}: does not name {metadata.DATASET_JSON}'s categories")
 
 
 def _no_stray_shards(output: str, info: dict[str, Any]) -> None:
@@ -230,6 +251,8 @@ def _no_stray_shards(output: str, info: dict[str, Any]) -> None:
 def verified_what(info: dict[str, Any]) -> str:
     """What verify checked of this dataset (index.jsonl and idx/ only where the dataset has them)."""
     parts = ["CRCs", "Example parse", "image sha256", "decoded shapes", "counts"]
+    if info.get("categories") is not None:
+        parts += [f"{metadata.LABELS_TXT} and {objects.LABEL_MAP_PBTXT}", "object boxes, ids and masks"]
     parts += [index.INDEX_JSONL] if _has_index(info) else []
     parts += [f"{index.IDX_DIR}/"] if info.get("idx_files") else []
     return ", ".join(parts[:-1]) + " and " + parts[-1]
@@ -241,7 +264,13 @@ def _has_index(info: dict[str, Any]) -> bool:
 
 
 def _verify_shard(
-    output: str, info: dict[str, Any], split: str, shard: dict[str, Any], lines: _IndexLines | None, tf: Any
+    output: str,
+    info: dict[str, Any],
+    split: str,
+    shard: dict[str, Any],
+    lines: _IndexLines | None,
+    tf: Any,
+    categories: dict[int, str] | None = None,
 ) -> Iterator[None]:
     """Checks one shard's records (yields once per record), its .idx and its index lines."""
     file = shard["file"]
@@ -255,6 +284,10 @@ def _verify_shard(
             for count, record in enumerate(iter_records(path), start=1):  # noqa: B007
                 where = f"{file} record {count - 1}"
                 ex = _check_record(record, where, tf)
+                if categories is not None:
+                    problem = check_objects(ex, categories, tf)
+                    if problem:
+                        raise VerifyError(f"{where}: {problem}")
                 if lines is not None:
                     lines.check(file, split, count - 1, offset, len(record), ex)
                 if idx is not None:
@@ -292,6 +325,58 @@ def _check_record(record: bytes, where: str, tf: Any) -> dict[str, list[Any]]:
     if tuple(decoded.shape) != recorded:
         raise VerifyError(f"{where}: decodes to {tuple(decoded.shape)}, recorded {recorded}")
     return ex
+
+
+# Lists with one value per object beside the four box lists; difficult/truncated/view are checked where present.
+_PER_OBJECT = (objects.CLASS_LABEL, objects.CLASS_TEXT, objects.IS_CROWD, objects.AREA)
+_PER_OBJECT_IF_PRESENT = (objects.DIFFICULT, objects.TRUNCATED, objects.VIEW)
+_BOXES = (objects.XMIN, objects.YMIN, objects.XMAX, objects.YMAX)
+
+
+def check_objects(ex: dict[str, list[Any]], categories: dict[int, str], tf: Any) -> str | None:
+    """What is wrong with one parsed record's objects, or None.
+
+    Boxes in [0, 1] with min <= max; every per-object list as long as the
+    boxes; class ids among dataset.json's categories, with their names as
+    class/text; masks none or one per object, each a PNG of the record's
+    height x width with one channel (what Model Garden's decoder expects).
+    """
+    count = len(ex.get(objects.XMIN, []))
+    for key in (*_BOXES, *_PER_OBJECT, *(k for k in _PER_OBJECT_IF_PRESENT if k in ex)):
+        if len(ex.get(key, [])) != count:
+            return f"{key} has {len(ex.get(key, []))} values, the boxes {count}"
+    for key in _BOXES:
+        for i, value in enumerate(ex.get(key, [])):
+            if not 0.0 <= value <= 1.0:  # NaN too
+                return f"{key}[{i}] is {value:g}, outside [0, 1]"
+    for i, (xmin, ymin, xmax, ymax) in enumerate(zip(*(ex.get(k, []) for k in _BOXES), strict=True)):
+        if xmin > xmax:
+            return f"object {i}: xmin {xmin:g} > xmax {xmax:g}"
+        if ymin > ymax:
+            return f"object {i}: ymin {ymin:g} > ymax {ymax:g}"
+    for i, (label, text) in enumerate(
+        zip(ex.get(objects.CLASS_LABEL, []), ex.get(objects.CLASS_TEXT, []), strict=True)
+    ):
+        if label not in categories:
+            return f"object {i}: class id {label} is not a category of {metadata.DATASET_JSON}"
+        if text.decode("utf-8", "replace") != categories[label]:
+            return (
+                f"object {i}: class text {text.decode('utf-8', 'replace')!r}, category {label} is {categories[label]!r}"
+            )
+    masks = ex.get(objects.MASK, [])
+    if masks and len(masks) != count:
+        return f"{len(masks)} masks for {count} objects"
+    height, width = ex[examples.HEIGHT][0], ex[examples.WIDTH][0]
+    for i, png in enumerate(masks):
+        if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+            return f"mask {i} is not a PNG"
+        try:
+            shape = tuple(tf.io.decode_png(png).shape)
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            return f"mask {i}: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        if shape != (height, width, 1):
+            return f"mask {i} decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
+    return None
 
 
 def _text(ex: dict[str, list[Any]], key: str) -> str | None:
@@ -452,10 +537,63 @@ def sample(output: str, info: dict[str, Any], n: int, seed: int, split: str | No
     return [records[(shard["file"], i)] for shard, i in chosen if (shard["file"], i) in records]
 
 
+# Box and mask-outline colours, one per class id (id modulo the list): bright, told apart on photos.
+PALETTE = (
+    (255, 0, 0),
+    (0, 200, 0),
+    (0, 90, 255),
+    (255, 160, 0),
+    (200, 0, 255),
+    (0, 220, 220),
+    (255, 0, 140),
+    (150, 255, 0),
+)
+
+
+def object_colour(label: int) -> tuple[int, int, int]:
+    """The colour a contact sheet draws class id ``label``'s boxes and mask outlines in."""
+    return PALETTE[label % len(PALETTE)]
+
+
+def _draw_objects(sheet: Any, ex: dict[str, list[Any]], left: int, top: int, size: tuple[int, int]) -> None:
+    """Draws a record's boxes, mask outlines and class names onto its thumbnail at (left, top) of ``size``.
+
+    Boxes are normalized, so they scale to the thumbnail as they are; masks
+    are resized with nearest neighbour and outlined (the mask minus its
+    3x3 erosion), so the object stays visible under its outline.
+    """
+    from PIL import Image, ImageChops, ImageDraw, ImageFilter
+
+    width, height = size
+    draw = ImageDraw.Draw(sheet)
+    boxes = list(zip(*(ex.get(k, []) for k in _BOXES), strict=False))
+    labels = ex.get(objects.CLASS_LABEL, [])
+    texts = ex.get(objects.CLASS_TEXT, [])
+    for i, png in enumerate(ex.get(objects.MASK, [])):
+        colour = object_colour(labels[i] if i < len(labels) else 0)
+        try:
+            mask = Image.open(io.BytesIO(png)).convert("L").resize(size, Image.NEAREST).point(lambda v: 255 * (v > 0))
+        except Exception:  # noqa: BLE001 - a mask that cannot be read is not drawn (--verify names it)
+            continue
+        outline = ImageChops.subtract(mask, mask.filter(ImageFilter.MinFilter(3)))  # the mask's inner edge
+        sheet.paste(colour, (left, top), outline)
+    for i, (xmin, ymin, xmax, ymax) in enumerate(boxes):
+        colour = object_colour(labels[i] if i < len(labels) else 0)
+        x0, y0 = left + round(xmin * width), top + round(ymin * height)
+        x1, y1 = max(x0, left + round(xmax * width) - 1), max(y0, top + round(ymax * height) - 1)
+        draw.rectangle((x0, y0, x1, y1), outline=colour)
+        if i < len(texts):
+            draw.text((x0 + 2, y0 + 1), texts[i].decode("utf-8", "replace")[:12], fill=colour)
+
+
 def contact_sheet(
     output: str, info: dict[str, Any], path: str, n: int = 64, seed: int = 0, split: str | None = None
 ) -> int:
-    """A PNG grid of n random examples (about √n columns), label text under each. Returns tiles drawn."""
+    """A PNG grid of n random examples (about √n columns), label text under each. Returns tiles drawn.
+
+    A detection record shows its boxes and mask outlines, in one colour per
+    class, with the class name at the box's corner; its caption counts its objects.
+    """
     from PIL import Image, ImageDraw, ImageOps
 
     picks = sample(output, info, n, seed, split)
@@ -472,10 +610,15 @@ def contact_sheet(
             img = Image.open(io.BytesIO(ex[examples.ENCODED][0]))
             img.seek(0)
             thumb = ImageOps.contain(img.convert("RGB"), (tile - 4, tile - 4))
-            sheet.paste(thumb, (x + (tile - thumb.width) // 2, y + (tile - thumb.height) // 2))
+            left, top = x + (tile - thumb.width) // 2, y + (tile - thumb.height) // 2
+            sheet.paste(thumb, (left, top))
+            _draw_objects(sheet, ex, left, top, thumb.size)
         except Exception:  # noqa: BLE001 - a tile that cannot be drawn stays blank, marked
             draw.line((x, y, x + tile, y + tile), fill="red")
         text = ex.get(examples.LABEL_TEXT, [b""])[0].decode("utf-8", "replace") or "(no label)"
+        if objects.SOURCE_ID in ex:  # a detection record: no image label, some objects
+            count = len(ex.get(objects.XMIN, []))
+            text = f"{count} object{'' if count == 1 else 's'}"
         draw.text((x + 3, y + tile + 2), text[:20], fill="black")
     buf = io.BytesIO()
     sheet.save(buf, "PNG")

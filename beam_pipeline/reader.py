@@ -4,6 +4,7 @@
     ds = reader.load("photos-tfrecords", "train", batch_size=32)                    # raw features
     ds = reader.load("photos-tfrecords", "train", transformed=True, batch_size=32)  # image, label
     ds = reader.load("photos-tfrecords", "validation", shuffle=False)               # stored order
+    ds = reader.load("coco-tfrecords", "train", objects=True, masks=True)          # image, boxes, classes, ...
 
 Raw mode parses every feature ``dataset.json`` declares (manifest extras that
 a record lacks get 0, 0.0 or b""). Transformed mode applies the saved TFT
@@ -18,6 +19,23 @@ shuffle buffer that is reshuffled on every iteration; ``seed`` makes that
 sequence of epochs reproducible. ``shuffle=False`` (evaluation) reads shard
 0, then shard 1, ..., each in stored order.
 
+Objects mode (``objects=True``, a ``--coco`` dataset) decodes each record
+for a detection input pipeline (Keras, KerasCV, Model Garden), with the
+names Model Garden's ``TfExampleDecoder`` gives them: ``image`` (uint8, H x
+W x 3), ``boxes`` ([N, 4] float32, ymin, xmin, ymax, xmax, normalized to
+[0, 1]: the order of TensorFlow's own box ops, ``tf.image.crop_and_resize``,
+``draw_bounding_boxes``, ``non_max_suppression``, of TFDS's ``BBoxFeature``
+and of Model Garden's ``groundtruth_boxes``), ``classes`` ([N] int64, the
+category ids, line k of labels.txt), ``is_crowd`` ([N] bool), ``area`` ([N]
+float32, pixels), ``difficult`` ([N] bool), ``source_id``, ``height`` and
+``width``; with ``masks=True`` also ``masks`` ([N, H, W] uint8, 0/1; [0, H,
+W] for a record written without masks). Images and object counts differ
+from record to record, so ``batch_size`` batches with
+``Dataset.ragged_batch``: every value is then a ``tf.RaggedTensor`` (boxes
+[B, (N), 4], images [B, (H), (W), 3]). For fixed-size batches, map a resize
+(and box padding) of your own over the unbatched dataset, then
+``padded_batch``.
+
 Raw mode needs only TensorFlow, which is all the base install
 (``pip install beam_pipeline``) adds beside it: no Apache Beam, no
 tensorflow-transform import. Transformed mode needs the ``[transform]`` extra;
@@ -29,6 +47,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .annotations import keys as obj_keys
 from .errors import MissingExtraError
 
 _DTYPES = {"string": "string", "int64": "int64", "float32": "float32"}
@@ -57,6 +76,9 @@ def feature_spec(info: dict[str, Any]) -> dict[str, Any]:
     spec = {}
     for key, feature in info["features"].items():
         dtype = tf.as_dtype(_DTYPES[feature["dtype"]])
+        if list(feature["shape"]) == [None]:  # one value per object: a list, empty when the key is absent
+            spec[key] = tf.io.RaggedFeature(dtype)
+            continue
         default = defaults[feature["dtype"]] if feature.get("optional") else None
         spec[key] = tf.io.FixedLenFeature(feature["shape"], dtype, default_value=default)
     return spec
@@ -106,11 +128,60 @@ def records(
     return ds
 
 
+# The box coordinates in the order objects mode stacks them (TensorFlow's and Model Garden's order).
+BOX_KEYS = (obj_keys.YMIN, obj_keys.XMIN, obj_keys.YMAX, obj_keys.XMAX)
+
+
+def decode_objects(record: Any, masks: bool = False) -> dict[str, Any]:
+    """One serialized detection record as image, boxes (ymin, xmin, ymax, xmax), classes, ... (see the module doc)."""
+    import tensorflow as tf
+
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature((), tf.string),
+        obj_keys.SOURCE_ID: tf.io.FixedLenFeature((), tf.string, default_value=""),
+        **{key: tf.io.RaggedFeature(tf.float32) for key in (*BOX_KEYS, obj_keys.AREA)},
+        **{key: tf.io.RaggedFeature(tf.int64) for key in (obj_keys.CLASS_LABEL, obj_keys.IS_CROWD, obj_keys.DIFFICULT)},
+    }
+    if masks:
+        spec[obj_keys.MASK] = tf.io.RaggedFeature(tf.string)
+    ex = tf.io.parse_single_example(record, spec)
+    image = tf.io.decode_image(ex["image/encoded"], channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    height, width = tf.shape(image)[0], tf.shape(image)[1]
+    boxes = tf.stack([ex[key] for key in BOX_KEYS], axis=-1)
+    out = {
+        "source_id": ex[obj_keys.SOURCE_ID],
+        "image": image,
+        "height": height,
+        "width": width,
+        "boxes": tf.reshape(boxes, [-1, 4]),
+        "classes": ex[obj_keys.CLASS_LABEL],
+        "is_crowd": tf.cast(ex[obj_keys.IS_CROWD], tf.bool),
+        "area": ex[obj_keys.AREA],
+        "difficult": tf.cast(ex[obj_keys.DIFFICULT], tf.bool),
+    }
+    if masks:
+        pngs = ex[obj_keys.MASK]
+
+        def decode_all() -> Any:
+            return tf.map_fn(
+                lambda png: tf.io.decode_png(png, channels=1)[:, :, 0],
+                pngs,
+                fn_output_signature=tf.TensorSpec([None, None], tf.uint8),
+            )
+
+        # map_fn cannot stack an empty list of unknown shape: no masks is [0, H, W]
+        out["masks"] = tf.cond(tf.size(pngs) > 0, decode_all, lambda: tf.zeros([0, height, width], tf.uint8))
+    return out
+
+
 def load(
     output_dir: str,
     split: str,
     *,
     transformed: bool = False,
+    objects: bool = False,
+    masks: bool = False,
     batch_size: int | None = None,
     shuffle: bool = True,
     seed: int | None = None,
@@ -124,13 +195,20 @@ def load(
     default ~256 MB worth, reshuffled each iteration); ``seed`` makes it
     reproducible. ``shuffle=False``: the stored order, the same every time
     (evaluation). ``shuffle_files`` is the older name of ``shuffle``.
+    ``objects=True`` (a detection dataset): decoded images with their boxes
+    and classes, ``masks=True`` adds instance masks; batches are ragged (module doc).
     """
     import tensorflow as tf
 
     if shuffle_files is not None:
         shuffle = shuffle_files
     info = read_info(output_dir)
+    if (objects or masks) and info.get("categories") is None:
+        raise ValueError(f"{output_dir} has no objects (not converted with --coco): objects=True needs them")
     ds = records(output_dir, split, shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer, info=info)
+    if objects or masks:
+        ds = ds.map(lambda r: decode_objects(r, masks), num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.ragged_batch(batch_size) if batch_size else ds
     spec = feature_spec(info)
     if not transformed:
         if batch_size:

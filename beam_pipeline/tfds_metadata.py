@@ -19,6 +19,20 @@ TFT analysis never pays TensorFlow's start-up. Reading them needs
 tensorflow-datasets (in the base install). The homepage is
 the dataset's own folder: TFDS would otherwise show a catalog page that does
 not exist for it.
+
+A detection dataset (``--coco``) adds ``image/source_id`` and one TFDS
+``Sequence`` named ``image/object`` whose dict of per-object features TFDS
+serializes under exactly the record's flat keys: TFDS joins nested feature
+names with "/", so ``{"image/object": Sequence({"bbox": {"xmin": ...}})}``
+is stored as ``image/object/bbox/xmin``, a list with one float per object.
+``builder.as_dataset`` then yields ``ex["image/object"]["bbox"]["xmin"]``
+([N] float32), ``["class"]["label"]`` (a ClassLabel over labels.txt's lines,
+so a category id indexes its name), ``["class"]["text"]``, ``["is_crowd"]``,
+``["area"]``, ``["difficult"]``, ``["truncated"]``, ``["view"]`` (VOC's
+pose; empty for COCO) and ``["mask"]`` ([N, H,
+W, 1] uint8, the PNGs decoded). TFDS's ``BBoxFeature`` cannot be used: it
+reads one key of 4N floats (``.../bbox``), not the four per-coordinate lists
+the Object Detection API keys are.
 """
 
 from __future__ import annotations
@@ -28,6 +42,8 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from .annotations import objects
+
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
 LABEL_KEY = "image/class/label"
@@ -36,6 +52,10 @@ SEGMENTATION_KEY = "image/segmentation/class/encoded"  # annotations.masks.SEGME
 # TFDS's own file-name rule for a ClassLabel's names ("/" in the key becomes ".").
 LABEL_NAMES = LABEL_KEY.replace("/", ".") + ".labels.txt"
 SUPERVISED_KEYS = (IMAGE_KEY, LABEL_KEY)
+# A detection dataset's objects: one Sequence whose nested names, joined by "/", are the record's object keys.
+OBJECT_KEY = "image/object"
+# TFDS's file name for the Sequence's ClassLabel names (top-level "/" becomes ".", nesting joins with "-").
+OBJECT_LABEL_NAMES = OBJECT_KEY.replace("/", ".") + "-class-label.labels.txt"
 
 _CLS = "tensorflow_datasets.core.features."
 _TEXT = {"pythonClassName": _CLS + "text_feature.Text", "text": {}}
@@ -43,15 +63,26 @@ _INT64 = {
     "pythonClassName": _CLS + "scalar.Scalar",
     "tensor": {"dtype": "int64", "encoding": "none", "shape": {}},
 }
+_FLOAT32 = {
+    "pythonClassName": _CLS + "scalar.Scalar",
+    "tensor": {"dtype": "float32", "encoding": "none", "shape": {}},
+}
+
+
+def _class_names(info: dict[str, Any]) -> list[str] | None:
+    """A detection dataset's class names, line k = category id k (labels.txt), or None without objects."""
+    categories = objects.categories_of(info)
+    return None if categories is None else objects.labels_lines(categories)
 
 
 def skip_reason(info: dict[str, Any]) -> str | None:
     """Why TFDS metadata cannot be written for this output, or None."""
     if info["compression"] == "gzip":
         return "TFDS cannot read gzip shards"
-    if any(label != label.strip() for label in info.get("labels") or ()):
+    names = [*(info.get("labels") or ()), *(_class_names(info) or ())]
+    if any(label != label.strip() or not label for label in names):
         # TFDS strips each line of its class-names file and drops blank ones: the names would shift
-        return "TFDS would read a label with leading or trailing spaces back as another name"
+        return "TFDS would read a blank label, or one with leading or trailing spaces, back as another name"
     return None
 
 
@@ -81,9 +112,60 @@ def features_json(info: dict[str, Any]) -> dict[str, Any]:
             "image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "1"]}},
         }
         features["image/segmentation/class/format"] = _TEXT
+    names = _class_names(info)
+    if names is not None:
+        features[objects.SOURCE_ID] = _TEXT
+        features[OBJECT_KEY] = _object_sequence(len(names))
     return {
         "pythonClassName": _CLS + "features_dict.FeaturesDict",
         "featuresDict": {"features": dict(sorted(features.items()))},
+    }
+
+
+def _dict(features: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "pythonClassName": _CLS + "features_dict.FeaturesDict",
+        "featuresDict": {"features": dict(sorted(features.items()))},
+    }
+
+
+def _object_sequence(num_classes: int) -> dict[str, Any]:
+    """The ``image/object`` Sequence: a nest whose "/"-joined paths are the object keys (objects.py)."""
+    leaves: dict[str, Any] = {
+        objects.XMIN: _FLOAT32,
+        objects.YMIN: _FLOAT32,
+        objects.XMAX: _FLOAT32,
+        objects.YMAX: _FLOAT32,
+        objects.CLASS_LABEL: {
+            "pythonClassName": _CLS + "class_label_feature.ClassLabel",
+            "classLabel": {"numClasses": str(num_classes)},
+        },
+        objects.CLASS_TEXT: _TEXT,
+        objects.IS_CROWD: _INT64,
+        objects.AREA: _FLOAT32,
+        objects.DIFFICULT: _INT64,
+        objects.TRUNCATED: _INT64,
+        objects.VIEW: _TEXT,  # a VOC object's <pose>
+        # one PNG per object, 0/1, at the image's size; TFDS decodes the list to [N, H, W, 1] uint8
+        objects.MASK: {
+            "pythonClassName": _CLS + "image_feature.Image",
+            "image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "1"]}},
+        },
+    }
+    nest: dict[str, Any] = {}
+    for key, feature in leaves.items():
+        *parents, leaf = key[len(OBJECT_KEY) + 1 :].split("/")
+        node = nest
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = feature
+
+    def as_features(node: dict[str, Any]) -> dict[str, Any]:
+        return _dict({k: as_features(v) if "pythonClassName" not in v else v for k, v in node.items()})
+
+    return {
+        "pythonClassName": _CLS + "sequence_feature.Sequence",
+        "sequence": {"feature": as_features(nest), "length": "-1"},
     }
 
 
@@ -130,6 +212,9 @@ def write(output_dir: str, info: dict[str, Any]) -> list[str]:
     }
     if info.get("labels") is not None:
         written[LABEL_NAMES] = "".join(f"{label}\n" for label in info["labels"])
+    names = _class_names(info)
+    if names is not None:
+        written[OBJECT_LABEL_NAMES] = "".join(f"{name}\n" for name in names)
     for name, text in written.items():
         _write(FileSystems.join(output_dir, name), text)
     return sorted(written)

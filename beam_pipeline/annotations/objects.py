@@ -25,18 +25,22 @@ from typing import Any, NamedTuple
 
 from ..images import ORIENTATION_TRANSPOSE, Geometry
 
-# The Example keys Model Garden's create_coco_tf_record.py writes and its TfExampleDecoder reads
-# (difficult/truncated: the TF Object Detection API's Pascal VOC keys).
-SOURCE_ID = "image/source_id"
-XMIN, YMIN, XMAX, YMAX = (f"image/object/bbox/{k}" for k in ("xmin", "ymin", "xmax", "ymax"))
-CLASS_LABEL = "image/object/class/label"
-CLASS_TEXT = "image/object/class/text"
-IS_CROWD = "image/object/is_crowd"
-AREA = "image/object/area"
-DIFFICULT = "image/object/difficult"
-TRUNCATED = "image/object/truncated"
-VIEW = "image/object/view"  # the TF Object Detection API's key for a Pascal VOC object's <pose>
-MASK = "image/object/mask"  # one PNG per instance at image size, 0/1 values (Model Garden's include_masks)
+# The Example keys (in keys.py, which the reader side imports without Pillow), named here as before.
+from .keys import (
+    AREA,
+    CLASS_LABEL,
+    CLASS_TEXT,
+    DIFFICULT,
+    IS_CROWD,
+    MASK,
+    SOURCE_ID,
+    TRUNCATED,
+    VIEW,
+    XMAX,
+    XMIN,
+    YMAX,
+    YMIN,
+)
 
 # Per-object reasons (the image stays; object_rejects.jsonl).
 BAD_BOX = "bad_box"  # zero or negative width/height, NaN, not four numbers
