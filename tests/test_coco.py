@@ -534,3 +534,46 @@ def test_objects_keep_the_files_order_as_model_garden_writes_them(tmp_path, tf):
     assert list(rows["a.jpg"]["image/object/class/label"]) == [7, 1, 3, 90]
     assert list(rows["b.jpg"]["image/object/area"]) == [12.0, 4.0]
     assert [round(x * 50) for x in rows["b.jpg"]["image/object/bbox/xmin"]] == [12, 4]
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        "zzzzzzzz",  # runs far past the image's pixels
+        "1",  # one run: far fewer pixels than the image
+        "é0",  # not the ASCII alphabet of COCO's compressed counts
+        "0\x7f",  # a character outside it
+        "P",  # the last character says more follows
+    ],
+)
+def test_a_corrupt_compressed_rle_is_a_bad_mask_not_a_crash_in_the_writer(counts):
+    """pycocotools raises (or, in older versions, writes past its buffer) on compressed counts that do not cover
+    the image: the check turns them into the object's bad_mask, before the writer rasterizes them."""
+    invalid = objects.check_segmentation({"size": [48, 64], "counts": counts}, 64, 48)
+    assert isinstance(invalid, objects.Invalid) and invalid.reason == objects.BAD_MASK, invalid
+    assert objects.check_segmentation(compressed_rle(48, 64), 64, 48) is None
+
+
+def test_a_corrupt_compressed_rle_rejects_its_object_and_the_job_finishes(tmp_path, tf):
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    good = compressed_rle(48, 64)
+    long_runs = {**good, "counts": "z" * 400}
+    doc = {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 5, 20, 15], "segmentation": good},
+            # runs of 10 pixels: 20 of the image's 3,072 (pycocotools leaves the rest as it finds it), 4,000 (it raises)
+            {"id": 2, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "segmentation": {**good, "counts": "zz"}},
+            {"id": 3, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "segmentation": long_runs},
+        ],
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    rows = parsed_records(out, tf)
+    assert len(rows["a.jpg"]["image/object/mask"]) == 1
+    rejects = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
+    assert sorted((r["annotation_id"], r["reason"]) for r in rejects) == [(2, objects.BAD_MASK), (3, objects.BAD_MASK)]

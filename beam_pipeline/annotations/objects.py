@@ -158,6 +158,11 @@ def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | 
         if list(size) != [height, width]:
             return Invalid(MASK_SIZE_MISMATCH, f"RLE of {size[1]}x{size[0]} for a {width}x{height} image")
         if isinstance(counts, str) and counts:
+            runs = compressed_counts(counts)
+            if runs is None or any(c < 0 for c in runs):
+                return Invalid(BAD_MASK, "RLE counts are not a compressed COCO RLE string")
+            if sum(runs) != width * height:
+                return Invalid(BAD_MASK, f"RLE counts cover {sum(runs)} pixels, the image has {width * height}")
             return None
         if isinstance(counts, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
             if sum(counts) != width * height:
@@ -165,6 +170,34 @@ def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | 
             return None
         return Invalid(BAD_MASK, "RLE counts are neither a list of run lengths nor a compressed string")
     return Invalid(BAD_MASK, f"segmentation of type {type(segmentation).__name__}")
+
+
+def compressed_counts(text: str) -> list[int] | None:
+    """The run lengths of a compressed COCO RLE string (pycocotools' rleFrString), or None if it is not one.
+
+    pycocotools decodes counts that do not cover the image without a word (the mask is whatever is left in
+    its buffer) or raises in the writer, so the check reads them first.
+    """
+    runs: list[int] = []
+    place = 0
+    while place < len(text):
+        value, shift, more = 0, 0, True
+        while more:
+            if place >= len(text):
+                return None  # the last character says more follows
+            code = ord(text[place]) - 48
+            if not 0 <= code < 64:
+                return None  # outside the 64 characters '0'…'o' the encoding uses
+            value |= (code & 0x1F) << shift
+            more = bool(code & 0x20)
+            place += 1
+            shift += 5
+            if not more and code & 0x10:
+                value |= -1 << shift  # a negative difference
+        if len(runs) > 2:
+            value += runs[-2]  # runs after the third are stored as differences to the run two back
+        runs.append(value)
+    return runs
 
 
 def oriented_box(
