@@ -292,9 +292,14 @@ def name_labels(found: Iterable[str], prior: Sequence[str] = ()) -> list[str]:
     return [*first, *sorted({name for name in found if name not in known})]
 
 
-def categories_from_labels(labels: Sequence[str]) -> tuple[tuple[int, str], ...]:
-    """(id, name) of a names-only run's label list: every line but the background's."""
-    return tuple((k, name) for k, name in enumerate(labels) if k > 0 and name != BACKGROUND)
+def categories_from_labels(labels: Sequence[str], prior: Sequence[str] = ()) -> tuple[tuple[int, str], ...]:
+    """(id, name) of a names-only run's label list: every line but the background's, and but the ``unused_<k>``
+    lines an earlier COCO run's list (``prior``) holds for its gaps: they keep their ids, they are no classes."""
+    return tuple(
+        (k, name)
+        for k, name in enumerate(labels)
+        if k > 0 and name != BACKGROUND and not (k < len(prior) and name == _unused(k))
+    )
 
 
 def object_features(
@@ -392,7 +397,12 @@ def labels_lines(categories: Sequence[tuple[int, str]]) -> list[str]:
     """
     names = dict(categories)
     top = max(names, default=-1)
-    return [names.get(k, BACKGROUND if k == 0 else f"unused_{k}") for k in range(top + 1)]
+    return [names.get(k, BACKGROUND if k == 0 else _unused(k)) for k in range(top + 1)]
+
+
+def _unused(k: int) -> str:
+    """labels.txt's line for an id without a category."""
+    return f"unused_{k}"
 
 
 def _pbtxt_string(text: str) -> str:
