@@ -577,3 +577,33 @@ def test_a_corrupt_compressed_rle_rejects_its_object_and_the_job_finishes(tmp_pa
     assert len(rows["a.jpg"]["image/object/mask"]) == 1
     rejects = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     assert sorted((r["annotation_id"], r["reason"]) for r in rejects) == [(2, objects.BAD_MASK), (3, objects.BAD_MASK)]
+
+
+def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
+    """Merged COCO files repeat entries: an image id given twice for the same file, or two broken entries naming
+    it, still make one reject of the listed file, so records + rejects + skipped add up to the files listed."""
+    root = tmp_path / "images"
+    for name in ("a.jpg", "b.jpg", "c.jpg", "ok.jpg"):
+        write(str(root / name), image_bytes("jpeg", height=20, width=20, seed=len(name)))
+    entry = {"width": 20, "height": 20}
+    doc = {
+        "images": [
+            {"id": 1, "file_name": "a.jpg", **entry},
+            {"id": 1, "file_name": "a.jpg", **entry},  # the same entry twice: duplicate_image_id
+            {"id": 2, "file_name": "b.jpg", "width": "20", "height": 20},  # two broken entries
+            {"id": 3, "file_name": "b.jpg", "width": 20},
+            {"id": 4, "file_name": "c.jpg", **entry},  # a good entry and a broken one
+            {"id": 5, "file_name": "c.jpg", "height": 20},
+            {"id": 6, "file_name": "ok.jpg", **entry},
+        ],
+        "annotations": [],
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out), "--max-reject-fraction", "1")
+    paths = [json.loads(line)["path"] for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(paths) == ["a.jpg", "b.jpg", "c.jpg"]
+    info = load_info(out)
+    assert info["rejects"]["total"] == 3 and info["examples"] == 1, info["rejects"]
