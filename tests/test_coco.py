@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 from pathlib import Path
@@ -607,3 +608,28 @@ def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
     assert sorted(paths) == ["a.jpg", "b.jpg", "c.jpg"]
     info = load_info(out)
     assert info["rejects"]["total"] == 3 and info["examples"] == 1, info["rejects"]
+
+
+def test_a_mask_of_many_polygons_is_rasterized_in_one_layer():
+    """An annotation of 2,000 polygons (a crowd outlined piece by piece) must not cost an image-size layer per
+    polygon: pycocotools decodes a list of RLEs to height x width x n, so they are merged first. The peak is
+    what numpy allocates (tracemalloc sees it), an image's worth of bytes, not 2,000 of them."""
+    import tracemalloc
+
+    import numpy as np
+    from PIL import Image
+
+    from beam_pipeline.images import Geometry
+
+    polygons = [[float(x), 1.0, x + 5.0, 1.0, x + 5.0, 8.0] for x in range(0, 190, 1)] * 10 + [POLYGON[0]] * 100
+    obj = objects.Obj(bbox=(0, 0, 200, 30), label=1, text="person", segmentation=polygons)
+    tracemalloc.start()
+    try:
+        [png] = objects.mask_pngs([obj], Geometry(200, 200, 200, 200))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 200 * 200, peak
+    mask = np.asarray(Image.open(io.BytesIO(png)))
+    assert mask.shape == (200, 200) and set(np.unique(mask)) == {0, 1}
+    assert mask[4, 100] == 1 and mask[12, 25] == 1 and mask[100, 100] == 0

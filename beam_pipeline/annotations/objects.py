@@ -233,10 +233,9 @@ def _mask(obj: Obj, width: int, height: int) -> Any:
         rles = {"size": seg["size"], "counts": seg["counts"].encode("ascii")}  # compressed: already an RLE
     else:  # polygons or an uncompressed RLE
         rles = coco_mask.frPyObjects(seg, height, width)
-    binary = coco_mask.decode(rles)
-    if binary.ndim == 3:  # polygons: one layer per polygon
-        binary = np.amax(binary, axis=2)
-    return binary.astype(np.uint8)
+    if isinstance(rles, list):  # polygons: one RLE each, merged (their union) before decoding into one layer
+        rles = coco_mask.merge(rles)  # decoding the list would make a height x width layer per polygon
+    return np.asarray(coco_mask.decode(rles), dtype=np.uint8)
 
 
 def mask_pngs(objs: Sequence[Obj], geometry: Geometry) -> list[bytes]:
