@@ -555,6 +555,16 @@ def test_a_corrupt_compressed_rle_is_a_bad_mask_not_a_crash_in_the_writer(counts
     assert objects.check_segmentation(compressed_rle(48, 64), 64, 48) is None
 
 
+@pytest.mark.parametrize("far", [1e8, -1e8, 1e300])
+def test_a_polygon_point_far_outside_the_image_is_a_bad_mask(far):
+    """pycocotools rasterizes a polygon edge pixel by pixel, wherever it goes: one point at 1e8 made the worker
+    allocate gigabytes and die (a segfault under a memory limit). A point beyond the image by more than the
+    image's own size is refused; nearer ones are clipped by the rasterizer, as before."""
+    invalid = objects.check_segmentation([[0.0, 0.0, far, 0.0, 0.0, 10.0]], 20, 20)
+    assert isinstance(invalid, objects.Invalid) and invalid.reason == objects.BAD_MASK, invalid
+    assert objects.check_segmentation([[-19.0, 0.0, 39.0, 0.0, 0.0, 39.0]], 20, 20) is None
+
+
 def test_a_corrupt_compressed_rle_rejects_its_object_and_the_job_finishes(tmp_path, tf):
     root = tmp_path / "images"
     write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))

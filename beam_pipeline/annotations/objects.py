@@ -146,6 +146,11 @@ def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | 
                 or any(_number(v) is None for v in polygon)
             ):
                 return Invalid(BAD_MASK, "a polygon is not a list of at least 3 x, y pairs")
+            # pycocotools walks every edge pixel by pixel, inside the image or not: a point at 1e8 costs gigabytes
+            xs, ys = polygon[0::2], polygon[1::2]
+            if min(xs) < -width or max(xs) > 2 * width or min(ys) < -height or max(ys) > 2 * height:
+                detail = f"a polygon point lies beyond the {width}x{height} image by more than its size"
+                return Invalid(BAD_MASK, detail)
         return None if segmentation else Invalid(BAD_MASK, "no polygon")
     if isinstance(segmentation, dict):
         counts, size = segmentation.get("counts"), segmentation.get("size")
