@@ -804,7 +804,7 @@ class FinalizeFn(beam.DoFn):
         )
         categories = self._layout.categories
         if self._layout.object_names:  # a names-only source: the run's label list names the ids
-            categories = objects.categories_from_labels(labels)
+            categories = objects.categories_from_labels(labels, self._layout.prior_labels or ())
         if categories is not None:
             info.update(detection_summary(categories, object_counts))
             info["features"] = dict(sorted({**info["features"], **objects.feature_spec()}.items()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 from pathlib import Path
@@ -534,3 +535,111 @@ def test_objects_keep_the_files_order_as_model_garden_writes_them(tmp_path, tf):
     assert list(rows["a.jpg"]["image/object/class/label"]) == [7, 1, 3, 90]
     assert list(rows["b.jpg"]["image/object/area"]) == [12.0, 4.0]
     assert [round(x * 50) for x in rows["b.jpg"]["image/object/bbox/xmin"]] == [12, 4]
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        "zzzzzzzz",  # runs far past the image's pixels
+        "1",  # one run: far fewer pixels than the image
+        "é0",  # not the ASCII alphabet of COCO's compressed counts
+        "0\x7f",  # a character outside it
+        "P",  # the last character says more follows
+    ],
+)
+def test_a_corrupt_compressed_rle_is_a_bad_mask_not_a_crash_in_the_writer(counts):
+    """pycocotools raises (or, in older versions, writes past its buffer) on compressed counts that do not cover
+    the image: the check turns them into the object's bad_mask, before the writer rasterizes them."""
+    invalid = objects.check_segmentation({"size": [48, 64], "counts": counts}, 64, 48)
+    assert isinstance(invalid, objects.Invalid) and invalid.reason == objects.BAD_MASK, invalid
+    assert objects.check_segmentation(compressed_rle(48, 64), 64, 48) is None
+
+
+@pytest.mark.parametrize("far", [1e8, -1e8, 1e300])
+def test_a_polygon_point_far_outside_the_image_is_a_bad_mask(far):
+    """pycocotools rasterizes a polygon edge pixel by pixel, wherever it goes: one point at 1e8 made the worker
+    allocate gigabytes and die (a segfault under a memory limit). A point beyond the image by more than the
+    image's own size is refused; nearer ones are clipped by the rasterizer, as before."""
+    invalid = objects.check_segmentation([[0.0, 0.0, far, 0.0, 0.0, 10.0]], 20, 20)
+    assert isinstance(invalid, objects.Invalid) and invalid.reason == objects.BAD_MASK, invalid
+    assert objects.check_segmentation([[-19.0, 0.0, 39.0, 0.0, 0.0, 39.0]], 20, 20) is None
+
+
+def test_a_corrupt_compressed_rle_rejects_its_object_and_the_job_finishes(tmp_path, tf):
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    good = compressed_rle(48, 64)
+    long_runs = {**good, "counts": "z" * 400}
+    doc = {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 5, 20, 15], "segmentation": good},
+            # runs of 10 pixels: 20 of the image's 3,072 (pycocotools leaves the rest as it finds it), 4,000 (it raises)
+            {"id": 2, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "segmentation": {**good, "counts": "zz"}},
+            {"id": 3, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "segmentation": long_runs},
+        ],
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    rows = parsed_records(out, tf)
+    assert len(rows["a.jpg"]["image/object/mask"]) == 1
+    rejects = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
+    assert sorted((r["annotation_id"], r["reason"]) for r in rejects) == [(2, objects.BAD_MASK), (3, objects.BAD_MASK)]
+
+
+def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
+    """Merged COCO files repeat entries: an image id given twice for the same file, or two broken entries naming
+    it, still make one reject of the listed file, so records + rejects + skipped add up to the files listed."""
+    root = tmp_path / "images"
+    for name in ("a.jpg", "b.jpg", "c.jpg", "ok.jpg"):
+        write(str(root / name), image_bytes("jpeg", height=20, width=20, seed=len(name)))
+    entry = {"width": 20, "height": 20}
+    doc = {
+        "images": [
+            {"id": 1, "file_name": "a.jpg", **entry},
+            {"id": 1, "file_name": "a.jpg", **entry},  # the same entry twice: duplicate_image_id
+            {"id": 2, "file_name": "b.jpg", "width": "20", "height": 20},  # two broken entries
+            {"id": 3, "file_name": "b.jpg", "width": 20},
+            {"id": 4, "file_name": "c.jpg", **entry},  # a good entry and a broken one
+            {"id": 5, "file_name": "c.jpg", "height": 20},
+            {"id": 6, "file_name": "ok.jpg", **entry},
+        ],
+        "annotations": [],
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out), "--max-reject-fraction", "1")
+    paths = [json.loads(line)["path"] for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(paths) == ["a.jpg", "b.jpg", "c.jpg"]
+    info = load_info(out)
+    assert info["rejects"]["total"] == 3 and info["examples"] == 1, info["rejects"]
+
+
+def test_a_mask_of_many_polygons_is_rasterized_in_one_layer():
+    """An annotation of 2,000 polygons (a crowd outlined piece by piece) must not cost an image-size layer per
+    polygon: pycocotools decodes a list of RLEs to height x width x n, so they are merged first. The peak is
+    what numpy allocates (tracemalloc sees it), an image's worth of bytes, not 2,000 of them."""
+    import tracemalloc
+
+    import numpy as np
+    from PIL import Image
+
+    from beam_pipeline.images import Geometry
+
+    polygons = [[float(x), 1.0, x + 5.0, 1.0, x + 5.0, 8.0] for x in range(0, 190, 1)] * 10 + [POLYGON[0]] * 100
+    obj = objects.Obj(bbox=(0, 0, 200, 30), label=1, text="person", segmentation=polygons)
+    tracemalloc.start()
+    try:
+        [png] = objects.mask_pngs([obj], Geometry(200, 200, 200, 200))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 200 * 200, peak
+    mask = np.asarray(Image.open(io.BytesIO(png)))
+    assert mask.shape == (200, 200) and set(np.unique(mask)) == {0, 1}
+    assert mask[4, 100] == 1 and mask[12, 25] == 1 and mask[100, 100] == 0

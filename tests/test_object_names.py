@@ -46,3 +46,10 @@ def test_a_class_name_that_cannot_be_a_labels_line_is_invalid(name: object) -> N
 
 def test_a_plain_class_name_is_valid() -> None:
     assert objects.check_class_name("traffic light") is None
+
+
+def test_an_earlier_coco_runs_unused_lines_keep_their_ids_and_are_no_categories() -> None:
+    prior = [BACKGROUND, "person", "unused_2", "car"]
+    labels = objects.name_labels(["car", "dog"], prior)
+    assert labels == [*prior, "dog"]
+    assert objects.categories_from_labels(labels, prior) == ((1, "person"), (3, "car"), (4, "dog"))

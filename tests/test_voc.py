@@ -515,3 +515,31 @@ def test_a_transient_error_reading_an_image_header_is_retried_not_a_reject(monke
     monkeypatch.setattr(voc.FileSystems, "open", lambda path, **_: Busy())
     with pytest.raises(ConnectionResetError):
         voc._header_size(str(not_an_image))  # noqa: SLF001
+
+
+def test_a_voc_run_from_a_coco_dataset_keeps_its_ids_and_lists_no_unused_class(tmp_path, tf):
+    """--incremental-from a COCO dataset: its labels.txt fills the gaps in its ids with ``unused_<k>`` lines. The
+    VOC run keeps the ids, but those lines are no classes: not in label_map.pbtxt or dataset.json's categories."""
+    images, annotations = tmp_path / "JPEGImages", tmp_path / "Annotations"
+    write(str(images / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    doc = {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [1, 1, 10, 10]}],
+        "categories": [{"id": 1, "name": "person"}, {"id": 3, "name": "car"}],
+    }
+    (tmp_path / "instances.json").write_text(json.dumps(doc))
+    first, second = tmp_path / "first", tmp_path / "second"
+    convert("--input", str(images), "--coco", str(tmp_path / "instances.json"), "--output", str(first))
+    assert (first / "labels.txt").read_text().splitlines() == ["background", "person", "unused_2", "car"]
+    annotations.mkdir()
+    (annotations / "a.xml").write_text(xml("a.jpg", (64, 48), obj("car", (1, 1, 11, 11)), obj("dog", (2, 2, 20, 20))))
+    convert(
+        "--input", str(images), "--voc", str(annotations), "--output", str(second), "--incremental-from", str(first)
+    )
+    assert list(parsed_records(second, tf)["a.jpg"]["image/object/class/label"]) == [3, 4]
+    assert load_info(second)["categories"] == [
+        {"id": 1, "name": "person"},
+        {"id": 3, "name": "car"},
+        {"id": 4, "name": "dog"},
+    ]
+    assert "unused" not in (second / "label_map.pbtxt").read_text()

@@ -253,20 +253,23 @@ class _AttachAnnotations(beam.DoFn):
                 yield tagged(SKIPPED, NOT_IN_COCO)
             return
         images = [e for e in entries if isinstance(e, CocoImage)]
-        for row in (e for e in entries if not isinstance(e, CocoImage)):
-            yield tagged(REJECTS, {**row, "path": refs[0].path} if refs else row)
+        rows = sorted((e for e in entries if not isinstance(e, CocoImage)), key=lambda r: (r["reason"], r["detail"]))
         if not refs:
+            yield from (tagged(REJECTS, row) for row in rows)
             for image in images:
                 detail = f"COCO image id {image.annotations.source_id} ({image.total} annotations): no such file"
                 yield tagged(REJECTS, reject(self._missing_path(element[0]), MISSING_IMAGE, detail))
             return
+        # A listed file is one reject however many entries name it (merged files repeat them).
         if len(images) > 1:
             ids = ", ".join(sorted(i.annotations.source_id for i in images))
             for ref in refs:
                 yield tagged(REJECTS, reject(ref.path, DUPLICATE_FILE_NAME, f"named by COCO image ids {ids}"))
             return
-        if len(images) < len(entries):
-            return  # the file's only entry was rejected above
+        if rows:
+            for ref in refs:
+                yield tagged(REJECTS, {**rows[0], "path": ref.path})
+            return
         image = images[0]
         for ref in refs:
             if image.total == 0:

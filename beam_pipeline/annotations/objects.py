@@ -164,6 +164,11 @@ def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | 
                 or any(_number(v) is None for v in polygon)
             ):
                 return Invalid(BAD_MASK, "a polygon is not a list of at least 3 x, y pairs")
+            # pycocotools walks every edge pixel by pixel, inside the image or not: a point at 1e8 costs gigabytes
+            xs, ys = polygon[0::2], polygon[1::2]
+            if min(xs) < -width or max(xs) > 2 * width or min(ys) < -height or max(ys) > 2 * height:
+                detail = f"a polygon point lies beyond the {width}x{height} image by more than its size"
+                return Invalid(BAD_MASK, detail)
         return None if segmentation else Invalid(BAD_MASK, "no polygon")
     if isinstance(segmentation, dict):
         counts, size = segmentation.get("counts"), segmentation.get("size")
@@ -176,6 +181,11 @@ def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | 
         if list(size) != [height, width]:
             return Invalid(MASK_SIZE_MISMATCH, f"RLE of {size[1]}x{size[0]} for a {width}x{height} image")
         if isinstance(counts, str) and counts:
+            runs = compressed_counts(counts)
+            if runs is None or any(c < 0 for c in runs):
+                return Invalid(BAD_MASK, "RLE counts are not a compressed COCO RLE string")
+            if sum(runs) != width * height:
+                return Invalid(BAD_MASK, f"RLE counts cover {sum(runs)} pixels, the image has {width * height}")
             return None
         if isinstance(counts, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
             if sum(counts) != width * height:
@@ -183,6 +193,34 @@ def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | 
             return None
         return Invalid(BAD_MASK, "RLE counts are neither a list of run lengths nor a compressed string")
     return Invalid(BAD_MASK, f"segmentation of type {type(segmentation).__name__}")
+
+
+def compressed_counts(text: str) -> list[int] | None:
+    """The run lengths of a compressed COCO RLE string (pycocotools' rleFrString), or None if it is not one.
+
+    pycocotools decodes counts that do not cover the image without a word (the mask is whatever is left in
+    its buffer) or raises in the writer, so the check reads them first.
+    """
+    runs: list[int] = []
+    place = 0
+    while place < len(text):
+        value, shift, more = 0, 0, True
+        while more:
+            if place >= len(text):
+                return None  # the last character says more follows
+            code = ord(text[place]) - 48
+            if not 0 <= code < 64:
+                return None  # outside the 64 characters '0'…'o' the encoding uses
+            value |= (code & 0x1F) << shift
+            more = bool(code & 0x20)
+            place += 1
+            shift += 5
+            if not more and code & 0x10:
+                value |= -1 << shift  # a negative difference
+        if len(runs) > 2:
+            value += runs[-2]  # runs after the third are stored as differences to the run two back
+        runs.append(value)
+    return runs
 
 
 def oriented_box(
@@ -218,10 +256,9 @@ def _mask(obj: Obj, width: int, height: int) -> Any:
         rles = {"size": seg["size"], "counts": seg["counts"].encode("ascii")}  # compressed: already an RLE
     else:  # polygons or an uncompressed RLE
         rles = coco_mask.frPyObjects(seg, height, width)
-    binary = coco_mask.decode(rles)
-    if binary.ndim == 3:  # polygons: one layer per polygon
-        binary = np.amax(binary, axis=2)
-    return binary.astype(np.uint8)
+    if isinstance(rles, list):  # polygons: one RLE each, merged (their union) before decoding into one layer
+        rles = coco_mask.merge(rles)  # decoding the list would make a height x width layer per polygon
+    return np.asarray(coco_mask.decode(rles), dtype=np.uint8)
 
 
 def mask_pngs(objs: Sequence[Obj], geometry: Geometry) -> list[bytes]:
@@ -280,9 +317,14 @@ def name_labels(found: Iterable[str], prior: Sequence[str] = ()) -> list[str]:
     return [*first, *sorted({name for name in found if name not in known})]
 
 
-def categories_from_labels(labels: Sequence[str]) -> tuple[tuple[int, str], ...]:
-    """(id, name) of a names-only run's label list: every line but the background's."""
-    return tuple((k, name) for k, name in enumerate(labels) if k > 0 and name != BACKGROUND)
+def categories_from_labels(labels: Sequence[str], prior: Sequence[str] = ()) -> tuple[tuple[int, str], ...]:
+    """(id, name) of a names-only run's label list: every line but the background's, and but the ``unused_<k>``
+    lines an earlier COCO run's list (``prior``) holds for its gaps: they keep their ids, they are no classes."""
+    return tuple(
+        (k, name)
+        for k, name in enumerate(labels)
+        if k > 0 and name != BACKGROUND and not (k < len(prior) and name == _unused(k))
+    )
 
 
 def object_features(
@@ -377,7 +419,12 @@ def labels_lines(categories: Sequence[tuple[int, str]]) -> list[str]:
     """
     names = dict(categories)
     top = max(names, default=-1)
-    return [names.get(k, BACKGROUND if k == 0 else f"unused_{k}") for k in range(top + 1)]
+    return [names.get(k, BACKGROUND if k == 0 else _unused(k)) for k in range(top + 1)]
+
+
+def _unused(k: int) -> str:
+    """labels.txt's line for an id without a category."""
+    return f"unused_{k}"
 
 
 def _pbtxt_string(text: str) -> str:
