@@ -99,8 +99,12 @@ class Annotations:
         payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         payload["objects"] = [{name: getattr(o, name) for name in _OBJ_FIELDS} for o in self.objects]
         # the JSON dataclasses.asdict gave (earlier runs' index.jsonl holds it) without its deep copy
-        text = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
-        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return _json_digest(payload)
+
+
+def _json_digest(payload: Any) -> str:
+    text = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 _OBJ_FIELDS = tuple(f.name for f in dataclasses.fields(Obj))
@@ -402,9 +406,17 @@ def feature_spec() -> dict[str, dict[str, Any]]:
     return spec
 
 
-def digest(annotations: Annotations | None) -> str:
-    """A short digest of an image's annotations: a record is reused (or a shard resumed) only if it is unchanged."""
-    return "" if annotations is None else annotations.digest
+def digest(annotations: Any) -> str:
+    """A short digest of an image's annotations: a record is reused (or a shard resumed) only if it is unchanged.
+
+    ``Annotations`` keep theirs (computed once); another annotation value (``masks.LabelMap``: a mask file's
+    path, size and mtime) is digested as its fields' JSON.
+    """
+    if annotations is None:
+        return ""
+    if isinstance(annotations, Annotations):
+        return annotations.digest
+    return _json_digest(dataclasses.asdict(annotations))
 
 
 # ---- the category list: labels.txt and label_map.pbtxt ---------------------------------------
