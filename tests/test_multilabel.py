@@ -1,0 +1,166 @@
+"""Multi-label classification (--label-separator): several labels per manifest row → image/class/label lists.
+
+Real conversions through the CLI, read back with TensorFlow (``tf.io.VarLenFeature``),
+TFDS and ``reader.load``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from beam_pipeline.config import ConvertConfig, Layout
+from beam_pipeline.listing import make_ref, split_labels
+
+from .conftest import convert, load_info, run_cli
+from .imagegen import image_bytes, write
+
+NO_BUDGET = ("--max-reject-fraction", "1")
+
+# file → the CSV label cell; None: an empty cell
+CSV_ROWS = {
+    "a.jpg": "cat|dog",
+    "b.jpg": " dog | cat |dog ",  # spaces around labels go, a repeated label counts once
+    "c.jpg": "fox",
+    "d.jpg": "cat||dog",  # an empty label between separators: bad_label
+    "e.jpg": None,  # no label: no_label, as in a single-label run
+    "f.jpg": "fox|",  # an empty last label: bad_label
+    "g.jpg": "dog|fox|cat",
+}
+# what the records must say, by file: label names sorted by id (ids sorted)
+CSV_WANT = {
+    "a.jpg": ["cat", "dog"],
+    "b.jpg": ["cat", "dog"],
+    "c.jpg": ["fox"],
+    "g.jpg": ["cat", "dog", "fox"],
+}
+CSV_REJECTS = {"d.jpg": "bad_label", "e.jpg": "no_label", "f.jpg": "bad_label"}
+
+
+def _images(root: Path, names: list[str]) -> None:
+    for i, name in enumerate(names):
+        write(str(root / name), image_bytes("jpeg", seed=i))
+
+
+def _csv_manifest(tmp_path: Path, rows: dict[str, str | None] = CSV_ROWS) -> Path:
+    root = tmp_path / "photos"
+    _images(root, sorted(rows))
+    lines = ["path,label"] + [f'photos/{name},"{cell or ""}"' for name, cell in sorted(rows.items())]
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def _by_file(out: Path, tf) -> dict[str, dict[str, list]]:
+    """Every record, parsed with TensorFlow: {file name: {"ids": [...], "text": [...]}}."""
+    spec = {
+        "image/filename": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.VarLenFeature(tf.int64),
+        "image/class/text": tf.io.VarLenFeature(tf.string),
+    }
+    info = load_info(out)
+    rows = {}
+    for s in info["splits"].values():
+        for shard in s["shards"]:
+            for raw in tf.data.TFRecordDataset(str(out / shard["file"])):
+                ex = tf.io.parse_single_example(raw, spec)
+                name = Path(ex["image/filename"].numpy().decode()).name
+                rows[name] = {
+                    "ids": ex["image/class/label"].values.numpy().tolist(),
+                    "text": [t.decode() for t in ex["image/class/text"].values.numpy().tolist()],
+                }
+    return rows
+
+
+def _rejects(out: Path) -> dict[str, tuple[str, str]]:
+    rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    return {Path(r["path"]).name: (r["reason"], r["detail"]) for r in rows}
+
+
+def test_csv_manifest_several_labels_per_row(tmp_path, tf):
+    manifest = _csv_manifest(tmp_path)
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--output", str(out), "--label-separator", "|", *NO_BUDGET)
+    labels = (out / "labels.txt").read_text().splitlines()
+    assert labels == ["cat", "dog", "fox"]
+    got = _by_file(out, tf)
+    assert got == {name: {"ids": [labels.index(n) for n in want], "text": want} for name, want in CSV_WANT.items()}
+    assert {name: reason for name, (reason, _) in _rejects(out).items()} == CSV_REJECTS
+    assert "empty label" in _rejects(out)["d.jpg"][1]
+    info = load_info(out)
+    assert info["features"]["image/class/label"] == {"dtype": "int64", "shape": [None]}
+    assert info["features"]["image/class/text"] == {"dtype": "string", "shape": [None]}
+    train = info["splits"]["train"]
+    # an image counts under each of its labels; examples are images
+    assert train["examples"] == 4 and info["examples"] == 4
+    assert train["labels"] == {"cat": 3, "dog": 3, "fox": 2}
+    index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    a = next(e for e in index if e["path"].endswith("a.jpg"))
+    assert a["label"] == ["cat", "dog"] and a["label_id"] == [0, 1]
+
+
+def test_without_the_flag_a_separator_is_part_of_the_label(tmp_path):
+    manifest = _csv_manifest(tmp_path, {"a.jpg": "cat|dog", "b.jpg": "cat"})
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--output", str(out))
+    assert (out / "labels.txt").read_text().splitlines() == ["cat", "cat|dog"]
+    assert load_info(out)["features"]["image/class/label"] == {"dtype": "int64", "shape": []}
+
+
+def test_labels_file_orders_ids_and_rejects_unknown_labels(tmp_path, tf):
+    manifest = _csv_manifest(tmp_path, {"a.jpg": "cat|dog", "b.jpg": "fox|cow", "c.jpg": "fox|cat"})
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("fox\ndog\ncat\n")
+    out = tmp_path / "out"
+    convert(
+        "--manifest", str(manifest), "--output", str(out), "--label-separator", "|",
+        "--labels-file", str(labels_file), *NO_BUDGET,
+    )  # fmt: skip
+    assert (out / "labels.txt").read_text() == "fox\ndog\ncat\n"
+    # ids sorted, names in the ids' order
+    assert _by_file(out, tf) == {
+        "a.jpg": {"ids": [1, 2], "text": ["dog", "cat"]},
+        "c.jpg": {"ids": [0, 2], "text": ["fox", "cat"]},
+    }
+    reason, detail = _rejects(out)["b.jpg"]
+    assert reason == "unknown_label" and "'cow'" in detail
+
+
+def test_split_labels_rules():
+    assert split_labels("b | a|b", "|") == (("a", "b"), "")
+    assert split_labels(["dog", " cat", "dog"], "|") == (("cat", "dog"), "")
+    assert split_labels(["a|b"], "|") == (("a|b",), "")  # list items are not split
+    assert split_labels("", "|") == ((), "")
+    assert split_labels(None, "|") == ((), "")
+    assert split_labels([], "|") == ((), "")
+    for bad in ("a||b", "|a", "a|", " | "):
+        assert split_labels(bad, "|")[1]
+    assert "text" in split_labels(["a", 3], "|")[1]
+    assert "--label-separator" in split_labels(["a"], None)[1]
+
+
+def test_a_multi_label_ref_holds_its_labels_as_a_tuple():
+    cfg = ConvertConfig(output="o", name="d", manifest="m.csv", label_separator=";")
+    layout = Layout(root="/r", pattern=None, manifest="/r/m.csv", manifest_format="csv", label_source="manifest")
+    ref = make_ref("/r/a.jpg", "a.jpg", 10, cfg, layout, label_value="x;y")
+    assert ref.label == ("x", "y")
+    single = make_ref("/r/a.jpg", "a.jpg", 10, ConvertConfig(output="o", name="d", manifest="m.csv"), layout,
+                      label_value="x;y")  # fmt: skip
+    assert single.label == "x;y"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--input", "photos", "--label-separator", "|"), "--label-separator"),
+        (("--manifest", "list.csv", "--label-separator", " "), "--label-separator"),
+        (("--manifest", "list.csv", "--label-separator", "|", "--labels-from", "none"), "--label-separator"),
+    ],
+)
+def test_label_separator_usage_errors(tmp_path, args, message):
+    result = run_cli("convert", *args, "--output", str(tmp_path / "o"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
