@@ -164,3 +164,85 @@ def test_label_separator_usage_errors(tmp_path, args, message):
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# file → the JSONL "label" value
+JSONL_ROWS = {
+    "a.png": ["dog", "cat"],  # a JSON list: taken item by item
+    "b.png": "fox|cat",  # text is split as in a CSV
+    "c.png": ["cat", "cat"],
+    "d.png": [],  # no labels: no_label
+    "e.png": ["cat", ""],  # an empty item: bad_label
+    "f.png": ["cat", 3],  # an item that is not text: bad_label
+    "g.png": "fox",
+}
+JSONL_WANT = {"a.png": ["cat", "dog"], "b.png": ["cat", "fox"], "c.png": ["cat"], "g.png": ["fox"]}
+JSONL_REJECTS = {"d.png": "no_label", "e.png": "bad_label", "f.png": "bad_label"}
+
+
+def _jsonl_manifest(tmp_path: Path) -> Path:
+    root = tmp_path / "photos"
+    for i, name in enumerate(sorted(JSONL_ROWS)):
+        write(str(root / name), image_bytes("png", 20 + i, 24, seed=i))
+    manifest = tmp_path / "list.jsonl"
+    manifest.write_text(
+        "".join(json.dumps({"path": f"photos/{n}", "label": v}) + "\n" for n, v in sorted(JSONL_ROWS.items()))
+    )
+    return manifest
+
+
+def test_jsonl_manifest_with_tfds_reader_transform_and_verify(tmp_path, tf):
+    """One conversion with default post-steps (TFT analysis, TFDS metadata), read every way a user reads it."""
+    import tensorflow_datasets as tfds
+
+    from beam_pipeline import reader
+
+    manifest = _jsonl_manifest(tmp_path)
+    out = tmp_path / "out"
+    convert(
+        "--manifest", str(manifest), "--output", str(out), "--label-separator", "|", *NO_BUDGET,
+        transform=True, tfds=True,
+    )  # fmt: skip
+    labels = (out / "labels.txt").read_text().splitlines()
+    assert labels == ["cat", "dog", "fox"]
+    want = {name: {"ids": [labels.index(n) for n in names], "text": names} for name, names in JSONL_WANT.items()}
+    assert _by_file(out, tf) == want
+    assert {name: reason for name, (reason, _) in _rejects(out).items()} == JSONL_REJECTS
+    assert load_info(out)["splits"]["train"]["labels"] == {"cat": 3, "dog": 1, "fox": 2}
+
+    # TFDS: Sequence(ClassLabel) with the names of labels.txt
+    builder = tfds.builder_from_directory(str(out))
+    assert builder.info.features["image/class/label"].feature.names == labels
+    from_tfds = {
+        Path(ex["image/filename"].numpy().decode()).name: ex["image/class/label"].numpy().tolist()
+        for ex in builder.as_dataset(split="train")
+    }
+    assert from_tfds == {name: w["ids"] for name, w in want.items()}
+
+    # reader.load: a vector of ids per record, a ragged batch
+    loaded = {
+        Path(ex["image/filename"].numpy().decode()).name: ex["image/class/label"].numpy().tolist()
+        for ex in reader.load(str(out), "train", shuffle=False)
+    }
+    assert loaded == {name: w["ids"] for name, w in want.items()}
+    batch = next(iter(reader.load(str(out), "train", shuffle=False, batch_size=4)))
+    assert sorted(map(sorted, batch["image/class/label"].to_list())) == sorted(w["ids"] for w in want.values())
+
+    # the TFT graph: label as a multi-hot vector over labels.txt
+    transformed = {
+        tuple(ex["label"].numpy().tolist()) for ex in reader.load(str(out), "train", transformed=True, shuffle=False)
+    }
+    assert transformed == {tuple(float(i in w["ids"]) for i in range(3)) for w in want.values()}
+
+    result = run_cli("inspect", str(out), "--verify")
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_json_list_without_the_flag_is_a_bad_label(tmp_path):
+    manifest = _jsonl_manifest(tmp_path)
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--output", str(out), *NO_BUDGET)
+    rejects = _rejects(out)
+    assert {n for n, (reason, _) in rejects.items() if reason == "bad_label"} >= {"a.png", "c.png"}
+    assert "--label-separator" in rejects["a.png"][1]
+    assert (out / "labels.txt").read_text().splitlines() == ["fox", "fox|cat"]
