@@ -246,3 +246,51 @@ def test_a_json_list_without_the_flag_is_a_bad_label(tmp_path):
     assert {n for n, (reason, _) in rejects.items() if reason == "bad_label"} >= {"a.png", "c.png"}
     assert "--label-separator" in rejects["a.png"][1]
     assert (out / "labels.txt").read_text().splitlines() == ["fox", "fox|cat"]
+
+
+def _shard_bytes(out: Path) -> dict[str, bytes]:
+    return {s["file"]: (out / s["file"]).read_bytes() for v in load_info(out)["splits"].values() for s in v["shards"]}
+
+
+def test_incremental_run_reuses_a_record_only_while_its_labels_are_the_same(tmp_path, tf):
+    rows = {f"{i:02d}.jpg": ["cat|dog", "dog", "fox|cat", "dog|fox"][i % 4] for i in range(12)}
+    manifest = _csv_manifest(tmp_path, rows)
+    opts = (
+        "--manifest",
+        str(manifest),
+        "--label-separator",
+        "|",
+        "--split-ratios",
+        "train=0.7,test=0.3",
+        "--name",
+        "ds",
+    )
+    first, second, full = tmp_path / "first", tmp_path / "second", tmp_path / "full"
+    convert(*opts, "--output", str(first))
+    assert load_info(first)["examples"] == 12
+
+    changed = {**rows, "00.jpg": "cat", "01.jpg": "dog|eel", "02.jpg": "cat|fox"}  # 02: the same labels, reordered
+    lines = ["path,label"] + [f'photos/{name},"{cell}"' for name, cell in sorted(changed.items())]
+    manifest.write_text("\n".join(lines) + "\n")
+    convert(*opts, "--output", str(second), "--incremental-from", str(first))
+    assert (second / "labels.txt").read_text() == "cat\ndog\nfox\neel\n"  # earlier ids stay, the new label follows
+    assert load_info(second)["incremental"]["reused"] == 10 and load_info(second)["incremental"]["converted"] == 2
+    got = _by_file(second, tf)
+    assert got["00.jpg"] == {"ids": [0], "text": ["cat"]}
+    assert got["01.jpg"] == {"ids": [1, 3], "text": ["dog", "eel"]}
+    assert got["02.jpg"] == {"ids": [0, 2], "text": ["cat", "fox"]}
+
+    # the same bytes as converting everything afresh with those ids
+    convert(*opts, "--output", str(full), "--labels-file", str(second / "labels.txt"))
+    assert _shard_bytes(second) == _shard_bytes(full)
+    assert (second / "index.jsonl").read_text() == (full / "index.jsonl").read_text()
+
+
+def test_a_single_label_run_reuses_nothing_of_a_multi_label_one(tmp_path):
+    """The label features differ (a list, one value): every record is converted again."""
+    manifest = _csv_manifest(tmp_path, {"a.jpg": "cat", "b.jpg": "dog"})
+    first, second = tmp_path / "first", tmp_path / "second"
+    convert("--manifest", str(manifest), "--output", str(first), "--label-separator", "|")
+    convert("--manifest", str(manifest), "--output", str(second), "--incremental-from", str(first))
+    assert load_info(second)["incremental"]["reused"] == 0
+    assert load_info(second)["features"]["image/class/label"]["shape"] == []
