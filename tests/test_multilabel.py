@@ -7,6 +7,7 @@ TFDS and ``reader.load``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,19 @@ def test_a_single_label_run_reuses_nothing_of_a_multi_label_one(tmp_path):
     convert("--manifest", str(manifest), "--output", str(second), "--incremental-from", str(first))
     assert load_info(second)["incremental"]["reused"] == 0
     assert load_info(second)["features"]["image/class/label"]["shape"] == []
+
+
+def test_write_to_tfrecord_sink_and_plan_count_examples_once_and_labels_each(tmp_path, tf):
+    """The WriteToTFRecord sink counts labels from its records, `plan` from the listing: both the same way."""
+    manifest = _csv_manifest(tmp_path)
+    opts = ("--manifest", str(manifest), "--label-separator", "|")
+    plan = run_cli("plan", *opts, "--output", str(tmp_path / "p"), "--max-reject-fraction", "1")
+    assert plan.returncode == 0, plan.stderr
+    out = tmp_path / "wtt"
+    convert(*opts, "--output", str(out), "--sink", "write_to_tfrecord", *NO_BUDGET)
+    labels = (out / "labels.txt").read_text().splitlines()
+    got = _by_file(out, tf)
+    assert got == {name: {"ids": [labels.index(n) for n in want], "text": want} for name, want in CSV_WANT.items()}
+    train = load_info(out)["splits"]["train"]
+    assert train["examples"] == 4 and train["labels"] == {"cat": 3, "dog": 3, "fox": 2}
+    assert re.search(r"train\s+4 examples", plan.stdout) and "cat 3, dog 3, fox 2" in plan.stdout, plan.stdout
