@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from beam_pipeline import resume
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.listing import make_ref, split_labels
 
@@ -311,3 +312,30 @@ def test_write_to_tfrecord_sink_and_plan_count_examples_once_and_labels_each(tmp
     train = load_info(out)["splits"]["train"]
     assert train["examples"] == 4 and train["labels"] == {"cat": 3, "dog": 3, "fox": 2}
     assert re.search(r"train\s+4 examples", plan.stdout) and "cat 3, dog 3, fox 2" in plan.stdout, plan.stdout
+
+
+def test_a_killed_multi_label_run_resumes_and_rewrites_a_shard_whose_labels_changed(tmp_path, monkeypatch):
+    """Killed after 3 finished shards; one taken image's labels change in the manifest before the re-run: that
+    shard is written again, the other two are taken, and the output is a never-killed run's."""
+    rows = {f"{i:02d}.jpg": ["cat|dog", "dog", "fox|cat", "dog|fox"][i % 4] for i in range(16)}
+    manifest = _csv_manifest(tmp_path, rows)
+    opts = ("--manifest", str(manifest), "--label-separator", "|", "--name", "ds", "--target-shard-mb", "0.004")
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", "writer.result:3:kill")
+    killed = run_cli("convert", *opts, "--output", str(out), "--no-transform", "--no-tfds-metadata")
+    monkeypatch.delenv("BEAM_PIPELINE_FAILPOINTS")
+    assert killed.returncode != 0 and not (out / "_SUCCESS").exists()
+    [scratch] = [p for p in out.iterdir() if p.name.startswith(".beam_pipeline-tmp-")]
+    done = sorted(p for p in (scratch / resume.DONE).glob("*.json") if p.name != resume.RENAMED)
+    taken = [json.loads(p.read_text())["result"] for p in done]
+    assert len(taken) == 3
+    first = json.loads(Path(taken[0]["index_path"]).read_text().splitlines()[0])
+    name = Path(first["path"]).name
+    rows[name] = "cat" if rows[name] == "dog" else "cat|eel"  # other labels, the same planned bytes
+    manifest.write_text("\n".join(["path,label"] + [f'photos/{n},"{c}"' for n, c in sorted(rows.items())]) + "\n")
+
+    convert(*opts, "--output", str(ref))  # never killed, the changed manifest
+    convert(*opts, "--output", str(out))  # the same command again
+    assert _shard_bytes(out) == _shard_bytes(ref)
+    assert (out / "index.jsonl").read_text() == (ref / "index.jsonl").read_text()
+    assert load_info(out)["resumed"]["shards"] == 2
