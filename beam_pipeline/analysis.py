@@ -47,6 +47,7 @@ from apache_beam.io.filesystems import FileSystems
 from . import examples
 from .examples import parse_example
 from .finalize import delete_tree
+from .metadata import is_multi_label
 from .storage import write_text
 
 TRANSFORM_FN = "transform_fn"
@@ -94,12 +95,14 @@ def import_tft() -> None:
         logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def raw_feature_spec(labelled: bool) -> dict[str, Any]:
+def raw_feature_spec(labelled: bool, multi_label: bool = False) -> dict[str, Any]:
+    """What the TFT graph reads of a record: the image bytes, and the label text (a list in a multi-label run)."""
     import tensorflow as tf
 
     spec = {examples.ENCODED: tf.io.FixedLenFeature([], tf.string)}
     if labelled:
-        spec[examples.LABEL_TEXT] = tf.io.FixedLenFeature([], tf.string)
+        text = tf.io.VarLenFeature(tf.string) if multi_label else tf.io.FixedLenFeature([], tf.string)
+        spec[examples.LABEL_TEXT] = text
     return spec
 
 
@@ -118,9 +121,15 @@ def decode_resized(encoded: Any, size: int) -> Any:
 
 
 def make_preprocessing_fn(
-    labels: Sequence[str] | None, image_size: int, pixel_stats: Mapping[str, Any] | None = None
+    labels: Sequence[str] | None,
+    image_size: int,
+    pixel_stats: Mapping[str, Any] | None = None,
+    multi_label: bool = False,
 ) -> Callable:
     """The TFT preprocessing_fn for this dataset (labels None = unlabelled).
+
+    ``multi_label``: ``label`` is a multi-hot float32 vector over the label
+    list (1.0 at each of the image's label ids), what a sigmoid output trains on.
 
     ``pixel_stats`` ({"image_mean": [3], "image_std": [3]}, from
     ``TrainPixelStats``) adds ``image_normalized``; mean and std enter the
@@ -142,7 +151,8 @@ def make_preprocessing_fn(
         if labels is not None:
             text = inputs[examples.LABEL_TEXT]
             vocab = tft.vocabulary(text, reserved_tokens=list(labels), vocab_filename=LABEL_VOCABULARY)
-            outputs["label"] = tft.apply_vocabulary(text, vocab, default_value=-1)
+            ids = tft.apply_vocabulary(text, vocab, default_value=-1)
+            outputs["label"] = _multi_hot(ids, len(labels)) if multi_label else ids
         if pixel_stats is not None:
             mean = tf.constant(pixel_stats[_MEAN], tf.float32)
             std = tf.constant(pixel_stats[_STD], tf.float32)
@@ -153,6 +163,14 @@ def make_preprocessing_fn(
         return outputs
 
     return preprocessing_fn
+
+
+def _multi_hot(ids: Any, depth: int) -> Any:
+    """A SparseTensor of label ids per row → [rows, depth] float32, 1.0 at each id (an unknown id, -1: none)."""
+    import tensorflow as tf
+
+    dense = tf.sparse.to_dense(ids, default_value=-1)
+    return tf.minimum(tf.reduce_sum(tf.one_hot(dense, depth, dtype=tf.float32), axis=1), 1.0)
 
 
 def _placeholder_png() -> bytes:
@@ -342,7 +360,8 @@ def run_analysis(
 
     labels = info.get("labels")
     labelled = labels is not None
-    spec = raw_feature_spec(labelled)
+    multi_label = is_multi_label(info)
+    spec = raw_feature_spec(labelled, multi_label)
     train = info["splits"].get("train")
     stats_split_files = [FileSystems.join(output_dir, s["file"]) for s in train["shards"]] if train else []
     if image_stats and not stats_split_files:
@@ -357,7 +376,7 @@ def run_analysis(
     try:
         if image_stats and pixel_stats is None:
             pixel_stats = compute_pixel_stats(stats_split_files, image_size, options=options, runner=runner, work=work)
-        preprocessing_fn = make_preprocessing_fn(labels, image_size, pixel_stats if image_stats else None)
+        preprocessing_fn = make_preprocessing_fn(labels, image_size, pixel_stats if image_stats else None, multi_label)
         local_out = FileSystems.join(work, "out")
         with (
             beam.Pipeline(runner=runner, options=options) as p,
@@ -368,7 +387,10 @@ def run_analysis(
             # statistics are constants by now). TFT runs the whole graph on
             # each row, so each row carries a valid 1x1 placeholder image.
             pixel = _placeholder_png()
-            seed_rows = [{examples.ENCODED: pixel, examples.LABEL_TEXT: label.encode()} for label in labels or []]
+            seed_rows = [
+                {examples.ENCODED: pixel, examples.LABEL_TEXT: [label.encode()] if multi_label else label.encode()}
+                for label in labels or []
+            ]
             if not labelled:
                 seed_rows = [{examples.ENCODED: pixel}]
             rows = p | "LabelRows" >> beam.Create(seed_rows)

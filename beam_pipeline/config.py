@@ -53,6 +53,9 @@ class ConvertConfig:
     labels_from: str | None = None  # None = the natural source for the input kind
     label_regex: str | None = None
     labels_file: str | None = None
+    # Multi-label: a manifest's label cell holds several labels split on it (a JSONL list is taken as it is);
+    # None = one label per image, a separator inside a label is part of it.
+    label_separator: str | None = None
     coco: str | None = None  # COCO instances JSON: objects per image (annotations/coco.py)
     # The manifest holds objects (annotations/table.py): "rows" (one row per object: xmin, ymin, xmax,
     # ymax, label) or "column" (an 'objects' column: a list per image); their boxes in BOX_UNITS.
@@ -304,6 +307,15 @@ def parse_split_ratios(text: str, allow_any_name: bool = False) -> tuple[tuple[s
     return tuple(pairs)
 
 
+def _check_label_separator(cfg: ConvertConfig) -> None:
+    """--label-separator: a non-empty separator, for labels a manifest's label column gives."""
+    sep = cfg.label_separator or ""
+    if not sep or sep != sep.strip() or "\n" in sep or "\r" in sep:
+        raise UsageError(f"--label-separator {sep!r}: give one or more characters, not spaces or line breaks alone")
+    if not cfg.manifest or cfg.labels_from not in (None, "manifest") or cfg.label_regex:
+        raise UsageError("--label-separator splits a manifest's label column: it needs --manifest (labels from it)")
+
+
 def validate(cfg: ConvertConfig) -> None:
     """Checks that need no file system access; raises UsageError."""
     if bool(cfg.input) == bool(cfg.manifest):
@@ -335,6 +347,8 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--labels-from manifest needs --manifest")
     if cfg.labels_file and cfg.labels_from == "none":
         raise UsageError("--labels-file cannot be combined with --labels-from none")
+    if cfg.label_separator is not None:
+        _check_label_separator(cfg)
     if cfg.coco:
         if not cfg.input:
             raise UsageError("--coco needs --input (the folder its file_name values are relative to)")

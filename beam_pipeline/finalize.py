@@ -801,6 +801,7 @@ class FinalizeFn(beam.DoFn):
             rejects=rejects_by_reason,
             skipped=dict(sorted(skipped_counts, key=lambda kv: (-kv[1], kv[0]))),
             sink=cfg.sink,
+            multi_label=cfg.label_separator is not None,
         )
         categories = self._layout.categories
         if self._layout.object_names:  # a names-only source: the run's label list names the ids

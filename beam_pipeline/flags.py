@@ -230,6 +230,13 @@ CONVERT = Command(
                 Flag("--label-regex", "label = first group of RE searched in the file name", metavar="RE"),
                 Flag("--labels-file", "fixed label order, one per line (line k = id k)", metavar="FILE"),
                 Flag(
+                    "--label-separator",
+                    "multi-label: a manifest's label cell holds several labels split on SEP (e.g. 'cat|dog'; a "
+                    "JSONL row may give a JSON list), written as an image/class/label list (default: one label "
+                    "per image, SEP kept as text)",
+                    metavar="SEP",
+                ),
+                Flag(
                     "--split-ratios",
                     "e.g. train=0.8,validation=0.1,test=0.1, by a seedless hash of the path (default: a manifest "
                     "'split' column, else train/ validation/ (or val/) test/ folders, else everything in train)",

@@ -42,7 +42,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 from . import examples
 from .annotations.objects import digest as annotations_digest
 from .images import MISSING, UNREADABLE
-from .listing import Ref
+from .listing import Ref, class_values
 from .metadata import REJECTS_JSONL
 
 INDEX_JSONL = "index.jsonl"
@@ -66,7 +66,7 @@ def extras_digest(ref: Ref) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def part_line(ref: Ref, record: int, offset: int, length: int, sha256: str, label_id: int | None) -> str:
+def part_line(ref: Ref, record: int, offset: int, length: int, sha256: str, label_id: int | list[int] | None) -> str:
     """One record's index line as the writer stores it (finalize adds the shard's final name in front)."""
     entry: dict[str, Any] = {
         "path": ref.relpath,
@@ -168,8 +168,8 @@ class Previous(NamedTuple):
     offset: int
     length: int
     sha256: str
-    label: str | None
-    label_id: int | None
+    label: str | tuple[str, ...] | None  # a multi-label run's: the names, sorted
+    label_id: int | list[int] | None
     extras: str
 
 
@@ -257,7 +257,7 @@ def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
         int(entry["offset"]),
         int(entry["length"]),
         str(entry["sha256"]),
-        entry.get("label"),
+        tuple(entry["label"]) if isinstance(entry.get("label"), list) else entry.get("label"),
         entry.get("label_id"),
         str(entry.get("extras", "")),
     )
@@ -272,7 +272,10 @@ def reusable_record(ref: Ref, label_ids: Mapping[str, int]) -> bool:
     prev = ref.previous
     if not isinstance(prev, Previous):
         return False
-    label_id = label_ids.get(ref.label) if ref.label is not None else None
+    try:
+        label_id, _ = class_values(ref.label, label_ids)
+    except KeyError:  # a label without an id: nothing to compare with
+        return False
     return prev.label == ref.label and prev.label_id == label_id and prev.extras == extras_digest(ref)
 
 

@@ -429,6 +429,9 @@ class _IndexLines:
             "label": _text(ex, examples.LABEL_TEXT),
             "split": split,
         }
+        if isinstance(entry.get("label_id"), list):  # multi-label: the ids as in the record, the names sorted
+            names = sorted(t.decode("utf-8", "surrogateescape") for t in ex.get(examples.LABEL_TEXT, []))
+            want.update(label_id=list(label or []), label=names)
         if examples.FILENAME in ex:
             want["path"] = _text(ex, examples.FILENAME)
         for key, value in want.items():
@@ -615,7 +618,7 @@ def contact_sheet(
             _draw_objects(sheet, ex, left, top, thumb.size)
         except Exception:  # noqa: BLE001 - a tile that cannot be drawn stays blank, marked
             draw.line((x, y, x + tile, y + tile), fill="red")
-        text = ex.get(examples.LABEL_TEXT, [b""])[0].decode("utf-8", "replace") or "(no label)"
+        text = b", ".join(ex.get(examples.LABEL_TEXT, [])).decode("utf-8", "replace") or "(no label)"
         if objects.SOURCE_ID in ex:  # a detection record: no image label, some objects
             count = len(ex.get(objects.XMIN, []))
             text = f"{count} object{'' if count == 1 else 's'}"

@@ -24,7 +24,7 @@ import io
 import json
 import posixpath
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -59,7 +59,8 @@ class Ref:
     relpath: str  # relative to the input root; image/filename
     size: int
     split: str
-    label: str | None
+    # The label text; a multi-label run (--label-separator): the image's labels, distinct, sorted by name.
+    label: str | tuple[str, ...] | None
     key: int  # salted shuffle key: the record's place in the global order
     extras: tuple[tuple[str, Any], ...] = ()
     # Source modification time (seconds; GCS: the object's update time), as
@@ -149,6 +150,52 @@ def label_for(relpath: str, column_value: str | None, cfg: ConvertConfig, layout
     return rest[0] if len(rest) > 1 else None
 
 
+def label_names(label: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """A Ref's label as names: none, one, or (multi-label run) several. Every label an image counts under."""
+    if label is None:
+        return ()
+    return label if isinstance(label, tuple) else (label,)
+
+
+def class_values(
+    label: str | tuple[str, ...] | None, label_ids: Mapping[str, int]
+) -> tuple[int | list[int] | None, str | list[str] | None]:
+    """(image/class/label, image/class/text) of a Ref's label: one id and name, or (multi-label) lists sorted by
+    id, the names in the ids' order. KeyError for a name without an id."""
+    if label is None or isinstance(label, str):
+        return (None, None) if label is None else (label_ids[label], label)
+    pairs = sorted((label_ids[name], name) for name in label)
+    return [i for i, _ in pairs], [name for _, name in pairs]
+
+
+def split_labels(value: Any, separator: str | None) -> tuple[tuple[str, ...], str]:
+    """A manifest label cell as a multi-label run reads it: (distinct labels sorted, "") or ((), why it is bad).
+
+    A JSONL list is taken item by item (items are not split); text is split on
+    ``separator``. Each label is stripped; an empty one (``cat||dog``, ``cat|``)
+    makes the row a bad label, a repeated one counts once. An empty cell gives
+    no labels (a ``no_label`` reject, as in a single-label run).
+    """
+    if value is None:
+        return (), ""
+    if isinstance(value, list):
+        if separator is None:
+            return (), "the label is a JSON list: pass --label-separator for several labels per image"
+        if any(not isinstance(item, str) for item in value):
+            return (), f"label list {json.dumps(value, ensure_ascii=False)}: every item must be text"
+        parts = [item.strip() for item in value]
+        where = f"label list {json.dumps(value, ensure_ascii=False)}"
+    else:
+        text = str(value).strip()
+        if not text:
+            return (), ""
+        parts = [part.strip() for part in text.split(separator)]
+        where = f"label {text!r}"
+    if any(not part for part in parts):
+        return (), f"{where} holds an empty label"
+    return tuple(sorted(set(parts))), ""
+
+
 def make_ref(
     path: str,
     relpath: str,
@@ -156,7 +203,7 @@ def make_ref(
     cfg: ConvertConfig,
     layout: Layout,
     *,
-    label_value: str | None = None,
+    label_value: str | list[Any] | None = None,
     split_value: str | None = None,
     extras: tuple[tuple[str, Any], ...] = (),
     mtime: float = 0.0,
@@ -183,14 +230,23 @@ def make_ref(
     else:
         split = "train"
 
-    label = label_for(relpath, label_value, cfg, layout)
+    label: str | tuple[str, ...] | None
+    if layout.label_source == "manifest" and (cfg.label_separator is not None or isinstance(label_value, list)):
+        names, problem = split_labels(label_value, cfg.label_separator)
+        if problem:
+            return reject(path, BAD_LABEL, problem)
+        label = names or None
+    else:
+        label = label_for(relpath, label_value if not isinstance(label_value, list) else None, cfg, layout)
     if layout.label_source != "none":
         if label is None:
             return reject(path, NO_LABEL, f"no label from the {layout.label_source}")
-        if "\n" in label or "\r" in label:  # labels.txt holds one label per line, kept exactly otherwise
-            return reject(path, BAD_LABEL, f"label {label!r} holds a line break (labels.txt has one label per line)")
-        if layout.labels is not None and label not in layout.labels:
-            return reject(path, UNKNOWN_LABEL, f"label {label!r} is not in --labels-file")
+        for name in label_names(label):
+            if "\n" in name or "\r" in name:  # labels.txt holds one label per line, kept exactly otherwise
+                why = f"label {name!r} holds a line break (labels.txt has one label per line)"
+                return reject(path, BAD_LABEL, why)
+            if layout.labels is not None and name not in layout.labels:
+                return reject(path, UNKNOWN_LABEL, f"label {name!r} is not in --labels-file")
     return Ref(path, relpath, size, split, label, hashing.shuffle_key(relpath, cfg.seed), extras, mtime)
 
 
@@ -480,7 +536,7 @@ class _StatManifestRow(beam.DoFn):
             found.size_in_bytes,
             self._cfg,
             layout,
-            label_value=None if row.get(LABEL_COLUMN) is None else str(row.get(LABEL_COLUMN)),
+            label_value=_label_cell(row.get(LABEL_COLUMN)),
             split_value=None if row.get(SPLIT_COLUMN) is None else str(row.get(SPLIT_COLUMN)),
             extras=extras,
             mtime=float(getattr(found, "last_updated_in_seconds", 0.0) or 0.0),
@@ -488,6 +544,11 @@ class _StatManifestRow(beam.DoFn):
         if len(element) > 2 and isinstance(out, Ref):
             out = replace(out, annotations=element[2])  # annotations.table.RawObjects, checked after listing
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
+
+
+def _label_cell(value: Any) -> str | list[Any] | None:
+    """A row's label value for make_ref: text, or a JSONL list as it is (a multi-label row)."""
+    return value if value is None or isinstance(value, list) else str(value)
 
 
 class _OddLocalEntries(beam.DoFn):

@@ -46,8 +46,11 @@ def is_idx_file(rel: str) -> bool:
     return folder == "idx" and sep == "/" and "/" not in name and name.endswith(".idx") and is_shard_file(name[:-4])
 
 
-def feature_spec(labelled: bool, extra_types: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """Every feature of a record: dtype (int64, float32, string) and shape ([] = one value)."""
+def feature_spec(
+    labelled: bool, extra_types: Mapping[str, str], multi_label: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Every feature of a record: dtype (int64, float32, string) and shape ([] = one value, [None] = a list:
+    a multi-label run's label ids and names)."""
     spec: dict[str, dict[str, Any]] = {
         examples.ENCODED: {"dtype": "string", "shape": []},
         examples.FORMAT: {"dtype": "string", "shape": []},
@@ -58,11 +61,17 @@ def feature_spec(labelled: bool, extra_types: Mapping[str, str]) -> dict[str, di
         examples.SHA256: {"dtype": "string", "shape": []},
     }
     if labelled:
-        spec[examples.LABEL] = {"dtype": "int64", "shape": []}
-        spec[examples.LABEL_TEXT] = {"dtype": "string", "shape": []}
+        shape = [None] if multi_label else []
+        spec[examples.LABEL] = {"dtype": "int64", "shape": shape}
+        spec[examples.LABEL_TEXT] = {"dtype": "string", "shape": shape}
     for column, kind in sorted(extra_types.items()):
         spec[column] = {"dtype": _FEATURE_DTYPES[kind], "shape": [], "optional": True, "source": "manifest"}
     return spec
+
+
+def is_multi_label(info: Mapping[str, Any]) -> bool:
+    """Whether a dataset.json describes a multi-label dataset: image/class/label is a list of ids."""
+    return (info.get("features") or {}).get(examples.LABEL, {}).get("shape") == [None]
 
 
 @functools.cache
@@ -124,6 +133,7 @@ def dataset_json(
     rejects: Mapping[str, int],
     skipped: Mapping[str, int],
     sink: str,
+    multi_label: bool = False,
 ) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
@@ -133,7 +143,7 @@ def dataset_json(
         "bytes": sum(s["bytes"] for s in splits.values()),
         "labels": list(labels) if labels is not None else None,
         "num_classes": len(labels) if labels is not None else None,
-        "features": feature_spec(labels is not None, extra_types),
+        "features": feature_spec(labels is not None, extra_types, multi_label),
         "compression": compression,
         "seed": seed,
         "sink": sink,

@@ -26,7 +26,7 @@ from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
-from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, with_relative_path
+from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, label_names, with_relative_path
 from .planning import PlanShards, ShardPlan, assign_shard
 from .storage import read_json
 from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records
@@ -60,8 +60,8 @@ class CollectLabels(beam.PTransform):
             )
         return (
             refs
-            | "LabelOf" >> beam.Map(lambda r: r.label)
-            | "Labelled" >> beam.Filter(lambda label: label is not None)
+            # every name of a multi-label image; none of an unlabelled one
+            | "LabelOf" >> beam.FlatMap(lambda r: label_names(r.label))
             | "DistinctLabels" >> beam.Distinct()
             | "AllLabels" >> beam.combiners.ToList()
             | "SortLabels"
@@ -236,6 +236,7 @@ class WritePlannedShards(beam.PTransform):
                     self._previous,
                     resume_from=layout.resume_from,
                     object_names=layout.object_names,
+                    multi_label=cfg.label_separator is not None,
                 ),
                 beam.pvalue.AsSingleton(self._labels),
                 beam.pvalue.AsSingleton(self._extra_types),
@@ -266,7 +267,8 @@ def _write_with_write_to_tfrecord(
     # (split, label, record)
     split_label_counts = (
         decoded.records
-        | "SplitLabel" >> beam.Map(lambda t: ((t[0], t[1]), 1))
+        # a multi-label image counts under each of its labels
+        | "SplitLabel" >> beam.FlatMap(lambda t: [((t[0], n), 1) for n in label_names(t[1])] or [((t[0], None), 1)])
         | "CountSplitLabel" >> beam.CombinePerKey(sum)
         | "AllSplitLabel" >> beam.combiners.ToList()
         | "SplitLabelDict" >> beam.Map(_split_label_counts)
@@ -442,7 +444,8 @@ def build_plan_pipeline(
     plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
     label_counts = (
         refs
-        | "SplitLabelOf" >> beam.Map(lambda r: ((r.split, r.label or ""), 1))
+        # (split, "") counts the examples; (split, name) each label, a multi-label image under each of its labels
+        | "SplitLabelOf" >> beam.FlatMap(lambda r: [((r.split, n), 1) for n in ("", *label_names(r.label))])
         | "CountSplitLabels" >> beam.CombinePerKey(sum)
         | "AllSplitLabels" >> beam.combiners.ToList()
     )
@@ -478,7 +481,7 @@ def plan_summary(
             "num_shards": plan.num_shards,
             "estimated_bytes": sum(plan.estimated_bytes),
             "shard_bytes": list(plan.estimated_bytes),
-            "examples": sum(labels.values()),
+            "examples": labels.get("", 0),
             "labels": {k: v for k, v in labels.items() if k},
         }
     return {

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import apache_beam as beam
 
 from . import hashing
-from .listing import Ref
+from .listing import Ref, label_names
 
 # Shards may exceed the target by this factor before another shard is added:
 # with the default 150 MB target every shard of a split over 100 MB lands in 100–200 MB.
@@ -35,7 +35,11 @@ RECORD_OVERHEAD = 260
 
 def estimated_record_bytes(ref: Ref) -> int:
     extras = sum(len(str(k)) + len(str(v)) + 8 for k, v in ref.extras)
-    return ref.size + RECORD_OVERHEAD + len(ref.relpath.encode()) + len((ref.label or "").encode()) + extras
+    if isinstance(ref.label, tuple):  # a multi-label image's names, and an id each
+        label = sum(len(name.encode()) + 2 for name in label_names(ref.label))
+    else:
+        label = len((ref.label or "").encode())
+    return ref.size + RECORD_OVERHEAD + len(ref.relpath.encode()) + label + extras
 
 
 def shard_count(total_bytes: float, target: float) -> int:

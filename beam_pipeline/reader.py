@@ -69,14 +69,15 @@ def read_info(output_dir: str) -> dict[str, Any]:
 
 
 def feature_spec(info: dict[str, Any]) -> dict[str, Any]:
-    """tf.io parsing spec for the raw records, from dataset.json."""
+    """tf.io parsing spec for the raw records, from dataset.json (a list feature, shape [None], as a ragged one:
+    a multi-label run's ids and names, a vector per record, a RaggedTensor per batch)."""
     import tensorflow as tf
 
     defaults = {"string": b"", "int64": 0, "float32": 0.0}
     spec = {}
     for key, feature in info["features"].items():
         dtype = tf.as_dtype(_DTYPES[feature["dtype"]])
-        if list(feature["shape"]) == [None]:  # one value per object: a list, empty when the key is absent
+        if list(feature["shape"]) == [None]:  # a list (objects; a multi-label run's ids), empty when absent
             spec[key] = tf.io.RaggedFeature(dtype)
             continue
         default = defaults[feature["dtype"]] if feature.get("optional") else None
@@ -223,10 +224,11 @@ def load(
         ) from e
 
     from .analysis import raw_feature_spec
+    from .metadata import is_multi_label
 
     tft_output = tft.TFTransformOutput(output_dir)
     layer = tft_output.transform_features_layer()
-    raw_spec = raw_feature_spec(info.get("labels") is not None)
+    raw_spec = raw_feature_spec(info.get("labels") is not None, multi_label=is_multi_label(info))
 
     def transform(batch: tf.Tensor) -> dict[str, tf.Tensor]:
         return layer(tf.io.parse_example(batch, raw_spec))

@@ -43,6 +43,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from .annotations import objects
+from .metadata import is_multi_label
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
@@ -101,11 +102,16 @@ def features_json(info: dict[str, Any]) -> dict[str, Any]:
         "image/key/sha256": _TEXT,
     }
     if info.get("labels") is not None:
-        features[LABEL_KEY] = {
+        class_label = {
             "pythonClassName": _CLS + "class_label_feature.ClassLabel",
             "classLabel": {"numClasses": str(len(info["labels"]))},
         }
-        features["image/class/text"] = _TEXT
+        if is_multi_label(info):  # a list of ids (and names) per image: Sequence(ClassLabel), Sequence(Text)
+            features[LABEL_KEY] = _sequence(class_label)
+            features["image/class/text"] = _sequence(_TEXT)
+        else:
+            features[LABEL_KEY] = class_label
+            features["image/class/text"] = _TEXT
     if SEGMENTATION_KEY in info.get("features", {}):  # --masks: the label map, one channel of class ids
         features[SEGMENTATION_KEY] = {
             "pythonClassName": _CLS + "image_feature.Image",
@@ -167,6 +173,11 @@ def _object_sequence(num_classes: int) -> dict[str, Any]:
         "pythonClassName": _CLS + "sequence_feature.Sequence",
         "sequence": {"feature": as_features(nest), "length": "-1"},
     }
+
+
+def _sequence(feature: dict[str, Any]) -> dict[str, Any]:
+    """A TFDS Sequence of ``feature`` of any length, as TFDS writes it (flat key: the Example's list)."""
+    return {"pythonClassName": _CLS + "sequence_feature.Sequence", "sequence": {"feature": feature, "length": "-1"}}
 
 
 def dataset_info_json(info: dict[str, Any], homepage: str | None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "labels_from": ("none", {}),
     "label_regex": ("_([a-z]+)\\.png$", {}),
     "labels_file": ("labels.txt", {}),
+    "label_separator": ("|", {"input": None, "manifest": "list.csv"}),
     "coco": ("instances.json", {}),
     "manifest_objects": ("rows", {"input": None, "manifest": "list.csv"}),
     "box_units": ("normalized", {"input": None, "manifest": "list.csv", "manifest_objects": "rows"}),

@@ -17,7 +17,7 @@ from .. import examples, index, metadata
 from ..annotations.masks import LabelMap, TransientMaskRead, segmentation_features
 from ..annotations.objects import ANNOTATION_SIZE_MISMATCH, object_features, size_mismatch
 from ..images import DECODE_ERROR, Geometry, ImageOptions, Prepared, Rejected, prepare_image
-from ..listing import Ref, coerce, file_reject
+from ..listing import Ref, class_values, coerce, file_reject
 from ..storage import read_bytes
 
 # A manifest row whose value cannot be stored (an int column's value beyond int64).
@@ -70,8 +70,7 @@ def build_record(
     elif ref.annotations is not None:
         features.update(annotation_features(ref.annotations, prepared.geometry, label_ids))
     if ref.label is not None:
-        features[examples.LABEL] = label_ids[ref.label]
-        features[examples.LABEL_TEXT] = ref.label
+        features[examples.LABEL], features[examples.LABEL_TEXT] = class_values(ref.label, label_ids)
     for column, value in ref.extras:
         try:
             features[column] = coerce(value, extra_types.get(column, "string"))
@@ -150,9 +149,11 @@ class Reused(NamedTuple):
     record: bytes
 
 
-def examples_features(labels: Sequence[str], extra_types: Mapping[str, str]) -> dict[str, Any]:
+def examples_features(
+    labels: Sequence[str], extra_types: Mapping[str, str], multi_label: bool = False
+) -> dict[str, Any]:
     """This run's feature spec, as dataset.json stores it: a previous run's records fit only if it is the same."""
-    return metadata.feature_spec(bool(labels), extra_types)
+    return metadata.feature_spec(bool(labels), extra_types, multi_label=multi_label)
 
 
 def result_bytes(result: Any) -> int:

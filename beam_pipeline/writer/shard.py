@@ -46,7 +46,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from .. import failpoints, index, resume
 from ..images import ImageOptions, Prepared, Rejected
-from ..listing import REJECTS, Ref
+from ..listing import REJECTS, Ref, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
 from .budget import budgets, decode_threads, process_pool
 from .readahead import read_then_convert
@@ -125,10 +125,12 @@ class WriteShardFn(beam.DoFn):
         previous: index.PreviousRun | None = None,
         resume_from: Sequence[str] = (),
         object_names: bool = False,
+        multi_label: bool = False,
     ) -> None:
         self._tmp_dir = tmp_dir
         # A names-only annotation source's label list names object classes: its records have no image/class/label.
         self._object_names = object_names
+        self._multi_label = multi_label  # --label-separator: label lists (the feature spec a previous run must have)
         self._previous = previous  # --incremental-from: unchanged files' records are copied from it
         # Where finished shards of earlier runs may be (resume.py): this run's own scratch folder
         # first (a bundle retried after its shard was finished), then earlier runs', newest first.
@@ -196,7 +198,8 @@ class WriteShardFn(beam.DoFn):
         return (
             self._previous is not None
             and self._previous_code_ok
-            and self._previous.features == examples_features(() if self._object_names else labels, extra_types)
+            and self._previous.features
+            == examples_features(() if self._object_names else labels, extra_types, self._multi_label)
         )
 
     def _count(self, write: ShardWrite) -> None:
@@ -367,7 +370,7 @@ class ShardWrite:
         out.write(head)  # three writes, no joined copy of the record (the file object buffers the small ones)
         out.write(record)
         out.write(tail)
-        label_id = self._label_ids[ref.label] if ref.label is not None else None
+        label_id, _ = class_values(ref.label, self._label_ids)
         self._index_out.write(
             index.part_line(ref, self.records, self.offset, len(record), sha, label_id).encode("utf-8")
         )
@@ -375,8 +378,7 @@ class ShardWrite:
             self._idx_out.write(index.idx_line(self.offset, len(record)))
         self.offset += len(record) + index.FRAME_OVERHEAD
         self.records += 1
-        if ref.label is not None:
-            self.label_counts[ref.label] += 1
+        self.label_counts.update(label_names(ref.label))  # a multi-label image counts under each of its labels
         if prepared is not None and prepared.converted_from:
             self.converted[prepared.converted_from] += 1
 
