@@ -32,6 +32,7 @@ EXAMPLES = {
     "labels_from": "folder",
     "label_regex": "_([a-z]+)\\.png$",
     "labels_file": "gs://b/labels.txt",
+    "label_separator": "|",
     "incremental_from": "latest",
     "keep_last": "7",
     "allow_split_names": "false",
@@ -63,7 +64,7 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 
 def test_template_parameters_reach_convert():
     sources = ("coco", "voc", "masks", "manifest_objects", "box_units")  # annotation sources: tested below
-    skip = ("manifest", "label_regex", "labels_from", "labels_file", *sources)
+    skip = ("manifest", "label_regex", "labels_from", "labels_file", "label_separator", *sources)
     params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in skip]
     command, *args = convert_args([*params, "--project=p", "--region=r"])
     assert "--incremental-from=latest" in args
@@ -101,6 +102,10 @@ def test_manifest_objects_template_parameters_reach_convert() -> None:
     command, *args = convert_args([f"--{k}={EXAMPLES[k]}" for k in keys])
     cfg, _, _ = parse_convert(args)
     assert (cfg.manifest, cfg.manifest_objects, cfg.box_units) == ("gs://b/list.csv", "rows", "normalized")
+    keys = ("manifest", "labels_from", "label_separator", "output", "name")
+    _, *args = convert_args([f"--{k}={EXAMPLES[k]}" if k != "labels_from" else "--labels_from=manifest" for k in keys])
+    cfg, _, _ = parse_convert(args)
+    assert cfg.label_separator == "|"
 
 
 def test_dated_output_and_job_name():
