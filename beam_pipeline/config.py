@@ -181,6 +181,34 @@ MANIFEST_OBJECTS = ("rows", "column")
 BOX_UNITS = ("pixels", "normalized")
 
 
+# Annotation sources: (flag, the ConvertConfig field, where its classes come from (None: the pixel values of
+# a label map, which a --labels-* flag does not conflict with), what it reads its paths relative to).
+_ANNOTATION_SOURCES = (
+    ("--coco", "coco", "the COCO file", "--input (the folder its file_name values are relative to)"),
+    ("--voc", "voc", "the XML files (ids 1…N by name)", "--input (the folder its <filename> values are relative to)"),
+    ("--manifest-objects", "manifest_objects", "the manifest's 'label' of each object (ids 1…N by name)", None),
+    ("--masks", "masks", None, "--input (the folder its label maps mirror)"),
+)
+
+
+def _validate_annotation_sources(cfg: ConvertConfig) -> None:
+    """One annotation source per run; what each needs, and the flags that cannot go with it."""
+    given = [source for source in _ANNOTATION_SOURCES if getattr(cfg, source[1])]
+    if len(given) > 1:
+        flags = " and ".join(flag for flag, *_ in given)
+        raise UsageError(f"{flags}: give one annotation source per run")
+    for flag, _, classes, needs in given:
+        if needs and not cfg.input:
+            raise UsageError(f"{flag} needs {needs}")
+        if classes and (cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file):
+            raise UsageError(f"{flag} takes its classes from {classes}: drop --labels-from/--label-regex/--labels-file")
+        if cfg.dedupe:
+            raise UsageError(
+                f"{flag} with --dedupe: one record per distinct content would merge copies of an image that carry "
+                "different annotations (docs/detection.md)"
+            )
+
+
 def _validate_manifest_objects(cfg: ConvertConfig) -> None:
     """--manifest-objects / --box-units usage errors (the manifest's columns are the launcher's to check)."""
     if cfg.box_units not in BOX_UNITS:
@@ -193,18 +221,6 @@ def _validate_manifest_objects(cfg: ConvertConfig) -> None:
         raise UsageError(f"--manifest-objects must be one of {', '.join(MANIFEST_OBJECTS)}")
     if not cfg.manifest:
         raise UsageError("--manifest-objects needs --manifest (the CSV/JSONL file that lists the objects)")
-    if cfg.coco:
-        raise UsageError("--manifest-objects cannot be combined with --coco: give one annotation source")
-    if cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file:
-        raise UsageError(
-            "--manifest-objects: the 'label' of an object is its class, named in the manifest (ids 1…N by "
-            "name); drop --labels-from/--label-regex/--labels-file"
-        )
-    if cfg.dedupe:
-        raise UsageError(
-            "--manifest-objects with --dedupe: one record per distinct content would merge copies of an image that "
-            "carry different objects (docs/detection.md)"
-        )
 
 
 def dataset_name_from_output(output: str) -> str:
@@ -349,38 +365,7 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--labels-file cannot be combined with --labels-from none")
     if cfg.label_separator is not None:
         _check_label_separator(cfg)
-    if cfg.coco:
-        if not cfg.input:
-            raise UsageError("--coco needs --input (the folder its file_name values are relative to)")
-        if cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file:
-            raise UsageError(
-                "--coco takes its classes from the COCO file: drop --labels-from/--label-regex/--labels-file"
-            )
-        if cfg.dedupe:
-            raise UsageError(
-                "--coco with --dedupe: one record per distinct content would merge copies of an image that carry "
-                "different annotations (docs/detection.md)"
-            )
-    if cfg.voc:
-        if cfg.coco:
-            raise UsageError("--voc and --coco: give one annotation source")
-        if not cfg.input:
-            raise UsageError("--voc needs --input (the folder its <filename> values are relative to)")
-        if cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file:
-            raise UsageError(
-                "--voc takes its classes from the XML files (ids 1…N by name): drop "
-                "--labels-from/--label-regex/--labels-file"
-            )
-        if cfg.dedupe:
-            raise UsageError(
-                "--voc with --dedupe: one record per distinct content would merge copies of an image that carry "
-                "different annotations (docs/detection.md)"
-            )
-    if cfg.masks:
-        if not cfg.input:
-            raise UsageError("--masks needs --input (the folder its label maps mirror)")
-        if cfg.coco or cfg.voc:
-            raise UsageError("--masks with --coco or --voc is not supported yet: one annotation source per run")
+    _validate_annotation_sources(cfg)
     _validate_manifest_objects(cfg)
     if cfg.incremental_from and cfg.sink != "planned":
         raise UsageError("--incremental-from needs the planned sink (write_to_tfrecord writes no index.jsonl)")

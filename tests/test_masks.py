@@ -269,6 +269,7 @@ def test_mask_usage_errors_are_one_line(mask_set, tmp_path):
     cases = [
         (["--masks", str(tmp_path / "nope")], "--masks"),
         (["--masks", str(mdir), "--coco", str(tmp_path / "instances.json")], "--coco"),
+        (["--masks", str(mdir), "--dedupe"], "--dedupe"),  # copies of an image may carry different label maps
     ]
     for extra, word in cases:
         result = run_cli("convert", "--input", str(root), "--output", str(tmp_path / "o"), *extra)
