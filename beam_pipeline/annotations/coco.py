@@ -34,11 +34,12 @@ from ..listing import REJECTS, SKIPPED, reject
 from . import objects
 from .join import (
     COUNTS,
-    IMAGES_ALL_REJECTED,
-    IMAGES_WITHOUT_OBJECTS,
+    IMAGES_ALL_REJECTED,  # noqa: F401 - finalize reads the counters as coco.*
+    IMAGES_WITHOUT_OBJECTS,  # noqa: F401
     OBJECT_REJECTS,
-    OBJECTS_KEPT,  # noqa: F401 - finalize reads the counters as coco.*
+    OBJECTS_KEPT,  # noqa: F401
     count_objects,
+    image_counters,
     keyed_ref,
 )
 from .objects import Annotations, Invalid, Obj
@@ -272,10 +273,8 @@ class _AttachAnnotations(beam.DoFn):
             return
         image = images[0]
         for ref in refs:
-            if image.total == 0:
-                yield tagged(COUNTS, IMAGES_WITHOUT_OBJECTS)
-            elif image.rejected == image.total:
-                yield tagged(COUNTS, IMAGES_ALL_REJECTED)
+            for counter in image_counters(image.total, image.total - image.rejected):
+                yield tagged(COUNTS, counter)
             yield dataclasses.replace(ref, annotations=image.annotations)
 
     def __init__(self, root: str) -> None:

@@ -23,6 +23,13 @@ IMAGES_WITHOUT_OBJECTS = "images_without_annotations"
 IMAGES_ALL_REJECTED = "images_with_every_object_rejected"
 
 
+def image_counters(given: int, kept: int) -> list[str]:
+    """The image counter an annotated image adds (COUNTS): none of its own objects, or every one rejected."""
+    if given == 0:
+        return [IMAGES_WITHOUT_OBJECTS]
+    return [IMAGES_ALL_REJECTED] if kept == 0 else []
+
+
 def keyed_ref(ref: Any) -> tuple[str, Any]:
     """A listed image keyed by its path relative to --input: the key annotation files are joined on."""
     return (ref.relpath, ref)

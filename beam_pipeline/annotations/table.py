@@ -37,7 +37,7 @@ from ..config import MANIFEST_OBJECTS
 from ..images import UNREADABLE
 from ..listing import LABEL_COLUMN, PATH_COLUMN, REJECTS, Ref, canonical_row, is_transient, reject, value_type
 from . import objects
-from .join import COUNTS, IMAGES_ALL_REJECTED, IMAGES_WITHOUT_OBJECTS, OBJECT_REJECTS, count_objects
+from .join import COUNTS, OBJECT_REJECTS, count_objects, image_counters
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
 
 ROWS, COLUMN = MANIFEST_OBJECTS
@@ -224,10 +224,8 @@ class _CheckObjects(beam.DoFn):
                 yield tagged(OBJECT_REJECTS, _object_reject(ref, invalid, position))
             else:
                 kept.append(invalid)
-        if not raw.objects:
-            yield tagged(COUNTS, IMAGES_WITHOUT_OBJECTS)
-        elif not kept:
-            yield tagged(COUNTS, IMAGES_ALL_REJECTED)
+        for counter in image_counters(len(raw.objects), len(kept)):
+            yield tagged(COUNTS, counter)
         yield dataclasses.replace(ref, annotations=Annotations(ref.relpath, width, height, tuple(kept)))
 
     def _frame(self, ref: Ref, raw: RawObjects) -> tuple[int, int] | dict[str, Any]:

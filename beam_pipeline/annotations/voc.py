@@ -41,7 +41,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..listing import REJECTS, SKIPPED, is_transient, reject
 from . import objects
-from .join import COUNTS, IMAGES_ALL_REJECTED, IMAGES_WITHOUT_OBJECTS, OBJECT_REJECTS, count_objects, keyed_ref
+from .join import COUNTS, OBJECT_REJECTS, count_objects, image_counters, keyed_ref
 from .objects import Annotations, Invalid, Obj
 
 MISSING_IMAGE = "missing_image"
@@ -249,10 +249,8 @@ class _Attach(beam.DoFn):
                     yield tagged(OBJECT_REJECTS, {**row, "annotation_id": voc.xml, "object": position})
                 else:
                     kept.append(obj)
-            if not voc.objects:
-                yield tagged(COUNTS, IMAGES_WITHOUT_OBJECTS)
-            elif not kept:
-                yield tagged(COUNTS, IMAGES_ALL_REJECTED)
+            for counter in image_counters(len(voc.objects), len(kept)):
+                yield tagged(COUNTS, counter)
             yield dataclasses.replace(ref, annotations=Annotations(voc.source_id, width, height, tuple(kept)))
 
 
