@@ -656,13 +656,16 @@ def incremental_summary(
     bytes, rejected again unread (``results``: every shard's, empty ones too).
     ``reconverted``: unchanged files whose previous record was gone or failed
     its checks (``index.read_previous``), converted afresh.
+    ``unreadable_previous_lines`` (only when there are any): lines of the
+    previous index.jsonl or rejects.jsonl that were damaged or not its own;
+    their files were read and converted afresh.
     """
     records = sum(r["records"] for files in layout.values() for _, r in files)
     reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
     kept = sum(r.get("rejects_kept", 0) for r in results)
     reconverted = sum(r.get("reconverted", 0) for r in results)
     counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
-    return {
+    summary = {
         "from": previous,
         "reused": reused,
         "converted": records - reused,
@@ -670,6 +673,10 @@ def incremental_summary(
         "rejects_kept": kept,
         **counts,
     }
+    unreadable = int(changes.get("unreadable_previous_lines", 0))
+    if unreadable:  # only then: an intact previous dataset gives the same dataset.json as before
+        summary["unreadable_previous_lines"] = unreadable
+    return summary
 
 
 def resumed_summary(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> dict[str, Any]:

@@ -150,12 +150,18 @@ def incremental_lines(inc: dict[str, Any] | None) -> list[str]:
     files = ", ".join(f"{k} {inc.get(k, 0):,}" for k in ("unchanged", "added", "changed", "dropped"))
     kept = inc.get("rejects_kept")
     again = inc.get("reconverted")
+    unreadable = inc.get("unreadable_previous_lines")
     return [
         "",
         f"incremental: reused {inc.get('reused', 0):,} records, converted {inc.get('converted', 0):,}",
         f"  files: {files}",
         *([f"  rejects kept: {kept:,} (unchanged files, not read again)"] if kept else []),
         *([f"  reconverted: {again:,} (previous record damaged or gone)"] if again else []),
+        *(
+            [f"  unreadable previous lines: {unreadable:,} (damaged index/rejects lines; files converted afresh)"]
+            if unreadable
+            else []
+        ),
         f"  from: {inc.get('from')}",
     ]
 
