@@ -41,7 +41,7 @@ from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
 from .runner import make_options
-from .storage import read_json
+from .storage import read_json, read_json_object
 
 _LOG = logging.getLogger(__name__)
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -223,7 +223,7 @@ def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | No
 def _note_reuse(cfg: ConvertConfig, previous: str) -> None:
     """One note when none of the previous output's records can be reused (its label ids still are kept)."""
     try:
-        info = read_json(FileSystems.join(previous, metadata.DATASET_JSON))
+        info = read_json_object(FileSystems.join(previous, metadata.DATASET_JSON))
     except Exception as e:  # noqa: BLE001 - a complete dataset has one: a damaged one is a usage error
         raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json") from e
     why = index.reuse_problem(previous, info, cfg.as_dict())

@@ -597,3 +597,14 @@ def test_damaged_lines_of_the_previous_index_and_rejects_are_left_out_not_a_cras
     again = tmp_path / "again"
     convert(*opts, "--output", str(again), "--incremental-from", str(first))
     assert "unreadable_previous_lines" not in load_info(again)["incremental"]
+
+
+@pytest.mark.parametrize("damage", [b"[1, 2]\n", b"[" * 100_000 + b"]" * 100_000], ids=["not-an-object", "too-deep"])
+def test_incremental_from_a_dataset_whose_dataset_json_is_damaged_is_a_one_line_error(tmp_path, damage):
+    src, prev = tmp_path / "src", tmp_path / "prev"
+    make_images(src, {"cat": 3})
+    convert("--input", str(src), "--output", str(prev), *ARGS)
+    (prev / "dataset.json").write_bytes(damage)
+    result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "inc"), "--incremental-from", str(prev))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: --incremental-from {prev}: {prev}: no readable dataset.json"]
