@@ -608,3 +608,25 @@ def test_incremental_from_a_dataset_whose_dataset_json_is_damaged_is_a_one_line_
     result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "inc"), "--incremental-from", str(prev))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines() == [f"error: --incremental-from {prev}: {prev}: no readable dataset.json"]
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [(b"\xff\xfe\x00cat\n", "its labels.txt is not UTF-8 text (damaged)"), (b"cat\ncat\n", "lists 'cat' twice")],
+    ids=["not-utf8", "a-label-twice"],
+)
+def test_incremental_from_a_dataset_whose_labels_txt_is_damaged_is_a_one_line_error(tmp_path, damage, words):
+    """Line k of labels.txt is id k: bytes that are no text, or a label on two lines, give no ids to keep."""
+    src, prev = tmp_path / "src", tmp_path / "prev"
+    make_images(src, {"cat": 3})
+    convert("--input", str(src), "--output", str(prev), *ARGS)
+    (prev / "labels.txt").write_bytes(damage)
+    result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "inc"), "--incremental-from", str(prev))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --incremental-from {prev}: ") and words in line
+    labels = tmp_path / "labels.txt"
+    labels.write_bytes(damage)
+    result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "o"), "--labels-file", str(labels))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[0].startswith(f"error: --labels-file {labels}: ")
