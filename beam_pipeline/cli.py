@@ -334,11 +334,17 @@ def _incremental_lines(info: dict[str, Any]) -> list[str]:
         return []
     files = ", ".join(f"{k} {inc.get(k, 0)}" for k in ("unchanged", "added", "changed", "dropped"))
     kept = f", {inc['rejects_kept']} rejects kept unread" if inc.get("rejects_kept") else ""
-    return [
+    lines = [
         f"  incremental  reused {inc.get('reused', 0)} records, converted {inc.get('converted', 0)} "
         f"(files: {files}{kept})",
         f"               from {inc.get('from')}",
     ]
+    if inc.get("unreadable_previous_lines"):
+        lines.append(
+            f"               damaged lines left out of its index.jsonl/rejects.jsonl: "
+            f"{inc['unreadable_previous_lines']} (their files were converted afresh)"
+        )
+    return lines
 
 
 def _resumed_lines(info: dict[str, Any]) -> list[str]:

@@ -51,7 +51,7 @@ from apache_beam.io.filesystems import FileSystems
 from . import failpoints, index, lease, metadata, resume
 from .annotations import coco, masks, objects
 from .config import ConvertConfig, Layout
-from .storage import read_json, write_text
+from .storage import read_json, read_json_object, write_text
 
 _LOG = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     _check_staging(staging, staged, info)
     old = _output_sizes(out_dir)
     previous = FileSystems.join(out_dir, metadata.DATASET_JSON)
-    owned = recorded_tft_files(read_json(previous)) if metadata.DATASET_JSON in old else []
+    owned = recorded_tft_files(_old_info(previous)) if metadata.DATASET_JSON in old else []
     owned = sorted(rel for rel in owned if rel in old)
     stale = sorted(rel for rel in old if _is_published_name(rel, owned) and rel not in staged)
     return {
@@ -424,6 +424,24 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         "complete": complete,
         "run_id": info.get("run_id"),
     }
+
+
+def _old_info(path: str) -> dict[str, Any]:
+    """The dataset.json already in the output, or {} when it is damaged: then no TFT file there is known to be
+    the old run's, so none is deleted (files of this run's own names are still replaced)."""
+    try:
+        return read_json_object(path)
+    except ValueError as e:
+        _LOG.warning("the dataset.json already in the output is damaged (%s): replacing it", e)
+        return {}
+
+
+def _published_info(info_path: str) -> dict[str, Any] | None:
+    """The output's dataset.json, or None when it is damaged (no run's: no run id matches it)."""
+    try:
+        return read_json_object(info_path)
+    except ValueError:
+        return None
 
 
 def _read_manifest(staging: str) -> dict[str, Any] | None:
@@ -470,7 +488,7 @@ def _check_still_ours(out_dir: str, run_id: str | None) -> None:
     """
     if not run_id:  # a manifest from before run ids were recorded
         return
-    there = read_json(FileSystems.join(out_dir, metadata.DATASET_JSON)).get("run_id")
+    there = (_published_info(FileSystems.join(out_dir, metadata.DATASET_JSON)) or {}).get("run_id")
     if there != run_id:
         raise PublishConflict(
             f"another run ({there}) published into {out_dir} while run {run_id} was publishing; not writing "
@@ -486,8 +504,8 @@ def already_published(out_dir: str, run_id: str | None) -> dict[str, Any] | None
     info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
     if not FileSystems.exists(info_path):
         return None
-    info = read_json(info_path)
-    return info if info.get("run_id") == run_id else None
+    info = _published_info(info_path)
+    return info if info is not None and info.get("run_id") == run_id else None
 
 
 def _run_id_of(staging: str) -> str:
@@ -632,8 +650,8 @@ def published_run(out_dir: str, staging: str, run_id: str, leased: bool = False)
         return read_json(info_path)
     if not FileSystems.exists(info_path):
         return None
-    info = read_json(info_path)
-    if info.get("run_id") != run_id:
+    info = _published_info(info_path)
+    if info is None or info.get("run_id") != run_id:
         return None
     cleanup_staging(staging, out_dir, taken_from(out_dir, info))  # the manifest goes last: redone here if cut short
     return info
@@ -656,13 +674,16 @@ def incremental_summary(
     bytes, rejected again unread (``results``: every shard's, empty ones too).
     ``reconverted``: unchanged files whose previous record was gone or failed
     its checks (``index.read_previous``), converted afresh.
+    ``unreadable_previous_lines`` (only when there are any): lines of the
+    previous index.jsonl or rejects.jsonl that were damaged or not its own;
+    their files were read and converted afresh.
     """
     records = sum(r["records"] for files in layout.values() for _, r in files)
     reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
     kept = sum(r.get("rejects_kept", 0) for r in results)
     reconverted = sum(r.get("reconverted", 0) for r in results)
     counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
-    return {
+    summary = {
         "from": previous,
         "reused": reused,
         "converted": records - reused,
@@ -670,6 +691,10 @@ def incremental_summary(
         "rejects_kept": kept,
         **counts,
     }
+    unreadable = int(changes.get("unreadable_previous_lines", 0))
+    if unreadable:  # only then: an intact previous dataset gives the same dataset.json as before
+        summary["unreadable_previous_lines"] = unreadable
+    return summary
 
 
 def resumed_summary(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> dict[str, Any]:

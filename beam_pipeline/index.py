@@ -156,6 +156,9 @@ RECORD_POLICY_KEYS = (
 # Versions whose change may change what a file decodes to.
 RECORD_VERSION_KEYS = ("beam_pipeline", "beam_pipeline_code", "pillow")
 ADDED, CHANGED, UNCHANGED, DROPPED = "added", "changed", "unchanged", "dropped"
+# A line of the previous index.jsonl or rejects.jsonl this run cannot read (damaged, cut short, not ours):
+# it is left out, so its file is read and converted afresh, and dataset.json counts it.
+UNREADABLE_LINE = "unreadable_previous_lines"
 # Rejects an unchanged file keeps: every reason but these, which say nothing about the
 # file's bytes (it was gone, or this job could not read it, when the previous run looked).
 RETRIED_REASONS = frozenset({MISSING, UNREADABLE})
@@ -368,6 +371,48 @@ class MatchPreviousFn(beam.DoFn):
 CHANGES = "changes"
 
 
+def index_entry(entry: Any) -> bool:
+    """A previous index.jsonl line this run can use: what ``unchanged`` and ``previous_of`` read, well typed."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("path"), str)
+        and isinstance(entry.get("shard"), str)
+        and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("offset", "length"))
+        and entry["offset"] >= 0
+        and entry["length"] >= 0
+        and isinstance(entry.get("sha256"), str)
+    )
+
+
+def reject_entry(entry: Any) -> bool:
+    """A previous rejects.jsonl line this run can use: a path (or source) and a reason, as ``kept_reject`` reads."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("source") or entry.get("path"), str)
+        and isinstance(entry.get("reason"), str)
+        and isinstance(entry.get("detail", ""), str)
+    )
+
+
+class ParsePreviousLine(beam.DoFn):
+    """A line of the previous output's index.jsonl or rejects.jsonl → its entry; one that is not valid JSON
+    (cut short, damaged, nested deeper than Python's reader goes) or lacks what the join reads is tagged
+    CHANGES ``UNREADABLE_LINE`` instead: its file is then read and converted afresh, never a crashed run."""
+
+    def __init__(self, usable: Any) -> None:
+        self._usable = usable
+
+    def process(self, line: str) -> Iterator[Any]:
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            entry = None
+        if entry is not None and self._usable(entry):
+            yield entry
+        elif line.strip():
+            yield beam.pvalue.TaggedOutput(CHANGES, UNREADABLE_LINE)
+
+
 class JoinPrevious(beam.PTransform):
     """refs → {"refs": refs (unchanged files carry ``previous``), CHANGES: {kind: count} (one element)}."""
 
@@ -378,25 +423,28 @@ class JoinPrevious(beam.PTransform):
 
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         index_path = FileSystems.join(self._output, INDEX_JSONL)
+        unreadable: list[beam.PCollection] = []
         if FileSystems.exists(index_path):
-            previous = (
+            entries = (
                 refs.pipeline
                 | "ReadPreviousIndex" >> beam.io.ReadFromText(index_path)
-                | "ParsePreviousIndex" >> beam.Map(json.loads)
-                | "PreviousByPath" >> beam.Map(lambda e: (e["path"], e))
+                | "ParsePreviousIndex" >> beam.ParDo(ParsePreviousLine(index_entry)).with_outputs(CHANGES, main="ok")
             )
+            unreadable.append(entries[CHANGES])
+            previous = entries.ok | "PreviousByPath" >> beam.Map(lambda e: (e["path"], e))
         else:  # its label ids are kept, nothing is reused (reuse_problem): every file counts as added
             previous = refs.pipeline | "NoPreviousIndex" >> beam.Create([])
         rejects_path = FileSystems.join(self._output, REJECTS_JSONL)
         if FileSystems.exists(rejects_path):
             # only files that were read have a size and mtime in rejects.jsonl (kept_reject needs them)
             root = self._root
-            rejects = (
+            rows = (
                 refs.pipeline
                 | "ReadPreviousRejects" >> beam.io.ReadFromText(rejects_path)
-                | "ParsePreviousRejects" >> beam.Map(json.loads)
-                | "PreviousRejectByPath" >> beam.Map(lambda r: (reject_key(r, root), r))
+                | "ParsePreviousRejects" >> beam.ParDo(ParsePreviousLine(reject_entry)).with_outputs(CHANGES, main="ok")
             )
+            unreadable.append(rows[CHANGES])
+            rejects = rows.ok | "PreviousRejectByPath" >> beam.Map(lambda r: (reject_key(r, root), r))
         else:
             rejects = refs.pipeline | "NoPreviousRejects" >> beam.Create([])
         by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, r))
@@ -406,7 +454,8 @@ class JoinPrevious(beam.PTransform):
             | "MatchPrevious" >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, main="refs")
         )
         counts = (
-            matched[CHANGES]
+            (matched[CHANGES], *unreadable)
+            | "WithUnreadableLines" >> beam.Flatten()
             | "CountChanges" >> beam.combiners.Count.PerElement()
             | "AllChanges" >> beam.combiners.ToDict()
         )

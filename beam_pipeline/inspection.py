@@ -26,10 +26,10 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples, index, metadata, storage
 from .annotations import objects
-from .errors import UsageError
+from .errors import UsageError, last_line
 from .examples import parse_example
 from .index import FRAME_OVERHEAD
-from .storage import read_json
+from .storage import read_json_object
 
 WIDTH = 80
 
@@ -42,7 +42,10 @@ def read_info(output: str) -> dict[str, Any]:
     path = FileSystems.join(output, metadata.DATASET_JSON)
     if not FileSystems.exists(path):
         raise UsageError(f"{output}: no dataset.json (not a beam_pipeline output, or an unfinished run)")
-    return read_json(path)
+    try:
+        return read_json_object(path)
+    except ValueError as e:
+        raise UsageError(f"{output}: dataset.json is damaged ({last_line(e)})") from None
 
 
 def _mb(n: float) -> str:
@@ -150,12 +153,18 @@ def incremental_lines(inc: dict[str, Any] | None) -> list[str]:
     files = ", ".join(f"{k} {inc.get(k, 0):,}" for k in ("unchanged", "added", "changed", "dropped"))
     kept = inc.get("rejects_kept")
     again = inc.get("reconverted")
+    unreadable = inc.get("unreadable_previous_lines")
     return [
         "",
         f"incremental: reused {inc.get('reused', 0):,} records, converted {inc.get('converted', 0):,}",
         f"  files: {files}",
         *([f"  rejects kept: {kept:,} (unchanged files, not read again)"] if kept else []),
         *([f"  reconverted: {again:,} (previous record damaged or gone)"] if again else []),
+        *(
+            [f"  unreadable previous lines: {unreadable:,} (damaged index/rejects lines; files converted afresh)"]
+            if unreadable
+            else []
+        ),
         f"  from: {inc.get('from')}",
     ]
 

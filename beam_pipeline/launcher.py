@@ -41,7 +41,7 @@ from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
 from .runner import make_options
-from .storage import read_json
+from .storage import read_json, read_json_object
 
 _LOG = logging.getLogger(__name__)
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -178,14 +178,15 @@ def label_lines(path: str) -> list[str]:
 def _read_labels_file(path: str) -> tuple[str, ...]:
     if not FileSystems.exists(path):
         raise UsageError(f"--labels-file {path}: no such file")
-    labels = label_lines(path)
+    try:
+        labels = label_lines(path)
+    except UnicodeDecodeError:
+        raise UsageError(f"--labels-file {path}: not UTF-8 text") from None
     if not labels:
         raise UsageError(f"--labels-file {path}: no labels in it")
-    seen: set[str] = set()
-    for label in labels:
-        if label in seen:
-            raise UsageError(f"--labels-file {path}: label {label!r} appears twice")
-        seen.add(label)
+    twice = _repeated(labels)
+    if twice is not None:
+        raise UsageError(f"--labels-file {path}: label {twice!r} appears twice")
     spaced = [label for label in labels if label != label.strip()]
     if spaced:
         more = f" (and {len(spaced) - 1} more)" if len(spaced) > 1 else ""
@@ -206,10 +207,26 @@ def _previous_problem(path: str, labelled: bool) -> tuple[str | None, tuple[str,
     labels_path = FileSystems.join(path, metadata.LABELS_TXT)
     if not FileSystems.exists(labels_path):
         return f"has no {metadata.LABELS_TXT}, and this run is labelled", None
-    labels = tuple(label_lines(labels_path))
+    try:
+        labels = tuple(label_lines(labels_path))
+    except UnicodeDecodeError:
+        return f"its {metadata.LABELS_TXT} is not UTF-8 text (damaged)", None
     if not labels:
         return f"{metadata.LABELS_TXT} lists no labels", None
+    twice = _repeated(labels)
+    if twice is not None:  # line k is id k: a label on two lines has no one id
+        return f"its {metadata.LABELS_TXT} lists {twice!r} twice (damaged)", None
     return None, labels
+
+
+def _repeated(labels: Iterable[str]) -> str | None:
+    """The first label listed twice, or None."""
+    seen: set[str] = set()
+    for label in labels:
+        if label in seen:
+            return label
+        seen.add(label)
+    return None
 
 
 def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | None]:
@@ -223,7 +240,7 @@ def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | No
 def _note_reuse(cfg: ConvertConfig, previous: str) -> None:
     """One note when none of the previous output's records can be reused (its label ids still are kept)."""
     try:
-        info = read_json(FileSystems.join(previous, metadata.DATASET_JSON))
+        info = read_json_object(FileSystems.join(previous, metadata.DATASET_JSON))
     except Exception as e:  # noqa: BLE001 - a complete dataset has one: a damaged one is a usage error
         raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json") from e
     why = index.reuse_problem(previous, info, cfg.as_dict())

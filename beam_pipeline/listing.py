@@ -301,6 +301,8 @@ def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[st
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"manifest line {lineno}: not JSON ({e.msg})") from None
+            except RecursionError:
+                raise ValueError(f"manifest line {lineno}: JSON nested deeper than Python's reader goes") from None
             if not isinstance(row, dict):
                 raise ValueError(f"manifest line {lineno}: not a JSON object")
             if _SURROGATE_ESCAPE.search(line):

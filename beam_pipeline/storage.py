@@ -44,6 +44,19 @@ def read_json(path: str) -> dict[str, Any]:
         return json.loads(fh.read().decode("utf-8"))
 
 
+def read_json_object(path: str) -> dict[str, Any]:
+    """``read_json`` of a file this tool writes as one JSON object (dataset.json): ValueError when the file is
+    damaged (not UTF-8 or JSON, cut short, nested deeper than json.loads goes, not an object). A read that
+    fails (a transient storage error, a missing file) raises as it did: only damage is told apart."""
+    try:
+        value = read_json(path)
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested deeper than Python's reader goes") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
 def list_dir(path: str) -> list[str]:
     """Full paths of the files directly inside ``path`` (local or gs://)."""
     pattern = FileSystems.join(path, "*")

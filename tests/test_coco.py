@@ -401,6 +401,50 @@ def test_read_categories_refuses_a_bad_file_in_one_line(tmp_path):
         coco.read_categories(str(broken))
 
 
+def test_read_categories_gives_what_a_full_parse_gives(tmp_path):
+    """The event-built items equal json.load's, whatever else the file holds around and inside them."""
+    doc = {
+        "info": {"categories": [{"id": 99, "name": "not the top level"}]},
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 4, "height": 4}],
+        "categories": [
+            {"id": 1, "name": "person", "supercategory": "human", "keypoints": ["nose", "eye"], "skeleton": [[1, 2]]},
+            {"id": 2, "name": 'ba\u00efl \\ "x"', "extra": {"a": [1.5, None, True, {"b": []}]}},
+        ],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "segmentation": [[0, 0]]}],
+    }
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    assert coco.read_categories(str(path)) == ((1, "person"), (2, doc["categories"][1]["name"]))
+
+
+def test_a_file_nested_too_deep_is_refused_in_one_line_with_flat_memory(tmp_path):
+    """40 KB of brackets cost the prefixed parse ~1 GB and seconds (memory grows with depth squared);
+    the launcher's scan refuses it at depth 65 with a few MB."""
+    import tracemalloc
+
+    path = tmp_path / "deep.json"
+    path.write_text('{"junk": ' + "[" * 20_000 + "]" * 20_000 + ', "categories": [{"id": 1, "name": "a"}]}')
+    tracemalloc.start()
+    try:
+        with pytest.raises(UsageError, match=f"nested deeper than {coco.MAX_JSON_DEPTH} levels"):
+            coco.read_categories(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak
+    fine = tmp_path / "fine.json"  # exactly the limit is fine
+    nest = coco.MAX_JSON_DEPTH - 1
+    fine.write_text('{"junk": ' + "[" * nest + "]" * nest + ', "categories": [{"id": 1, "name": "a"}]}')
+    assert coco.read_categories(str(fine)) == ((1, "a"),)
+    (tmp_path / "img").mkdir()
+    write(str(tmp_path / "img" / "a.jpg"), image_bytes("jpeg"))
+    result = run_cli("convert", "--input", str(tmp_path / "img"), "--coco", str(path), "--output", str(tmp_path / "o"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: --coco {path}: JSON nested deeper than {coco.MAX_JSON_DEPTH} levels (COCO needs 5)"
+    ]
+
+
 def test_cli_errors_name_the_flag(tmp_path, coco_set):
     root, path, _ = coco_set
     cases = [

@@ -526,3 +526,26 @@ def test_a_late_finalize_attempt_stalled_before_its_first_step_leaves_nothing_in
     out = tmp_path / "out"
     _check_complete(out)
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"xx", b"[1, 2]\n", b'{"run_id": "x", "transform": {"files": ', b"[" * 100_000 + b"]" * 100_000],
+    ids=["not-json", "not-an-object", "cut-short", "nested-too-deep"],
+)
+def test_a_damaged_dataset_json_in_the_output_is_replaced_not_a_stuck_output(tmp_path, damage):
+    """The output's dataset.json damaged (a disk, a hand edit): every later run into that output used to fail
+    in publish, --overwrite too. It is replaced; a user's file under the TFT folders stays (none is known
+    to be the old run's), the old run's shards go, and inspect says what is wrong instead of a traceback."""
+    src, out = _photos(tmp_path / "src"), tmp_path / "out"
+    convert("--input", str(src), "--output", str(out), "--name", "old")
+    write(str(out / "transform_fn" / "mine.txt"), b"a user's file")
+    (out / "dataset.json").write_bytes(damage)
+    shown = run_cli("inspect", str(out))
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr
+    assert shown.stderr.startswith(f"error: {out}: dataset.json is damaged (")
+    convert("--input", str(src), "--output", str(out), "--overwrite")
+    info = _check_complete(out)
+    assert info["examples"] == 8
+    assert (out / "transform_fn" / "mine.txt").read_bytes() == b"a user's file"
+    assert not list(out.glob("old-*"))

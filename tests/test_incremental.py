@@ -558,3 +558,75 @@ def test_tfds_metadata_is_skipped_when_tfds_would_read_a_label_back_otherwise():
 
     assert skip_reason({"compression": "none", "labels": ["cat", "dog"]}) is None
     assert "leading or trailing spaces" in skip_reason({"compression": "none", "labels": ["cat", " "]})
+
+
+def test_damaged_lines_of_the_previous_index_and_rejects_are_left_out_not_a_crashed_run(tmp_path):
+    """A nightly --incremental-from on a damaged previous dataset: lines that are not JSON, cut short, nested
+    deeper than Python's reader goes, or lack what the join reads are counted and left out; their files are
+    converted afresh and the output is byte for byte a full run's."""
+    src, first, prev, inc = tmp_path / "src", tmp_path / "first", tmp_path / "prev", tmp_path / "inc"
+    make_images(src, {"cat": 6, "dog": 6})
+    write(str(src / "dog" / "broken.png"), b"not an image")
+    opts = ("--input", str(src), *ARGS, "--max-reject-fraction", "1")
+    convert(*opts, "--output", str(first))
+    shutil.copytree(first, prev)
+    lines = (prev / "index.jsonl").read_text().splitlines()
+    victims = {json.loads(lines[i])["path"] for i in (0, 1, 2, 3)}
+    lines[0] = lines[0][: len(lines[0]) // 2]  # cut short
+    lines[1] = "not json at all"
+    lines[2] = json.dumps({**json.loads(lines[2]), "offset": "12"})  # a wrong type
+    del lines[3]
+    lines.append("[" * 100_000 + "]" * 100_000)  # deeper than json.loads goes (RecursionError)
+    lines.append(json.dumps({"path": "cat/cat_000.png"}))  # no shard, offset, ...
+    (prev / "index.jsonl").write_text("\n".join(lines) + "\n")
+    rejects = (prev / "rejects.jsonl").read_text()
+    (prev / "rejects.jsonl").write_text(rejects + "{" * 50_000 + "\n" + '{"path": 3}\n')
+
+    result = convert(*opts, "--output", str(inc), "--incremental-from", str(prev))
+    assert shard_bytes(inc) == shard_bytes(first)
+    assert (inc / "index.jsonl").read_text() == (first / "index.jsonl").read_text()
+    assert (inc / "rejects.jsonl").read_text() == (first / "rejects.jsonl").read_text()
+    summary = load_info(inc)["incremental"]
+    assert summary["unreadable_previous_lines"] == 7
+    assert summary["reused"] == 12 - len(victims) and summary["converted"] == len(victims)
+    assert summary["rejects_kept"] == 1  # the intact reject line still serves
+    assert "damaged lines left out of its index.jsonl/rejects.jsonl: 7" in result.stdout
+    shown = run_cli("inspect", str(inc)).stdout
+    assert "unreadable previous lines: 7" in shown
+    # an intact previous dataset: no such key, dataset.json as before
+    again = tmp_path / "again"
+    convert(*opts, "--output", str(again), "--incremental-from", str(first))
+    assert "unreadable_previous_lines" not in load_info(again)["incremental"]
+
+
+@pytest.mark.parametrize("damage", [b"[1, 2]\n", b"[" * 100_000 + b"]" * 100_000], ids=["not-an-object", "too-deep"])
+def test_incremental_from_a_dataset_whose_dataset_json_is_damaged_is_a_one_line_error(tmp_path, damage):
+    src, prev = tmp_path / "src", tmp_path / "prev"
+    make_images(src, {"cat": 3})
+    convert("--input", str(src), "--output", str(prev), *ARGS)
+    (prev / "dataset.json").write_bytes(damage)
+    result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "inc"), "--incremental-from", str(prev))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: --incremental-from {prev}: {prev}: no readable dataset.json"]
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [(b"\xff\xfe\x00cat\n", "its labels.txt is not UTF-8 text (damaged)"), (b"cat\ncat\n", "lists 'cat' twice")],
+    ids=["not-utf8", "a-label-twice"],
+)
+def test_incremental_from_a_dataset_whose_labels_txt_is_damaged_is_a_one_line_error(tmp_path, damage, words):
+    """Line k of labels.txt is id k: bytes that are no text, or a label on two lines, give no ids to keep."""
+    src, prev = tmp_path / "src", tmp_path / "prev"
+    make_images(src, {"cat": 3})
+    convert("--input", str(src), "--output", str(prev), *ARGS)
+    (prev / "labels.txt").write_bytes(damage)
+    result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "inc"), "--incremental-from", str(prev))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --incremental-from {prev}: ") and words in line
+    labels = tmp_path / "labels.txt"
+    labels.write_bytes(damage)
+    result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "o"), "--labels-file", str(labels))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[0].startswith(f"error: --labels-file {labels}: ")

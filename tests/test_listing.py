@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import apache_beam as beam
 import pytest
@@ -141,6 +142,24 @@ def test_jsonl_manifest_line_with_half_a_surrogate_pair_is_an_error_naming_the_l
     result = run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "out"), "--labels-from", "none")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "manifest line 2" in result.stderr and "surrogate" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("line", [2, 150], ids=["launcher-look", "in-pipeline"])
+def test_a_jsonl_line_nested_too_deep_is_an_error_naming_the_line(tmp_path, line):
+    """200 KB of brackets (deeper than json.loads goes) used to crash the launcher with a RecursionError
+    traceback, and the pipeline with a message naming neither the line nor the manifest."""
+    write(str(tmp_path / "a.jpg"), image_bytes("jpeg"))
+    rows = [json.dumps({"path": "a.jpg", "n": i}) for i in range(1, 200)]
+    rows[line - 1] = '{"path": "a.jpg", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(ValueError, match=f"line {line}: JSON nested deeper"):
+        list(read_manifest_rows(io.StringIO("\n".join(rows) + "\n"), "jsonl"))
+    manifest = tmp_path / "list.jsonl"
+    manifest.write_text("\n".join(rows) + "\n")
+    result = run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "out"), "--labels-from", "none")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    [message] = [m for m in result.stderr.splitlines() if m.startswith("error:")]
+    assert f"manifest line {line}: JSON nested deeper" in message, result.stderr
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
 @pytest.mark.parametrize(

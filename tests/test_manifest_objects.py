@@ -468,3 +468,17 @@ def test_boxes_turn_and_scale_with_exif_orientation_and_resize(tmp_path, tf):
             ys, xs = np.nonzero(painted)
             assert abs(xs.min() - x0) <= 1.5 and abs(xs.max() + 1 - x1) <= 1.5, (o, text, box)
             assert abs(ys.min() - y0) <= 1.5 and abs(ys.max() + 1 - y1) <= 1.5, (o, text, box)
+
+
+def test_a_csv_objects_cell_nested_too_deep_is_that_images_bad_objects(object_set, tmp_path):
+    """A CSV cell of 10,000 nested brackets (deeper than json.loads goes) rejects its image, not the run."""
+    deep = "[" * 5_000 + "]" * 5_000
+    fine = json.dumps([{"xmin": 10, "ymin": 5, "xmax": 30, "ymax": 25, "label": "dog"}])
+    manifest = write_csv(object_set / "deep.csv", [("a.jpg", fine), ("neg.jpg", deep)], ["path", "objects"])
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--manifest-objects", "column", "--output", str(out),
+            "--max-reject-fraction", "1")  # fmt: skip
+    [row] = jsonl_lines(out / "rejects.jsonl")
+    assert (row["path"], row["reason"]) == ("neg.jpg", table.BAD_OBJECTS)
+    assert "nested deeper" in row["detail"]
+    assert load_info(out)["examples"] == 1

@@ -61,13 +61,26 @@ def _open(path: str) -> Any:
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
+# How deep the launcher lets the file nest (a COCO file needs 5: file, annotations, annotation, segmentation,
+# polygon). ijson's prefixed parse keeps one prefix string per open level, so memory grows with the square of
+# the depth: 80 KB of brackets took 3.9 GB. The launcher's scan refuses deeper files before any worker parses.
+MAX_JSON_DEPTH = 64
+_OPENS = frozenset({"start_map", "start_array"})
+_CLOSES = frozenset({"end_map", "end_array"})
+
+
 def read_categories(path: str) -> tuple[tuple[int, str], ...]:
-    """The (id, name) pairs of a COCO file's ``categories``, streamed; UsageError naming the file otherwise."""
+    """The (id, name) pairs of a COCO file's ``categories``, streamed; UsageError naming the file otherwise.
+
+    One pass over the whole file on ijson's unprefixed events (flat memory at any depth), which also proves
+    it is JSON and nests at most MAX_JSON_DEPTH levels: the workers' prefixed parse of the sections is then
+    bounded.
+    """
     import ijson
 
     try:
         with _open(path) as fh:
-            raw = list(ijson.items(fh, "categories.item", use_float=True))
+            raw = _categories_of(ijson.basic_parse(fh, use_float=True), path)
     except ijson.JSONError as e:
         raise UsageError(f"--coco {path}: not valid JSON ({e})") from None
     if not raw:
@@ -86,6 +99,42 @@ def read_categories(path: str) -> tuple[tuple[int, str], ...]:
             raise UsageError(f"--coco {path}: category id {cid} is given twice ({seen[cid]!r}, {name!r})")
         seen[cid] = name
     return tuple(sorted(seen.items()))
+
+
+def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> list[Any]:
+    """The items of the top-level ``categories`` array, built from the parse events of the whole file."""
+    import ijson
+
+    depth, key, inside, items = 0, None, False, []
+    builder: Any = None
+    for event, value in events:
+        if event in _OPENS:
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise UsageError(f"--coco {path}: JSON nested deeper than {MAX_JSON_DEPTH} levels (COCO needs 5)")
+            if depth == 2 and event == "start_array" and key == "categories":
+                inside = True
+                continue
+        elif event in _CLOSES:
+            depth -= 1
+            if inside and depth == 1:
+                inside = False
+                continue
+        elif event == "map_key" and depth == 1:
+            key = value
+            continue
+        if not inside:
+            continue
+        if builder is None:
+            if depth == 2:  # a scalar item
+                items.append(value)
+                continue
+            builder = ijson.ObjectBuilder()
+        builder.event(event, value)
+        if depth == 2:  # the item's own object or array closed
+            items.append(builder.value)
+            builder = None
+    return items
 
 
 def _id_key(value: Any) -> str:

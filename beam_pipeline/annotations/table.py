@@ -90,6 +90,8 @@ def _row_objects(row: Mapping[str, Any], form: str) -> list[Any] | str:
             cell = json.loads(cell)
         except json.JSONDecodeError as e:
             return f"the '{OBJECTS_COLUMN}' cell is not JSON ({e.msg})"
+        except RecursionError:
+            return f"the '{OBJECTS_COLUMN}' cell is JSON nested deeper than Python's reader goes"
     if not isinstance(cell, list):
         return f"the '{OBJECTS_COLUMN}' value is a {type(cell).__name__}, not a list of objects"
     return cell
