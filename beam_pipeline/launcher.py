@@ -138,7 +138,11 @@ def _manifest_columns(path: str, fmt: str) -> tuple[str, ...]:
 
                 for row in csv.reader(stream):
                     if any(cell.strip() for cell in row):
-                        return tuple(cell.strip() for cell in row)
+                        header = tuple(cell.strip() for cell in row)
+                        twice = _repeated(c for c in header if c)
+                        if twice is not None:  # csv.DictReader would keep the last one's values, silently
+                            raise UsageError(f"--manifest {path}: column {twice!r} appears twice in the header")
+                        return header
                 return ()
             columns: dict[str, None] = {}
             for i, row in enumerate(read_manifest_rows(stream, fmt)):
@@ -413,7 +417,10 @@ def prepare(
         manifest_format = _manifest_format(manifest)
         columns = _manifest_columns(manifest, manifest_format)
         if PATH_COLUMN not in columns:
-            raise UsageError(f"--manifest {cfg.manifest}: no 'path' column (found: {', '.join(columns) or 'none'})")
+            found = ", ".join(columns) or "none"
+            other = next((sep for sep in (";", "\t", "|") if len(columns) == 1 and sep in columns[0]), None)
+            hint = f"; its columns look separated by {other!r}: a CSV manifest is separated by commas" if other else ""
+            raise UsageError(f"--manifest {cfg.manifest}: no 'path' column (found: {found}){hint}")
         _check_object_columns(cfg, manifest_format, columns)
         root = posixpath.dirname(manifest) if is_remote(manifest) else os.path.dirname(manifest)
         pattern = None

@@ -203,7 +203,7 @@ def make_ref(
     cfg: ConvertConfig,
     layout: Layout,
     *,
-    label_value: str | list[Any] | None = None,
+    label_value: str | list[Any] | dict[str, Any] | None = None,
     split_value: str | None = None,
     extras: tuple[tuple[str, Any], ...] = (),
     mtime: float = 0.0,
@@ -231,6 +231,8 @@ def make_ref(
         split = "train"
 
     label: str | tuple[str, ...] | None
+    if isinstance(label_value, dict):  # a JSONL object: its Python text ("{'x': 1}") is no label
+        return reject(path, BAD_LABEL, "the label is a JSON object, not text (or a list of texts)")
     if layout.label_source == "manifest" and (cfg.label_separator is not None or isinstance(label_value, list)):
         names, problem = split_labels(label_value, cfg.label_separator)
         if problem:
@@ -548,9 +550,9 @@ class _StatManifestRow(beam.DoFn):
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 
-def _label_cell(value: Any) -> str | list[Any] | None:
-    """A row's label value for make_ref: text, or a JSONL list as it is (a multi-label row)."""
-    return value if value is None or isinstance(value, list) else str(value)
+def _label_cell(value: Any) -> str | list[Any] | dict[str, Any] | None:
+    """A row's label value for make_ref: text, or a JSONL list (a multi-label row) or object (a bad label) as is."""
+    return value if value is None or isinstance(value, (list, dict)) else str(value)
 
 
 class _OddLocalEntries(beam.DoFn):

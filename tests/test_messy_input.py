@@ -296,3 +296,45 @@ def test_incremental_keeps_label_ids_when_only_later_jsonl_rows_are_labelled(tmp
     assert (second / "labels.txt").read_text() == "dog\nowl\nant\n"
     ids = {r["image/class/text"].decode(): r["image/class/label"] for r in read_records(second)}
     assert ids == {"dog": 0, "owl": 1, "ant": 2}
+
+
+def test_a_csv_header_naming_a_column_twice_is_a_one_line_error(tmp_path):
+    """csv.DictReader keeps the last of two same-named columns: 'path,label,label' silently took the second."""
+    from .conftest import run_cli
+
+    write(str(tmp_path / "a.jpg"), image_bytes("jpeg"))
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("path,label, label\na.jpg,cat,dog\n")
+    result = run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: --manifest {manifest}: column 'label' appears twice in the header"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_manifest_separated_by_semicolons_says_so(tmp_path):
+    from .conftest import run_cli
+
+    write(str(tmp_path / "a.jpg"), image_bytes("jpeg"))
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("path;label\na.jpg;cat\n")  # a spreadsheet's CSV export in a comma-decimal locale
+    result = run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "no 'path' column" in line and "separated by ';'" in line
+
+
+def test_a_jsonl_label_that_is_an_object_is_a_bad_label_not_its_python_text(tmp_path):
+    """{"label": {"x": 1}} became the class "{'x': 1}" in labels.txt."""
+    for name in ("a", "b", "c"):
+        write(str(tmp_path / f"{name}.jpg"), image_bytes("jpeg"))
+    manifest = tmp_path / "list.jsonl"
+    rows = [{"path": "a.jpg", "label": {"x": 1}}, {"path": "b.jpg", "label": "cat"}, {"path": "c.jpg", "label": 7}]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--output", str(out), "--max-reject-fraction", "1")
+    assert (out / "labels.txt").read_text().splitlines() == ["7", "cat"]  # a number is its text, as before
+    [reject] = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert (reject["path"], reject["reason"]) == ("a.jpg", "bad_label")
+    assert "JSON object" in reject["detail"]
