@@ -687,3 +687,135 @@ def test_a_mask_of_many_polygons_is_rasterized_in_one_layer():
     mask = np.asarray(Image.open(io.BytesIO(png)))
     assert mask.shape == (200, 200) and set(np.unique(mask)) == {0, 1}
     assert mask[4, 100] == 1 and mask[12, 25] == 1 and mask[100, 100] == 0
+
+
+def test_counters_summed_per_bundle_are_exact_over_several_bundles():
+    """The object counters leave each bundle as a few sums (join.Counts), not one element per image: on a
+    runner that splits the images over two workers there are several partial sums, and they add up exactly."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that
+
+    from beam_pipeline.annotations import join
+    from beam_pipeline.annotations.objects import Annotations, Obj
+    from beam_pipeline.listing import REJECTS, SKIPPED, Ref
+
+    def joined(i: int) -> tuple[str, list[Any]]:
+        ref = Ref(f"/d/{i}.jpg", f"{i}.jpg", 1, "train", None, i)
+        kept = tuple(Obj((0, 0, 1, 1), 1, "person") for _ in range(i % 4))
+        given = len(kept) + i % 3
+        image = coco.CocoImage(Annotations(str(i), 10, 10, kept), given, given - len(kept))
+        return (ref.relpath, [(join.REFS, ref), (coco.COCO, image)])
+
+    n = 200
+    want: dict[str, int] = {join.OBJECTS_KEPT: sum(i % 4 for i in range(n))}
+    for i in range(n):
+        for counter in join.image_counters(i % 4 + i % 3, i % 4):
+            want[counter] = want.get(counter, 0) + 1
+
+    def check(partial: list[tuple[str, int]]) -> None:
+        assert sum(1 for name, _ in partial if name == join.OBJECTS_KEPT) >= 2, partial  # several bundles
+        assert len(partial) < n / 10, partial  # sums, not one element per image
+        total: dict[str, int] = {}
+        for name, value in partial:
+            total[name] = total.get(name, 0) + value
+        assert total == want
+
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    options = PipelineOptions([], direct_running_mode="multi_threading", direct_num_workers=2)
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+        out = (
+            p
+            | beam.Create([joined(i) for i in range(n)])
+            | beam.Reshuffle()
+            | beam.ParDo(coco._AttachAnnotations("/d")).with_outputs(REJECTS, SKIPPED, join.COUNTS, main="refs")  # noqa: SLF001
+        )
+        assert_that(out[join.COUNTS] | beam.combiners.ToList(), lambda lists: check(lists[0]))
+        summed = join.sum_counts(out[join.COUNTS]) | beam.combiners.ToDict()
+        assert_that(summed, lambda dicts: dicts[0] == want or pytest.fail(f"{dicts[0]} != {want}"))
+
+
+def test_a_multi_worker_convert_counts_every_object_exactly(coco_set, converted, tmp_path):
+    """dataset.json's objects block of a run whose joins are split over two workers (several bundles per step)
+    is the one-worker run's, to the count."""
+    root, path, _ = coco_set
+    out = tmp_path / "out"
+    flags = ("--direct_running_mode", "multi_threading", "--direct_num_workers", "2", "--max-reject-fraction", "1")
+    convert("--input", str(root), "--coco", str(path), "--output", str(out), *flags)
+    assert load_info(out)["objects"] == load_info(converted[0])["objects"]
+    assert load_info(out)["objects"]["kept"] == 5 and load_info(out)["objects"]["rejects"]["total"] == 7
+
+
+def _orders(doc: dict[str, Any], seed: int) -> tuple[list[Any], list[Any]]:
+    """The annotations sorted by image id (each image's run together), and the same interleaved at random
+    (each image's annotations keep their relative order, so each image's objects are the same list)."""
+    import random
+
+    by_image: dict[str, list[Any]] = {}
+    for ann in doc["annotations"]:
+        by_image.setdefault(json.dumps(ann["image_id"]), []).append(ann)
+    grouped = [ann for key in sorted(by_image) for ann in by_image[key]]
+    rng, queues, mixed = random.Random(seed), [list(anns) for anns in by_image.values()], []
+    while queues:
+        queue = rng.choice(queues)
+        mixed.append(queue.pop(0))
+        if not queue:
+            queues.remove(queue)
+    return grouped, mixed
+
+
+def test_annotations_grouped_or_interleaved_give_the_same_shards(tmp_path):
+    """The reader sends an image's consecutive annotations as one element (at most coco.MAX_RUN): a file that
+    lists them together and one that interleaves images give the same shards, rejects and counts, including
+    an image with more annotations than one run holds."""
+    root = tmp_path / "images"
+    doc = make_coco(root)
+    many = coco.MAX_RUN + 44
+    doc["annotations"] += [
+        {"id": 1000 + k, "image_id": 2, "category_id": 3, "bbox": [k % 40, k % 30, 5, 5], "area": 1.0, "iscrowd": 0}
+        for k in range(many)
+    ]
+    grouped, mixed = _orders(doc, seed=7)
+    assert grouped != mixed
+    outs = []
+    for name, anns in (("grouped", grouped), ("mixed", mixed)):
+        path = tmp_path / name / "instances.json"  # one COCO path: object rejects name it
+        path.parent.mkdir()
+        path.write_text(json.dumps({**doc, "annotations": anns}))
+        out = tmp_path / name / "det"  # one output name: shard file names start with it
+        convert("--input", str(root), "--coco", str(path), "--output", str(out), "--max-reject-fraction", "1")
+        outs.append(out)
+    infos = [load_info(out) for out in outs]
+    assert infos[0]["objects"] == infos[1]["objects"] and infos[0]["objects"]["kept"] == 5 + many
+    shards = [sorted(s["file"] for split in info["splits"].values() for s in split["shards"]) for info in infos]
+    assert shards[0] == shards[1] and shards[0]
+    for shard in shards[0]:
+        assert (outs[0] / shard).read_bytes() == (outs[1] / shard).read_bytes(), shard
+    for rejects in ("rejects.jsonl", "object_rejects.jsonl"):
+        lines = [sorted((out / rejects).read_text().replace(str(out.parent), "").splitlines()) for out in outs]
+        assert lines[0] == lines[1] and lines[0], rejects
+
+
+def test_the_reader_sends_runs_of_one_image_bounded_by_max_run(tmp_path, monkeypatch):
+    """Consecutive annotations of one image leave as one element, cut at MAX_RUN; every annotation once, with
+    its place in the file."""
+    monkeypatch.setattr(coco, "MAX_RUN", 3)
+    image_ids = [1, 1, 1, 1, 1, 2, 1, "1", True, None, 2, 2]
+    anns: list[Any] = [{"id": k, "image_id": i} for k, i in enumerate(image_ids)] + ["not an object"]
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps({"images": [], "annotations": anns, "categories": CATEGORIES}))
+    out = list(coco._ReadSection().process((coco.ANNOTATIONS, str(path))))  # noqa: SLF001
+    runs = [(key, [place for place, _ in run]) for key, (tag, run) in out if tag == coco.ANNOTATIONS]
+    assert len(runs) == len(out)
+    assert runs == [
+        ("1", [0, 1, 2]),
+        ("1", [3, 4]),
+        ("2", [5]),
+        ("1", [6]),
+        ('"1"', [7]),
+        ("true", [8]),
+        ("null", [9]),
+        ("2", [10, 11]),
+        ("null", [12]),
+    ]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from beam_pipeline.annotations import coco, objects, voc
+from beam_pipeline.annotations import coco, join, objects, voc
 
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
@@ -380,8 +380,8 @@ def test_an_oversized_xml_is_a_reject_and_is_not_read(tmp_path, monkeypatch):
     [out] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(tmp_path / "absent.xml"), 10**9)))  # noqa: SLF001
     assert out.value["reason"] == objects.BAD_ANNOTATION and "larger than" in out.value["detail"]
     monkeypatch.setattr(voc, "MAX_XML_BYTES", 10**6)
-    [(key, parsed)] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(big), big.stat().st_size)))  # noqa: SLF001
-    assert key == "a.jpg" and parsed.objects[0]["name"] == "dog"
+    [(key, (tag, parsed))] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(big), big.stat().st_size)))  # noqa: SLF001
+    assert key == "a.jpg" and tag == voc.VOC and parsed.objects[0]["name"] == "dog"
 
 
 def test_an_image_without_size_or_readable_header_gets_no_frame(tmp_path):
@@ -399,7 +399,7 @@ def test_an_image_without_size_or_readable_header_gets_no_frame(tmp_path):
     def attach(path: Path) -> list[Any]:
         ref = Ref(str(path), path.name, path.stat().st_size, "train", None, 1)
         parsed = voc.VocFile(str(path) + ".xml", path.name, 0, 0, (raw,))
-        return list(voc._Attach(str(tmp_path)).process((path.name, {"refs": [ref], "voc": [parsed]})))  # noqa: SLF001
+        return list(voc._Attach(str(tmp_path)).process((path.name, [(join.REFS, ref), (voc.VOC, parsed)])))  # noqa: SLF001
 
     [ref] = attach(good)
     assert (ref.annotations.width, ref.annotations.height) == (9, 7) and len(ref.annotations.objects) == 1

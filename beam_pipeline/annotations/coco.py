@@ -38,13 +38,22 @@ from .join import (
     IMAGES_WITHOUT_OBJECTS,  # noqa: F401
     OBJECT_REJECTS,
     OBJECTS_KEPT,  # noqa: F401
-    count_objects,
-    image_counters,
+    REFS,
+    Counts,
+    join_tagged,
     keyed_ref,
+    sum_counts,
+    untag,
 )
 from .objects import Annotations, Invalid, Obj
 
 IMAGES, ANNOTATIONS = "images", "annotations"
+COCO = "coco"  # the joined images' tag in the join by file name
+
+# At most this many annotations leave the reader as one element: a run of consecutive annotations of one
+# image (COCO files list an image's annotations together). It bounds the reader's buffer, not correctness:
+# the join concatenates every run a key receives, whatever the file's order.
+MAX_RUN = 256
 
 MISSING_IMAGE = "missing_image"
 DUPLICATE_IMAGE_ID = "duplicate_image_id"
@@ -156,25 +165,43 @@ class CocoImage(NamedTuple):
 
 
 class _ReadSection(beam.DoFn):
-    """(section, COCO path) → that section's items, streamed: ``images`` entries, or ``annotations`` as
-    (place in the file, annotation): the join loses the file's order, and the records keep it."""
+    """(section, COCO path) → that section's items, streamed, keyed by image id and tagged by section:
+    (id, (IMAGES, entry)), or (image_id, (ANNOTATIONS, [(place in the file, annotation), ...])).
 
-    def process(self, element: tuple[str, str]) -> Iterator[Any]:
+    Annotations leave in runs of consecutive ones naming the same image (at most MAX_RUN each): one element
+    per image for a file that lists an image's annotations together, instead of one per annotation. The
+    places keep the file's order, which the join loses.
+    """
+
+    def process(self, element: tuple[str, str]) -> Iterator[tuple[str, tuple[str, Any]]]:
         import ijson
 
         section, path = element
         with _open(path) as fh:
-            for position, item in enumerate(ijson.items(fh, f"{section}.item", use_float=True)):
-                yield beam.pvalue.TaggedOutput(section, (position, item) if section == ANNOTATIONS else item)
-
-
-def _image_key(entry: Any) -> tuple[str, Any]:
-    return (_id_key(entry.get("id")) if isinstance(entry, dict) else "null", entry)
-
-
-def _annotation_key(placed: tuple[int, Any]) -> tuple[str, tuple[int, Any]]:
-    ann = placed[1]
-    return (_id_key(ann.get("image_id")) if isinstance(ann, dict) else "null", placed)
+            items = ijson.items(fh, f"{section}.item", use_float=True)
+            if section == IMAGES:
+                for entry in items:
+                    yield (_id_key(entry.get("id")) if isinstance(entry, dict) else "null", (IMAGES, entry))
+                return
+            key, run = "", []  # the current run's image id key and its placed annotations
+            last: Any = None  # the raw image_id of the last annotation (no JSON text needed for the same id)
+            for position, ann in enumerate(items):
+                if isinstance(ann, dict):
+                    raw = ann.get("image_id")
+                    if not (run and type(raw) is type(last) and raw == last):
+                        raw_key = _id_key(raw)
+                    else:
+                        raw_key = key
+                    last = raw
+                else:
+                    raw_key, last = "null", None
+                if run and (raw_key != key or len(run) >= MAX_RUN):
+                    yield (key, (ANNOTATIONS, run))
+                    run = []
+                key = raw_key
+                run.append((position, ann))
+            if run:
+                yield (key, (ANNOTATIONS, run))
 
 
 def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int) -> Obj | Invalid:
@@ -232,9 +259,11 @@ def _entry_problem(entry: Any) -> str | None:
 
 
 class _JoinImageObjects(beam.DoFn):
-    """(image id, {"images": [entry], "annotations": [ann]}) → (file key, CocoImage | reject dict).
+    """(image id, [(IMAGES, entry) | (ANNOTATIONS, [(place, ann), ...])]) → (file key, (COCO, CocoImage | reject
+    dict)).
 
-    Tagged OBJECT_REJECTS: one per annotation that cannot be written (the image stays).
+    Tagged OBJECT_REJECTS: one per annotation that cannot be written (the image stays); COUNTS: their reasons,
+    summed per bundle.
     An image's objects keep the order the file lists them in, as Model Garden's create_coco_tf_record.py
     writes them (a model reading both gets the same tensors); the order is not the annotation ids'.
     """
@@ -243,11 +272,23 @@ class _JoinImageObjects(beam.DoFn):
         self._coco_path = coco_path
         self._root = root
         self._names = dict(categories)
+        self._counts = Counts()
 
-    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
-        key, joined = element
-        entries = list(joined[IMAGES])
-        anns = [ann for _, ann in sorted(joined[ANNOTATIONS], key=lambda placed: placed[0])]
+    def start_bundle(self) -> None:
+        self._counts.reset()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield from self._counts.emit()
+
+    def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
+        for out in self._join(*element):
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                self._counts.add(out.value["reason"])
+            yield out
+
+    def _join(self, key: str, values: Iterable[tuple[str, Any]]) -> Iterator[Any]:
+        entries, runs = untag(values, IMAGES, ANNOTATIONS)
+        anns = [ann for _, ann in sorted((placed for run in runs for placed in run), key=lambda placed: placed[0])]
         tagged = beam.pvalue.TaggedOutput
         if not entries:
             for ann in anns:
@@ -258,14 +299,14 @@ class _JoinImageObjects(beam.DoFn):
             for entry in entries:
                 name = entry.get("file_name") if isinstance(entry, dict) else None
                 row = reject(self._where(name), DUPLICATE_IMAGE_ID, f"image id {key} names {len(entries)} images")
-                yield (file_key(name) if isinstance(name, str) else "", row)
+                yield (file_key(name) if isinstance(name, str) else "", (COCO, row))
             return
         entry = entries[0]
         problem = _entry_problem(entry)
         if problem:
             name = entry.get("file_name") if isinstance(entry, dict) else None
             key = file_key(name) if isinstance(name, str) and name else ""
-            yield (key, reject(self._where(name), BAD_IMAGE_ENTRY, problem))
+            yield (key, (COCO, reject(self._where(name), BAD_IMAGE_ENTRY, problem)))
             return
         width, height, where = entry["width"], entry["height"], self._where(entry["file_name"])
         kept: list[Obj] = []
@@ -276,7 +317,7 @@ class _JoinImageObjects(beam.DoFn):
             else:
                 kept.append(obj)
         annotations = Annotations(str(entry["id"]), width, height, tuple(kept))
-        yield (file_key(entry["file_name"]), CocoImage(annotations, len(anns), len(anns) - len(kept)))
+        yield (file_key(entry["file_name"]), (COCO, CocoImage(annotations, len(anns), len(anns) - len(kept))))
 
     def _where(self, file_name: Any) -> str:
         """Where a reject points: the image file the entry names, or the COCO file itself."""
@@ -286,17 +327,22 @@ class _JoinImageObjects(beam.DoFn):
 
 
 class _AttachAnnotations(beam.DoFn):
-    """(relative path, {"refs": [Ref], "coco": [CocoImage | reject]}) → Ref with its annotations, or why not.
+    """(relative path, [(REFS, Ref) | (COCO, CocoImage | reject)]) → Ref with its annotations, or why not.
 
-    Tagged: REJECTS (image rejects), SKIPPED (a listed file the JSON does not name), COUNTS ((counter, 1)).
+    Tagged: REJECTS (image rejects), SKIPPED (a listed file the JSON does not name), COUNTS ((counter, n) per
+    bundle: objects kept, image counters).
     Image rejects found here carry no size or mtime: an incremental run checks them again (the JSON may
     have been fixed while the image stayed the same).
     """
 
-    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
-        _, joined = element
-        refs = list(joined["refs"])
-        entries = list(joined["coco"])
+    def start_bundle(self) -> None:
+        self._counts.reset()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield from self._counts.emit()
+
+    def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
+        refs, entries = untag(element[1], REFS, COCO)
         tagged = beam.pvalue.TaggedOutput
         if not entries:
             for _ in refs:
@@ -322,12 +368,12 @@ class _AttachAnnotations(beam.DoFn):
             return
         image = images[0]
         for ref in refs:
-            for counter in image_counters(image.total, image.total - image.rejected):
-                yield tagged(COUNTS, counter)
+            self._counts.image(image.total, len(image.annotations.objects))
             yield dataclasses.replace(ref, annotations=image.annotations)
 
     def __init__(self, root: str) -> None:
         self._root = root
+        self._counts = Counts()
 
     def _missing_path(self, relpath: str) -> str:
         return FileSystems.join(self._root, relpath)
@@ -350,27 +396,22 @@ class JoinCoco(beam.PTransform):
             | "CocoSections" >> beam.Create([(IMAGES, self._coco_path), (ANNOTATIONS, self._coco_path)])
             # one section per worker: the two streaming reads run side by side
             | "SpreadSections" >> beam.Reshuffle()
-            | "ReadCoco" >> beam.ParDo(_ReadSection()).with_outputs(IMAGES, ANNOTATIONS)
+            | "ReadCoco" >> beam.ParDo(_ReadSection())
         )
         by_image = (
-            {
-                IMAGES: sections[IMAGES] | "ImageById" >> beam.Map(_image_key),
-                ANNOTATIONS: sections[ANNOTATIONS] | "AnnotationByImageId" >> beam.Map(_annotation_key),
-            }
-            # (image id, {"images": [entry], "annotations": [ann]}): one image's annotations at a time
-            | "JoinById" >> beam.CoGroupByKey()
+            # (image id, [(IMAGES, entry), (ANNOTATIONS, [(place, ann), ...]), ...]): one image at a time
+            join_tagged("JoinById", sections)
             | "CheckObjects"
             >> beam.ParDo(_JoinImageObjects(self._coco_path, self._root, self._categories)).with_outputs(
-                OBJECT_REJECTS, main="images"
+                OBJECT_REJECTS, COUNTS, main="images"
             )
         )
         attached = (
-            {"refs": refs | "RefByPath" >> beam.Map(keyed_ref), "coco": by_image.images}
-            # (relative path, {"refs": [Ref], "coco": [CocoImage | reject]})
-            | "JoinByFileName" >> beam.CoGroupByKey()
+            # (relative path, [(REFS, Ref), (COCO, CocoImage | reject), ...])
+            join_tagged("JoinByFileName", refs | "RefByPath" >> beam.Map(keyed_ref), by_image.images)
             | "Attach" >> beam.ParDo(_AttachAnnotations(self._root)).with_outputs(REJECTS, SKIPPED, COUNTS, main="refs")
         )
-        counts = count_objects(attached.refs, attached[COUNTS], by_image[OBJECT_REJECTS])
+        counts = sum_counts(by_image[COUNTS], attached[COUNTS])
         return {
             "refs": attached.refs,
             REJECTS: attached[REJECTS],

@@ -3,7 +3,7 @@
 An image ``INPUT/a/b.jpg`` is paired with ``DIR/a/b.png`` (its relative path
 without the extension, plus ``.png``). The mask folder is listed inside the job
 (``listing.ListFolder``, local or gs://) and joined to the listed images by that
-key with a CoGroupByKey: no process holds every mask. Only the mask's path,
+key (``join.join_tagged``): no process holds every mask. Only the mask's path,
 size and mtime (``LabelMap``) ride on the image's Ref through the shuffle; the
 shard writer reads the mask beside its image (``segmentation_features``).
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 import posixpath
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -34,10 +34,12 @@ import apache_beam as beam
 
 from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
 from ..listing import FILES, REJECTS, SKIPPED, ListFolder, Ref, reject, relative_path
+from .join import REFS, join_tagged, untag
 
 SEGMENTATION_ENCODED = "image/segmentation/class/encoded"
 SEGMENTATION_FORMAT = "image/segmentation/class/format"
 
+MASKS = "masks"  # the label maps' tag in the join by stem
 MISSING_MASK = "missing_mask"  # an image without its label map: it cannot train segmentation
 DUPLICATE_MASK = "duplicate_mask"  # two files in DIR for one image (a/b.png and a/b.PNG)
 BAD_MASK = "bad_mask"  # not a PNG Pillow decodes, or a class id a uint8 label map cannot hold
@@ -82,7 +84,7 @@ def feature_spec() -> dict[str, dict[str, Any]]:
 
 
 class _KeyMasks(beam.DoFn):
-    """FileMetadata of a file in DIR → (key, LabelMap); SKIPPED for a file that is not a ``.png``."""
+    """FileMetadata of a file in DIR → (key, (MASKS, LabelMap)); SKIPPED for a file that is not a ``.png``."""
 
     def __init__(self, mask_dir: str) -> None:
         self._dir = mask_dir
@@ -93,11 +95,11 @@ class _KeyMasks(beam.DoFn):
             yield beam.pvalue.TaggedOutput(SKIPPED, NOT_A_MASK)
             return
         mtime = float(getattr(meta, "last_updated_in_seconds", 0.0) or 0.0)
-        yield (mask_key(rel), LabelMap(meta.path, int(meta.size_in_bytes), mtime))
+        yield (mask_key(rel), (MASKS, LabelMap(meta.path, int(meta.size_in_bytes), mtime)))
 
 
 class _KeyRefs(beam.DoFn):
-    """Ref → (key, Ref); SKIPPED for a listed file inside the mask folder (--masks under --input): a label map
+    """Ref → (key, (REFS, Ref)); SKIPPED for a listed file inside the mask folder (--masks under --input): a label map
     is not an image of the dataset."""
 
     def __init__(self, mask_dir: str) -> None:
@@ -107,19 +109,20 @@ class _KeyRefs(beam.DoFn):
         if ref.path.startswith(self._prefix):
             yield beam.pvalue.TaggedOutput(SKIPPED, IN_MASK_FOLDER)
             return
-        yield (mask_key(ref.relpath), ref)
+        yield (mask_key(ref.relpath), (REFS, ref))
 
 
 class _Pair(beam.DoFn):
-    """(key, {"refs": [Ref], "masks": [LabelMap]}) → Ref with its LabelMap; REJECTS, SKIPPED.
+    """(key, [(REFS, Ref) | (MASKS, LabelMap)]) → Ref with its LabelMap; REJECTS, SKIPPED.
 
     Rejects here carry no size or mtime: an incremental run checks them again
     (the mask may have been added while the image stayed the same).
     """
 
-    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
-        key, joined = element
-        refs, found = list(joined["refs"]), sorted(joined["masks"], key=lambda m: m.path)
+    def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
+        key, values = element
+        refs, found = untag(values, REFS, MASKS)
+        found.sort(key=lambda m: m.path)
         tagged = beam.pvalue.TaggedOutput
         if not refs:
             for _ in found:
@@ -153,9 +156,8 @@ class JoinMasks(beam.PTransform):
         masks = listed[FILES] | "KeyMasks" >> beam.ParDo(_KeyMasks(self._dir)).with_outputs(SKIPPED, main="masks")
         keyed = refs | "RefByStem" >> beam.ParDo(_KeyRefs(self._dir)).with_outputs(SKIPPED, main="refs")
         paired = (
-            {"refs": keyed.refs, "masks": masks.masks}
-            # (relative path without extension, {"refs": [Ref], "masks": [LabelMap]})
-            | "JoinByStem" >> beam.CoGroupByKey()
+            # (relative path without extension, [(REFS, Ref), (MASKS, LabelMap), ...])
+            join_tagged("JoinByStem", keyed.refs, masks.masks)
             | "Pair" >> beam.ParDo(_Pair()).with_outputs(REJECTS, SKIPPED, main="refs")
         )
         # odd entries of the mask folder (an unreadable file) are not images: not rejects of this run

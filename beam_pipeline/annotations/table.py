@@ -37,7 +37,7 @@ from ..config import MANIFEST_OBJECTS
 from ..images import UNREADABLE
 from ..listing import LABEL_COLUMN, PATH_COLUMN, REJECTS, Ref, canonical_row, is_transient, reject, value_type
 from . import objects
-from .join import COUNTS, OBJECT_REJECTS, count_objects, image_counters
+from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, Counts, sum_counts
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
 
 ROWS, COLUMN = MANIFEST_OBJECTS
@@ -197,15 +197,23 @@ def image_size(path: str) -> tuple[int, int]:
 
 class _CheckObjects(beam.DoFn):
     """Ref with RawObjects → Ref with checked Annotations. Tagged: REJECTS (the image's), OBJECT_REJECTS,
-    COUNTS (image counter names, as join.count_objects takes them)."""
+    COUNTS ((counter, n) per bundle, as join.sum_counts takes them)."""
 
     def __init__(self, units: str) -> None:
         self._units = units
+        self._counts = Counts()
+
+    def start_bundle(self) -> None:
+        self._counts.reset()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield from self._counts.emit()
 
     def process(self, ref: Ref) -> Iterator[Any]:
         tagged = beam.pvalue.TaggedOutput
         raw = ref.annotations
         if not isinstance(raw, RawObjects):
+            self._counts.add(OBJECTS_KEPT, len(ref.annotations.objects))
             yield ref
             return
         frame = self._frame(ref, raw)
@@ -223,11 +231,11 @@ class _CheckObjects(beam.DoFn):
                 seen.add(text)
                 invalid = check_object(value, width, height, self._units)
             if isinstance(invalid, Invalid):
+                self._counts.add(invalid.reason)
                 yield tagged(OBJECT_REJECTS, _object_reject(ref, invalid, position))
             else:
                 kept.append(invalid)
-        for counter in image_counters(len(raw.objects), len(kept)):
-            yield tagged(COUNTS, counter)
+        self._counts.image(len(raw.objects), len(kept))
         yield dataclasses.replace(ref, annotations=Annotations(ref.relpath, width, height, tuple(kept)))
 
     def _frame(self, ref: Ref, raw: RawObjects) -> tuple[int, int] | dict[str, Any]:
@@ -258,6 +266,6 @@ class CheckManifestObjects(beam.PTransform):
         checked = refs | "CheckObjects" >> beam.ParDo(_CheckObjects(self._units)).with_outputs(
             REJECTS, OBJECT_REJECTS, COUNTS, main="refs"
         )
-        counts = count_objects(checked.refs, checked[COUNTS], checked[OBJECT_REJECTS])
+        counts = sum_counts(checked[COUNTS])
         out = {"refs": checked.refs, REJECTS: checked[REJECTS], OBJECT_REJECTS: checked[OBJECT_REJECTS]}
         return {**out, COUNTS: counts}

@@ -41,9 +41,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..listing import REJECTS, SKIPPED, is_transient, reject
 from . import objects
-from .join import COUNTS, OBJECT_REJECTS, count_objects, image_counters, keyed_ref
+from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, REFS, Counts, join_tagged, keyed_ref, sum_counts, untag
 from .objects import Annotations, Invalid, Obj
 
+VOC = "voc"  # the parsed XML files' tag in the join by file name
 MISSING_IMAGE = "missing_image"
 DUPLICATE_FILE_NAME = "duplicate_file_name"
 NOT_IN_VOC = "not_in_voc"  # skip reason: a listed image no XML names
@@ -148,7 +149,7 @@ class _ParseXml(beam.DoFn):
             return
         width, height = _size(root)
         source_id = _text(root, "filename") or key
-        yield (key, VocFile(path, source_id, width, height, tuple(_object(o) for o in root.findall("object"))))
+        yield (key, (VOC, VocFile(path, source_id, width, height, tuple(_object(o) for o in root.findall("object")))))
 
 
 def _number(text: str | None) -> float | None:
@@ -207,17 +208,25 @@ def _header_size(path: str) -> tuple[int, int]:
 
 
 class _Attach(beam.DoFn):
-    """(relative path, {"refs": [Ref], "voc": [VocFile]}) → Ref with its checked objects, or why not.
+    """(relative path, [(REFS, Ref) | (VOC, VocFile)]) → Ref with its checked objects, or why not.
 
-    Tagged: REJECTS, OBJECT_REJECTS, SKIPPED (a listed image no XML names), COUNTS (counter names).
+    Tagged: REJECTS, OBJECT_REJECTS, SKIPPED (a listed image no XML names), COUNTS ((counter, n) per bundle).
     """
 
     def __init__(self, root: str) -> None:
         self._root = root
+        self._counts = Counts()
 
-    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
-        key, joined = element
-        refs, files = list(joined["refs"]), sorted(joined["voc"], key=lambda f: f.xml)
+    def start_bundle(self) -> None:
+        self._counts.reset()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield from self._counts.emit()
+
+    def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
+        key, values = element
+        refs, files = untag(values, REFS, VOC)
+        files.sort(key=lambda f: f.xml)
         tagged = beam.pvalue.TaggedOutput
         if not files:
             for _ in refs:
@@ -237,6 +246,7 @@ class _Attach(beam.DoFn):
         for ref in refs:
             width, height = (voc.width, voc.height) if voc.width else _header_size(ref.path)
             if not width:  # no <size> and no readable header: not an image (the writer rejects it with why)
+                self._counts.add(OBJECTS_KEPT, 0)
                 yield dataclasses.replace(ref, annotations=Annotations(voc.source_id, 0, 0))
                 continue
             kept: list[Obj] = []
@@ -246,11 +256,11 @@ class _Attach(beam.DoFn):
                     row = reject(
                         ref.path, obj.reason, f"{voc.xml}: object {position} ({raw.get('name')!r}): {obj.detail}"
                     )
+                    self._counts.add(obj.reason)
                     yield tagged(OBJECT_REJECTS, {**row, "annotation_id": voc.xml, "object": position})
                 else:
                     kept.append(obj)
-            for counter in image_counters(len(voc.objects), len(kept)):
-                yield tagged(COUNTS, counter)
+            self._counts.image(len(voc.objects), len(kept))
             yield dataclasses.replace(ref, annotations=Annotations(voc.source_id, width, height, tuple(kept)))
 
 
@@ -271,9 +281,8 @@ class JoinVoc(beam.PTransform):
             | "ParseXml" >> beam.ParDo(_ParseXml(self._dir)).with_outputs(REJECTS, main="files")
         )
         attached = (
-            {"refs": refs | "RefByPath" >> beam.Map(keyed_ref), "voc": parsed.files}
-            # (relative path, {"refs": [Ref], "voc": [VocFile]})
-            | "JoinByFileName" >> beam.CoGroupByKey()
+            # (relative path, [(REFS, Ref), (VOC, VocFile), ...])
+            join_tagged("JoinByFileName", refs | "RefByPath" >> beam.Map(keyed_ref), parsed.files)
             | "Attach"
             >> beam.ParDo(_Attach(self._root)).with_outputs(REJECTS, OBJECT_REJECTS, SKIPPED, COUNTS, main="refs")
         )
@@ -283,5 +292,5 @@ class JoinVoc(beam.PTransform):
             REJECTS: rejects,
             OBJECT_REJECTS: attached[OBJECT_REJECTS],
             SKIPPED: attached[SKIPPED],
-            COUNTS: count_objects(attached.refs, attached[COUNTS], attached[OBJECT_REJECTS]),
+            COUNTS: sum_counts(attached[COUNTS]),
         }
