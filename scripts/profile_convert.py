@@ -260,6 +260,7 @@ class Timeline:
         self.period = period
         self.samples: list[tuple[float, int, int, int]] = []  # (wall, process CPU ns, machine idle ticks, ticks)
         self.marks: list[tuple[float, str]] = []
+        self.decode_busy = 0.0  # wall seconds the decode threads spent in a task (hook)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="timeline", daemon=True)
 
@@ -324,6 +325,31 @@ class Timeline:
             mark("shard tail")
 
         shard.ShardWrite.write, readahead._batches = timed_write, timed_batches
+        real_read_then_convert = shard.read_then_convert
+
+        class TimedPool:
+            """The decode pool, with each task's wall time summed (a decode thread without a task waits for work)."""
+
+            def __init__(self, pool: Any) -> None:
+                self._pool = pool
+
+            def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+                def timed(*a: Any, **k: Any) -> Any:
+                    started = time.perf_counter()
+                    try:
+                        return fn(*a, **k)
+                    finally:
+                        if cls.CURRENT is not None:
+                            cls.CURRENT.decode_busy += time.perf_counter() - started
+
+                return self._pool.submit(timed, *args, **kwargs)
+
+        def timed_read_then_convert(
+            items: Any, read: Any, convert: Any, io_pool: Any, decode_pool: Any, **kw: Any
+        ) -> Any:
+            return real_read_then_convert(items, read, convert, io_pool, TimedPool(decode_pool), **kw)
+
+        shard.read_then_convert = timed_read_then_convert
 
     def threads(self) -> dict[str, float]:
         """CPU seconds of each live thread of this process so far, by name (numbers dropped: pool threads summed)."""
@@ -400,6 +426,12 @@ class Timeline:
         return "\n".join(lines)
 
 
+def decode_threads(threads: int) -> int:
+    from beam_pipeline.writer.budget import decode_threads as resolve
+
+    return resolve(threads)
+
+
 def run_timeline(big_dir: Path, small_dir: Path, big: int, small: int, work: Path, threads: int, cores: int) -> None:
     """Whole ``convert`` of the big and the small set, each under a Timeline; the big − small phase table."""
     runs = []
@@ -420,6 +452,14 @@ def run_timeline(big_dir: Path, small_dir: Path, big: int, small: int, work: Pat
     print()
     print(f"steady state ({big} − {small} images, per phase):")
     print(runs[1].table(big, cores, minus=runs[0], minus_images=small))
+    decoders = decode_threads(threads)
+    waits = []
+    for run in runs:
+        in_shards = sum(t1 - t0 for t0, t1, phase in run.phases() if phase.startswith("shards"))
+        waits.append(in_shards * decoders - run.decode_busy)
+    print(f"decode threads without a task while shards are written: {waits[1]:.2f} s of {decoders} threads "
+          f"(big), {waits[0]:.2f} s (small); {(waits[1] - waits[0]) / (big - small) * 1000:.3f} "
+          f"thread-s per 1,000 images, steady")  # fmt: skip
 
 
 class Measured:
