@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import random
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -306,28 +305,6 @@ def test_batches_keep_order_budget_and_raise_at_their_item() -> None:
         with pytest.raises(MemoryError):
             assert [i for i, _ in results] == list(range(80, 90))
     assert _wait_for(lambda: budget.held == 0)
-
-
-def test_next_batch_is_decoding_while_the_caller_writes_the_one_taken() -> None:
-    # The decode threads idled while the writer wrote a taken batch's records: the next batch started
-    # only once the caller asked for the item after it. Now it starts as soon as a batch is taken.
-    budget = Budget(10_000)
-    converting = {i: threading.Event() for i in range(6)}
-
-    def convert(i: int, data: bytes) -> bytes:
-        converting[i].set()
-        return data
-
-    with ThreadPoolExecutor(2) as io_pool, ThreadPoolExecutor(1) as decode_pool:
-        results = read_then_convert(
-            range(6), lambda i: b"x", convert, io_pool, decode_pool,
-            window=1, budget=budget, cost=lambda i: 10, size=len,
-        )  # fmt: skip
-        for i, data in results:
-            assert data == b"x"
-            if i < 5:  # the caller holds item i: item i + 1 is on the decode pool already
-                assert converting[i + 1].wait(10), f"item {i + 1} not started while item {i} is written"
-    assert budget.held == 0
 
 
 def _wait_for(check: object, seconds: float = 5.0) -> bool:

@@ -82,9 +82,7 @@ def read_then_convert(
     one read per task keeps enough reads in flight). Each batch is read on
     ``io_pool`` and then converted on ``decode_pool``, so reads run ahead of
     decodes. A batch is in flight from the start of its reads until its
-    results are taken: at most ``window`` batches besides the one the caller is working through
-    (the next starts as soon as a batch is taken, so the decode threads do not wait while the
-    caller writes it) and ``budget`` bytes at a
+    results are taken: at most ``window`` batches and ``budget`` bytes at a
     time. A batch is charged the ``cost(item)`` of its items (e.g. their
     listed sizes) before it starts; when its results are ready the charge
     becomes their ``size(result)``, the bytes they really hold while they wait
@@ -148,34 +146,11 @@ def read_then_convert(
 
         return io_pool.submit(run)
 
-    groups = _batches(items, cost, batch_bytes)
-    upcoming: list[tuple[list[Any], int]] = []  # the next group, drawn but not started (the budget was short)
-
-    def submit(group: list[Any], nbytes: int) -> None:
-        entry = _InFlight(group, budget.clamp(nbytes))
-        entry.future = start(entry)
-        pending.append(entry)
-
-    def top_up() -> None:
-        """Starts groups while the window and the budget have room (never waits)."""
-        while len(pending) < window:
-            if not upcoming:
-                group = next(groups, None)
-                if group is None:
-                    return
-                upcoming.append(group)
-            if not budget.try_acquire(upcoming[0][1]):
-                return
-            submit(*upcoming.pop())
-
     def take() -> Iterator[tuple[Any, Any]]:
         entry = pending.popleft()
         try:
             assert entry.future is not None
             results = entry.future.result().result()
-            # Refill before the caller works through this batch: the decode threads get the next one
-            # now, not only once every record of this one is written (one more batch may be in flight).
-            top_up()
             for item, result in zip(entry.items, results, strict=True):
                 if isinstance(result, _Raised):
                     raise result.error
@@ -184,16 +159,17 @@ def read_then_convert(
             give_back(entry)
 
     try:
-        while True:
-            top_up()
-            if pending:
+        for group, nbytes in _batches(items, cost, batch_bytes):
+            while not (len(pending) < window and budget.try_acquire(nbytes)):
+                if not pending:
+                    budget.acquire(nbytes)
+                    break
                 yield from take()
-            elif upcoming:  # the budget is short and nothing of ours is in flight: wait for other writers
-                group, nbytes = upcoming.pop()
-                budget.acquire(nbytes)
-                submit(group, nbytes)
-            else:
-                break
+            entry = _InFlight(group, budget.clamp(nbytes))
+            entry.future = start(entry)
+            pending.append(entry)
+        while pending:
+            yield from take()
     finally:
         for entry in pending:  # left behind by an exception: their bytes go back
             if entry.future is not None:
