@@ -4,6 +4,7 @@
     .venv/bin/python scripts/profile_convert.py --data small95             # one big shard, the real ShardWrite
     .venv/bin/python scripts/profile_convert.py --data small95 --pipeline  # the whole convert, in-process
     .venv/bin/python scripts/profile_convert.py --data small95 --parts     # each necessary part alone
+    .venv/bin/python scripts/profile_convert.py --data small95 --timeline  # idle cores by phase, big − small
 
 The real code runs, in this process, with a CPU timer (``time.thread_time_ns``,
 the CPU of the calling thread) around each stage's function: read, check
