@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if result["returncode"] == 0:
         info = json.loads((out / "dataset.json").read_text())
         rejected = {
-            str(Path(json.loads(line)["path"]).relative_to(root))
+            json.loads(line)["path"]  # relative to --input, as index.jsonl's
             for line in (out / "rejects.jsonl").read_text().splitlines()
         }
         records = legal | bad - rejected if info["examples"] == len(legal | bad) - len(rejected) else set()

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/profile_convert.py --data small95             # one big shard, the real ShardWrite
     .venv/bin/python scripts/profile_convert.py --data small95 --pipeline  # the whole convert, in-process
     .venv/bin/python scripts/profile_convert.py --data small95 --parts     # each necessary part alone
+    .venv/bin/python scripts/profile_convert.py --data small95 --timeline  # idle cores by phase, big − small
 
 The real code runs, in this process, with a CPU timer (``time.thread_time_ns``,
 the CPU of the calling thread) around each stage's function: read, check
@@ -244,6 +245,224 @@ def run_pipeline(folder: Path, work: Path, threads: int) -> float:
     return wall
 
 
+class Timeline:
+    """Samples the process's and the machine's CPU every ``period`` s and marks the phases of one ``convert``.
+
+    Phases: before the first shard (listing, keys, plan, the shuffle of
+    references: Beam's work on one thread), inside the shards (split into the
+    steady part and each shard's tail: its last batch handed to the pools to
+    its files closed, where the decode pool drains), between shards, and
+    after the last shard (finalize, metadata). Per phase: wall, the process's
+    CPU, its idle (wall × cores − CPU) and the machine's idle (what no
+    process used: the part of ours a neighbour did not take).
+    """
+
+    def __init__(self, period: float = 0.025) -> None:
+        self.period = period
+        self.samples: list[tuple[float, int, int, int]] = []  # (wall, process CPU ns, machine idle ticks, ticks)
+        self.marks: list[tuple[float, str]] = []
+        self.decode_busy = 0.0  # wall seconds the decode threads spent in a task (hook)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="timeline", daemon=True)
+
+    @staticmethod
+    def _machine() -> tuple[int, int]:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields[:8])  # idle + iowait, all
+
+    def _sample(self) -> None:
+        idle, total = self._machine()
+        self.samples.append((time.perf_counter(), time.process_time_ns(), idle, total))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def mark(self, what: str) -> None:
+        self.marks.append((time.perf_counter(), what))
+
+    def __enter__(self) -> Timeline:
+        Timeline.CURRENT = self
+        self.threads_before = self.threads()
+        self._sample()
+        self.mark("start")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mark("end")
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        Timeline.CURRENT = None
+        after = self.threads()
+        self.thread_cpu = {k: v - self.threads_before.get(k, 0.0) for k, v in after.items()}
+
+    CURRENT: Timeline | None = None  # the timeline the hooks mark (hooked once per process)
+    _hooked = False
+
+    @classmethod
+    def hook(cls) -> None:
+        """Marks each shard's start, its tail (every batch handed out) and its end, from the writer's own code."""
+        if cls._hooked:
+            return
+        cls._hooked = True
+        from beam_pipeline.writer import readahead, shard
+
+        write, batches = shard.ShardWrite.write, readahead._batches
+
+        def mark(what: str) -> None:
+            if cls.CURRENT is not None:
+                cls.CURRENT.mark(what)
+
+        def timed_write(self: Any) -> Any:
+            mark("shard start")
+            yield from write(self)
+            mark("shard end")
+
+        def timed_batches(*args: Any, **kwargs: Any) -> Any:
+            yield from batches(*args, **kwargs)
+            mark("shard tail")
+
+        shard.ShardWrite.write, readahead._batches = timed_write, timed_batches
+        real_read_then_convert = shard.read_then_convert
+
+        class TimedPool:
+            """The decode pool, with each task's wall time summed (a decode thread without a task waits for work)."""
+
+            def __init__(self, pool: Any) -> None:
+                self._pool = pool
+
+            def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+                def timed(*a: Any, **k: Any) -> Any:
+                    started = time.perf_counter()
+                    try:
+                        return fn(*a, **k)
+                    finally:
+                        if cls.CURRENT is not None:
+                            cls.CURRENT.decode_busy += time.perf_counter() - started
+
+                return self._pool.submit(timed, *args, **kwargs)
+
+        def timed_read_then_convert(
+            items: Any, read: Any, convert: Any, io_pool: Any, decode_pool: Any, **kw: Any
+        ) -> Any:
+            return real_read_then_convert(items, read, convert, io_pool, TimedPool(decode_pool), **kw)
+
+        shard.read_then_convert = timed_read_then_convert
+
+    def threads(self) -> dict[str, float]:
+        """CPU seconds of each live thread of this process so far, by name (numbers dropped: pool threads summed)."""
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        out: collections.Counter[str] = collections.Counter()
+        tick = os.sysconf("SC_CLK_TCK")
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            name = names.get(int(tid), "other (Beam/gRPC/native)")
+            name = name.rstrip("0123456789_")  # a pool's threads under the pool's name
+            out[name] += (int(fields[11]) + int(fields[12])) / tick
+        return dict(out)
+
+    def phases(self) -> list[tuple[float, float, str]]:
+        """(start, end, phase) intervals between the marks."""
+        out, state, last = [], "before the first shard (list, keys, plan, shuffle)", self.marks[0][0]
+        names = {"shard start": "shards: steady", "shard tail": "shards: tails (pools drain)",
+                 "shard end": "between shards", "end": ""}  # fmt: skip
+        for t, what in self.marks[1:]:
+            out.append((last, t, state))
+            state, last = names[what], t
+        # after the last shard's end: finalize and the rest, not "between shards"
+        for i in range(len(out) - 1, -1, -1):
+            if out[i][2] == "between shards":
+                out[i] = (out[i][0], out[i][1], "after the last shard (finalize, metadata)")
+                break
+        return out
+
+    def _at(self, t: float) -> tuple[float, float, float]:
+        """Process CPU ns and machine (idle, total) ticks at ``t``, interpolated between samples."""
+        s = self.samples
+        for (t0, c0, i0, a0), (t1, c1, i1, a1) in zip(s, s[1:], strict=False):
+            if t0 <= t <= t1:
+                f = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+                return c0 + f * (c1 - c0), i0 + f * (i1 - i0), a0 + f * (a1 - a0)
+        last = s[-1] if t > s[-1][0] else s[0]
+        return float(last[1]), float(last[2]), float(last[3])
+
+    def table(self, images: int, cores: int, minus: Timeline | None = None, minus_images: int = 0) -> str:
+        """Per phase: wall, process CPU, idle core-seconds per 1,000 images (``minus``: a small run subtracted)."""
+
+        def sums(tl: Timeline) -> dict[str, list[float]]:
+            acc: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+            for t0, t1, phase in tl.phases():
+                c0, i0, a0 = tl._at(t0)
+                c1, i1, a1 = tl._at(t1)
+                machine_idle = (i1 - i0) / (a1 - a0) * cores * (t1 - t0) if a1 > a0 else 0.0
+                acc[phase][0] += t1 - t0
+                acc[phase][1] += (c1 - c0) / 1e9
+                acc[phase][2] += machine_idle
+            return acc
+
+        big = sums(self)
+        small = sums(minus) if minus is not None else {}
+        n = images - minus_images
+        lines = ["| phase | wall s | CPU s | % of cores busy | idle core-s / 1,000 img | of it, idle machine-wide |",
+                 "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        total = [0.0, 0.0, 0.0]
+        for phase, (wall, cpu, midle) in big.items():
+            if phase in small:
+                wall, cpu, midle = wall - small[phase][0], cpu - small[phase][1], midle - small[phase][2]
+            idle = wall * cores - cpu
+            total = [total[0] + wall, total[1] + cpu, total[2] + midle]
+            busy = 100 * cpu / wall / cores if wall > 0 else 0.0
+            lines.append(f"| {phase} | {wall:.2f} | {cpu:.2f} | {busy:.0f} % | {idle / n * 1000:.3f} | "
+                         f"{max(0.0, midle) / n * 1000:.3f} |")  # fmt: skip
+        wall, cpu, midle = total
+        lines.append(f"| **all** | {wall:.2f} | {cpu:.2f} | {100 * cpu / wall / cores:.0f} % | "
+                     f"{(wall * cores - cpu) / n * 1000:.3f} | {max(0.0, midle) / n * 1000:.3f} |")  # fmt: skip
+        return "\n".join(lines)
+
+
+def decode_threads(threads: int) -> int:
+    from beam_pipeline.writer.budget import decode_threads as resolve
+
+    return resolve(threads)
+
+
+def run_timeline(big_dir: Path, small_dir: Path, big: int, small: int, work: Path, threads: int, cores: int) -> None:
+    """Whole ``convert`` of the big and the small set, each under a Timeline; the big − small phase table."""
+    runs = []
+    for folder in (small_dir, big_dir):
+        timeline = Timeline()
+        timeline.hook()
+        with timeline:
+            run_pipeline(folder, work, threads)
+        runs.append(timeline)
+        shards = sum(1 for _, what in timeline.marks if what == "shard start")
+        print(f"{folder}: {shards} shards, {timeline.marks[-1][0] - timeline.marks[0][0]:.2f} s; "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    cpu = runs[1].thread_cpu
+    print("threads of the big run, CPU s:", ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items()) if v >= 0.05))
+    print()
+    print(f"whole convert ({big} images):")
+    print(runs[1].table(big, cores))
+    print()
+    print(f"steady state ({big} − {small} images, per phase):")
+    print(runs[1].table(big, cores, minus=runs[0], minus_images=small))
+    decoders = decode_threads(threads)
+    waits = []
+    for run in runs:
+        in_shards = sum(t1 - t0 for t0, t1, phase in run.phases() if phase.startswith("shards"))
+        waits.append(in_shards * decoders - run.decode_busy)
+    print(f"decode threads without a task while shards are written: {waits[1]:.2f} s of {decoders} threads "
+          f"(big), {waits[0]:.2f} s (small); {(waits[1] - waits[0]) / (big - small) * 1000:.3f} "
+          f"thread-s per 1,000 images, steady")  # fmt: skip
+
+
 class Measured:
     """Process CPU, writer-thread CPU, pool-thread CPU and stage totals over one run."""
 
@@ -352,6 +571,28 @@ def necessary_parts(files: list[Path], work: Path) -> int:
     return 0
 
 
+def linked(files: list[Path], dest_dir: Path) -> Path:
+    """``files`` hard-linked under ``dest_dir`` in their class folders (a subset of the data, no copies)."""
+    shutil.rmtree(dest_dir, ignore_errors=True)
+    for f in files:
+        dest = dest_dir / f.parent.name / f.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.link(f, dest)
+    return dest_dir
+
+
+def run_timeline_cli(args: argparse.Namespace, root: Path, files: list[Path], work: Path, cores: int) -> None:
+    small = min(args.small, len(files))
+    small_dir = linked(files[:small], work / "small")
+    big_dir = linked(files, work / "big") if args.images else root
+    print(f"{len(files)} images, {cores} cores; load {os.getloadavg()[0]:.2f}", flush=True)
+    run_pipeline(small_dir, work, args.threads)  # warm-up: imports, first pipeline
+    for _ in range(max(1, args.repeat)):
+        run_timeline(big_dir, small_dir, len(files), small, work, args.threads, cores)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="folder of class folders of images")
@@ -360,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs; the one with the least CPU per image is shown")
     p.add_argument("--pipeline", action="store_true", help="the whole convert in-process, big minus small")
     p.add_argument("--small", type=int, default=300, help="--pipeline: images in the start-up run")
+    p.add_argument("--timeline", action="store_true", help="whole convert: idle cores by phase, big minus small")
     p.add_argument("--parts", action="store_true", help="each piece of work the output needs, alone (no glue)")
     p.add_argument("--work", default="", help="scratch folder (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
@@ -384,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
         necessary_parts(files, work)  # the second pass: warm caches and imports
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
+        return 0
+    if args.timeline:
+        run_timeline_cli(args, root, files, work, cores)
         return 0
     stages = Stages()
     instrument(stages)
