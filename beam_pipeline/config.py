@@ -98,6 +98,7 @@ class ConvertConfig:
     resize_max_side: int = 0
     reencode: str | None = None  # "jpeg:QUALITY"
     on_unsupported: str = "convert"  # convert | reject
+    max_mask_pixels: int = 4_000_000_000  # an annotated image's masks x its pixels (images.DEFAULT_MAX_MASK_PIXELS)
     tfds_metadata: bool = True  # written unless the shards are gzip (which TFDS cannot read)
     # Where TFT analysis, TFDS metadata and publishing run (poststeps.py):
     # auto = in the launching process for local runs, in the job for remote ones.
@@ -125,6 +126,7 @@ class ConvertConfig:
             resize_max_side=self.resize_max_side,
             reencode_quality=parse_reencode(self.reencode),
             on_unsupported=self.on_unsupported,
+            max_mask_pixels=self.max_mask_pixels,
         )
 
     @property
@@ -399,6 +401,7 @@ def validate(cfg: ConvertConfig) -> None:
         ("--max-file-mb", cfg.max_file_mb),
         ("--min-size", cfg.min_size),
         ("--resize-max-side", cfg.resize_max_side),
+        ("--max-mask-pixels", cfg.max_mask_pixels),
     ):
         if value < 0:
             raise UsageError(f"{flag} must be 0 or more")

@@ -367,6 +367,13 @@ CONVERT = Command(
                     show_default=True,
                 ),
                 Flag(
+                    "--max-mask-pixels",
+                    "reject annotated images whose masks x image pixels are more (instance masks), 0 = no limit",
+                    metavar="N",
+                    type=int,
+                    show_default=True,
+                ),
+                Flag(
                     "--max-file-mb",
                     "reject larger files from the listing, before reading them",
                     metavar="MB",

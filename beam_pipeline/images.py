@@ -78,6 +78,11 @@ DEFAULT_MAX_PIXELS = 178_956_970
 DEFAULT_MAX_TOTAL_PIXELS = 2 * DEFAULT_MAX_PIXELS
 # Frames of an animation or pages of a multi-page file: 20 s of a 25 fps GIF.
 DEFAULT_MAX_FRAMES = 500
+# An annotated image's masks x its pixels (annotations.objects.masks_too_large): each mask is rasterized
+# and PNG-encoded at image size, ~8-15 ns per pixel, so 4 G (e.g. 1,000 masks on a 4 MP image) is ~30-60 s
+# of one core and at most ~0.5 GB of PNGs: one image's annotations cannot hold a job up for hours or make a
+# record of gigabytes, however small its polygons.
+DEFAULT_MAX_MASK_PIXELS = 4_000_000_000
 # Bytes of one file, from the listing, before it is read.
 DEFAULT_MAX_FILE_BYTES = 256 * 1_000_000
 # Scans of a JPEG: encoders write 1 (baseline) to ~10-20 (progressive); every
@@ -142,6 +147,7 @@ class ImageOptions:
     resize_max_side: int = 0  # 0 = keep
     reencode_quality: int = 0  # 0 = keep the original bytes where possible; else JPEG at this quality
     on_unsupported: str = "convert"  # or "reject"
+    max_mask_pixels: int = DEFAULT_MAX_MASK_PIXELS  # an annotated image's masks x its pixels; 0 = no limit
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,7 @@ RECORD_POLICY_KEYS = (
     "resize_max_side",
     "reencode",
     "on_unsupported",
+    "max_mask_pixels",
 )
 # Versions whose change may change what a file decodes to.
 RECORD_VERSION_KEYS = ("beam_pipeline", "beam_pipeline_code", "pillow")

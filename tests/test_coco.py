@@ -819,3 +819,36 @@ def test_the_reader_sends_runs_of_one_image_bounded_by_max_run(tmp_path, monkeyp
         ("2", [10, 11]),
         ("null", [12]),
     ]
+
+
+def test_masks_over_max_mask_pixels_reject_their_image_before_any_is_drawn(tmp_path, tf, monkeypatch):
+    """An image whose masks x pixels pass --max-mask-pixels is a masks_too_large reject (not an hour of drawing or
+    a record of gigabytes); an image under it, and one with boxes only however many, are written as usual."""
+    root = tmp_path / "images"
+    for i, name in enumerate(("many.jpg", "one.jpg", "boxes.jpg")):
+        write(str(root / name), image_bytes("jpeg", height=48, width=64, seed=i))
+    images = [
+        {"id": i + 1, "file_name": n, "width": 64, "height": 48}
+        for i, n in enumerate(("many.jpg", "one.jpg", "boxes.jpg"))
+    ]
+    polygon = {"bbox": [10, 10, 20, 15], "segmentation": POLYGON}
+    annotations = [{"id": 10 + k, "image_id": 1, "category_id": 1, **polygon} for k in range(3)]  # 3 x 3,072 pixels
+    annotations.append({"id": 20, "image_id": 2, "category_id": 3, **polygon})  # 3,072
+    annotations += [{"id": 30 + k, "image_id": 3, "category_id": 7, "bbox": [k, k, 5, 5]} for k in range(8)]
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": CATEGORIES}))
+    out = tmp_path / "out"
+    result = convert("--input", str(root), "--coco", str(path), "--output", str(out), "--max-mask-pixels", "9000",
+                     "--max-reject-fraction", "1")  # fmt: skip
+    rows = parsed_records(out, tf)
+    assert sorted(rows) == ["boxes.jpg", "one.jpg"]
+    assert len(rows["one.jpg"]["image/object/mask"]) == 1
+    assert len(rows["boxes.jpg"]["image/object/bbox/xmin"]) == 8
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(Path(r["path"]).name, r["reason"]) for r in rejects] == [("many.jpg", objects.MASKS_TOO_LARGE)]
+    assert "9,216 mask pixels, over --max-mask-pixels 9000" in rejects[0]["detail"]
+    assert load_info(out)["rejects"]["by_reason"] == {objects.MASKS_TOO_LARGE: 1}
+    assert "masks_too_large" in result.stdout
+    # the default limit writes all three (3 x 64 x 48 is far under it)
+    convert("--input", str(root), "--coco", str(path), "--output", str(tmp_path / "default"))
+    assert len(parsed_records(tmp_path / "default", tf)["many.jpg"]["image/object/mask"]) == 3

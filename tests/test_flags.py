@@ -63,6 +63,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "max_pixels": (1000, {}),
     "max_total_pixels": (2000, {}),
     "max_frames": (3, {}),
+    "max_mask_pixels": (10_000_000, {}),
     "max_file_mb": (1.5, {}),
     "image_memory_mb": (100.0, {}),
     "min_size": (8, {}),

@@ -39,7 +39,7 @@ from .join import (
     OBJECT_REJECTS,
     OBJECTS_KEPT,  # noqa: F401
     REFS,
-    Counts,
+    CountingDoFn,
     join_tagged,
     keyed_ref,
     sum_counts,
@@ -258,7 +258,7 @@ def _entry_problem(entry: Any) -> str | None:
     return None
 
 
-class _JoinImageObjects(beam.DoFn):
+class _JoinImageObjects(CountingDoFn):
     """(image id, [(IMAGES, entry) | (ANNOTATIONS, [(place, ann), ...])]) → (file key, (COCO, CocoImage | reject
     dict)).
 
@@ -269,16 +269,10 @@ class _JoinImageObjects(beam.DoFn):
     """
 
     def __init__(self, coco_path: str, root: str, categories: Sequence[tuple[int, str]]) -> None:
+        super().__init__()
         self._coco_path = coco_path
         self._root = root
         self._names = dict(categories)
-        self._counts = Counts()
-
-    def start_bundle(self) -> None:
-        self._counts.reset()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        yield from self._counts.emit()
 
     def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
         for out in self._join(*element):
@@ -326,7 +320,7 @@ class _JoinImageObjects(beam.DoFn):
         return self._coco_path
 
 
-class _AttachAnnotations(beam.DoFn):
+class _AttachAnnotations(CountingDoFn):
     """(relative path, [(REFS, Ref) | (COCO, CocoImage | reject)]) → Ref with its annotations, or why not.
 
     Tagged: REJECTS (image rejects), SKIPPED (a listed file the JSON does not name), COUNTS ((counter, n) per
@@ -334,12 +328,6 @@ class _AttachAnnotations(beam.DoFn):
     Image rejects found here carry no size or mtime: an incremental run checks them again (the JSON may
     have been fixed while the image stayed the same).
     """
-
-    def start_bundle(self) -> None:
-        self._counts.reset()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        yield from self._counts.emit()
 
     def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
         refs, entries = untag(element[1], REFS, COCO)
@@ -372,8 +360,8 @@ class _AttachAnnotations(beam.DoFn):
             yield dataclasses.replace(ref, annotations=image.annotations)
 
     def __init__(self, root: str) -> None:
+        super().__init__()
         self._root = root
-        self._counts = Counts()
 
     def _missing_path(self, relpath: str) -> str:
         return FileSystems.join(self._root, relpath)

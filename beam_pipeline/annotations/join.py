@@ -91,6 +91,23 @@ class Counts:
         self._sums = Counter()
 
 
+class CountingDoFn(beam.DoFn):
+    """A DoFn whose counters (``self._counts``, a Counts) leave once per bundle, from its finish_bundle.
+
+    Subclasses call ``super().__init__()`` and add to ``self._counts`` in ``process``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._counts = Counts()
+
+    def start_bundle(self) -> None:
+        self._counts.reset()
+
+    def finish_bundle(self) -> Iterator[beam.pvalue.TaggedOutput]:
+        yield from self._counts.emit()
+
+
 def sum_counts(*counts: beam.PCollection) -> beam.PCollection:
     """(counter, n) of every DoFn's Counts, summed: objects kept, image counters, object rejects by reason."""
     flat = counts[0] if len(counts) == 1 else counts | "AllObjectCounts" >> beam.Flatten()

@@ -49,8 +49,10 @@ UNKNOWN_CATEGORY = "unknown_category"
 BAD_ANNOTATION = "bad_annotation"  # not an object, or a field of the wrong kind (iscrowd, area)
 BAD_MASK = "bad_mask"  # a segmentation that is neither polygons nor an RLE
 MASK_SIZE_MISMATCH = "mask_size_mismatch"  # an RLE of another size than its image
-# Per-image reasons (rejects.jsonl): the recorded image is not the size the boxes refer to.
+# Per-image reasons (rejects.jsonl): the recorded image is not the size the boxes refer to; its masks would
+# take more pixels than --max-mask-pixels allows.
 ANNOTATION_SIZE_MISMATCH = "annotation_size_mismatch"
+MASKS_TOO_LARGE = "masks_too_large"
 
 # Obj.label of a names-only source until the writer assigns it: ids 1…N follow the run's label list
 # (labels.txt line k = id k; line 0 is BACKGROUND, the TF Object Detection API's id 0).
@@ -263,6 +265,24 @@ def _mask(obj: Obj, width: int, height: int) -> Any:
     if isinstance(rles, list):  # polygons: one RLE each, merged (their union) before decoding into one layer
         rles = coco_mask.merge(rles)  # decoding the list would make a height x width layer per polygon
     return np.asarray(coco_mask.decode(rles), dtype=np.uint8)
+
+
+def masks_too_large(annotations: Annotations, geometry: Geometry, max_mask_pixels: int) -> str | None:
+    """Why an image's masks would take more pixels than ``--max-mask-pixels`` (0 = no limit), or None.
+
+    Each mask is rasterized on the stored image and PNG-encoded at the recorded size, so the work and the
+    PNG bytes grow with masks x pixels, whatever the polygons' own size.
+    """
+    objs = annotations.objects
+    if not max_mask_pixels or not objs or any(o.segmentation is None for o in objs):
+        return None  # no masks are written
+    pixels = len(objs) * max(geometry.stored_width * geometry.stored_height, geometry.width * geometry.height)
+    if pixels > max_mask_pixels:
+        return (
+            f"{len(objs):,} masks of {geometry.stored_width}x{geometry.stored_height} are {pixels:,} mask pixels, "
+            f"over --max-mask-pixels {max_mask_pixels}"
+        )
+    return None
 
 
 def mask_pngs(objs: Sequence[Obj], geometry: Geometry) -> list[bytes]:

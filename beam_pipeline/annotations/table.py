@@ -37,7 +37,7 @@ from ..config import MANIFEST_OBJECTS
 from ..images import UNREADABLE
 from ..listing import LABEL_COLUMN, PATH_COLUMN, REJECTS, Ref, canonical_row, is_transient, reject, value_type
 from . import objects
-from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, Counts, sum_counts
+from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, CountingDoFn, sum_counts
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
 
 ROWS, COLUMN = MANIFEST_OBJECTS
@@ -195,19 +195,13 @@ def image_size(path: str) -> tuple[int, int]:
         return img.size
 
 
-class _CheckObjects(beam.DoFn):
+class _CheckObjects(CountingDoFn):
     """Ref with RawObjects → Ref with checked Annotations. Tagged: REJECTS (the image's), OBJECT_REJECTS,
     COUNTS ((counter, n) per bundle, as join.sum_counts takes them)."""
 
     def __init__(self, units: str) -> None:
+        super().__init__()
         self._units = units
-        self._counts = Counts()
-
-    def start_bundle(self) -> None:
-        self._counts.reset()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        yield from self._counts.emit()
 
     def process(self, ref: Ref) -> Iterator[Any]:
         tagged = beam.pvalue.TaggedOutput

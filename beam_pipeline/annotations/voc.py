@@ -41,7 +41,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..listing import REJECTS, SKIPPED, is_transient, reject
 from . import objects
-from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, REFS, Counts, join_tagged, keyed_ref, sum_counts, untag
+from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, REFS, CountingDoFn, join_tagged, keyed_ref, sum_counts, untag
 from .objects import Annotations, Invalid, Obj
 
 VOC = "voc"  # the parsed XML files' tag in the join by file name
@@ -207,21 +207,15 @@ def _header_size(path: str) -> tuple[int, int]:
         return 0, 0  # not an image: the writer rejects it with why
 
 
-class _Attach(beam.DoFn):
+class _Attach(CountingDoFn):
     """(relative path, [(REFS, Ref) | (VOC, VocFile)]) → Ref with its checked objects, or why not.
 
     Tagged: REJECTS, OBJECT_REJECTS, SKIPPED (a listed image no XML names), COUNTS ((counter, n) per bundle).
     """
 
     def __init__(self, root: str) -> None:
+        super().__init__()
         self._root = root
-        self._counts = Counts()
-
-    def start_bundle(self) -> None:
-        self._counts.reset()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        yield from self._counts.emit()
 
     def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
         key, values = element

@@ -15,7 +15,13 @@ from typing import Any, NamedTuple
 
 from .. import examples, index, metadata
 from ..annotations.masks import LabelMap, TransientMaskRead, segmentation_features
-from ..annotations.objects import ANNOTATION_SIZE_MISMATCH, object_features, size_mismatch
+from ..annotations.objects import (
+    ANNOTATION_SIZE_MISMATCH,
+    MASKS_TOO_LARGE,
+    masks_too_large,
+    object_features,
+    size_mismatch,
+)
 from ..images import DECODE_ERROR, Geometry, ImageOptions, Prepared, Rejected, prepare_image
 from ..listing import Ref, class_values, coerce, file_reject
 from ..storage import read_bytes
@@ -52,6 +58,7 @@ def build_record(
     reserve: Callable[[int], Any] | None = None,
 ) -> Record:
     """Validates ``data`` (prepare_image decodes it), converts it if the policy says so; its Record."""
+    options = image_options or ImageOptions()
     prepared = prepare_image(data, image_options, reserve)
     info = prepared.info
     sha256 = hashlib.sha256(prepared.data).hexdigest()
@@ -65,10 +72,9 @@ def build_record(
         examples.SHA256: sha256,
     }
     if isinstance(ref.annotations, LabelMap):  # --masks: the label map is read here, beside its image
-        options = image_options or ImageOptions()
         features.update(segmentation_features(ref.annotations, prepared.geometry, info, options, reserve))
     elif ref.annotations is not None:
-        features.update(annotation_features(ref.annotations, prepared.geometry, label_ids))
+        features.update(annotation_features(ref.annotations, prepared.geometry, label_ids, options.max_mask_pixels))
     if ref.label is not None:
         features[examples.LABEL], features[examples.LABEL_TEXT] = class_values(ref.label, label_ids)
     for column, value in ref.extras:
@@ -84,15 +90,22 @@ def build_record(
 
 
 def annotation_features(
-    annotations: Any, geometry: Geometry | None, label_ids: Mapping[str, int] | None = None
+    annotations: Any,
+    geometry: Geometry | None,
+    label_ids: Mapping[str, int] | None = None,
+    max_mask_pixels: int = 0,
 ) -> dict[str, Any]:
     """The object keys of an annotated image (boxes and masks following its pixels through EXIF orientation
-    and resizing); Rejected when the stored image is not the frame its boxes are in. ``label_ids``: the
-    run's ids of a names-only source's classes."""
+    and resizing); Rejected when the stored image is not the frame its boxes are in, or when its masks would
+    take more than ``max_mask_pixels`` (0: no limit). ``label_ids``: the run's ids of a names-only source's
+    classes."""
     assert geometry is not None, "prepare_image reports the geometry of every image it prepares"
     problem = size_mismatch(annotations, geometry)
     if problem:
         raise Rejected(ANNOTATION_SIZE_MISMATCH, problem)
+    problem = masks_too_large(annotations, geometry, max_mask_pixels)
+    if problem:
+        raise Rejected(MASKS_TOO_LARGE, problem)
     return object_features(annotations, geometry, label_ids)
 
 
