@@ -231,7 +231,7 @@ def make_ref(
         split = "train"
 
     label: str | tuple[str, ...] | None
-    if isinstance(label_value, dict):  # a JSONL object: its Python text ("{'x': 1}") is no label
+    if layout.label_source == "manifest" and isinstance(label_value, dict):  # its Python text is no label
         return reject(path, BAD_LABEL, "the label is a JSON object, not text (or a list of texts)")
     if layout.label_source == "manifest" and (cfg.label_separator is not None or isinstance(label_value, list)):
         names, problem = split_labels(label_value, cfg.label_separator)
