@@ -482,3 +482,18 @@ def test_a_csv_objects_cell_nested_too_deep_is_that_images_bad_objects(object_se
     assert (row["path"], row["reason"]) == ("neg.jpg", table.BAD_OBJECTS)
     assert "nested deeper" in row["detail"]
     assert load_info(out)["examples"] == 1
+
+
+def test_a_csv_objects_cell_json_reads_but_nested_hundreds_deep_is_that_images_bad_objects(object_set, tmp_path):
+    """900 levels: json.loads reads the cell, but Beam pickles the row's objects recursively: the job failed
+    "while pickling an object" instead of rejecting the image."""
+    deep = "[" * 900 + "]" * 900
+    fine = json.dumps([{"xmin": 10, "ymin": 5, "xmax": 30, "ymax": 25, "label": "dog"}])
+    manifest = write_csv(object_set / "deep.csv", [("a.jpg", fine), ("neg.jpg", deep)], ["path", "objects"])
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--manifest-objects", "column", "--output", str(out),
+            "--max-reject-fraction", "1")  # fmt: skip
+    [row] = jsonl_lines(out / "rejects.jsonl")
+    assert (row["path"], row["reason"]) == ("neg.jpg", table.BAD_OBJECTS)
+    assert "nested deeper" in row["detail"]
+    assert load_info(out)["examples"] == 1
