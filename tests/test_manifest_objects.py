@@ -497,3 +497,29 @@ def test_a_csv_objects_cell_json_reads_but_nested_hundreds_deep_is_that_images_b
     assert (row["path"], row["reason"]) == ("neg.jpg", table.BAD_OBJECTS)
     assert "nested deeper" in row["detail"]
     assert load_info(out)["examples"] == 1
+
+
+@pytest.mark.parametrize(
+    "damage", [b"background\ncat\ncat\ndog\n", b"background\ncat\nd\xffg\n"], ids=["a-label-twice", "not-utf8"]
+)
+def test_incremental_from_a_names_only_dataset_whose_labels_txt_is_damaged_is_a_one_line_error(
+    object_set, tmp_path, damage
+):
+    """Objects named, not numbered: the previous labels.txt gives their ids. Damaged, it was taken for none: the
+    run started fresh ids (a new class sorted before the old ones) yet copied the unchanged records, which hold
+    the old ids, so labels.txt and the records disagreed."""
+    first_rows = [
+        ("a.jpg", "train", "10", "5", "30", "25", "dog", "", "", ""),
+        ("sub/b.png", "train", "1", "1", "10", "10", "cat", "", "", ""),
+    ]
+    first, second = tmp_path / "first", tmp_path / "second"
+    convert("--manifest", str(write_csv(object_set / "v1.csv", first_rows)), "--manifest-objects", "rows",
+            "--output", str(first))  # fmt: skip
+    (first / "labels.txt").write_bytes(damage)
+    second_rows = [*first_rows, ("sub/b.png", "train", "0", "0", "4", "4", "ant", "", "", "")]
+    result = run_cli("convert", "--manifest", str(write_csv(object_set / "v2.csv", second_rows)),
+                     "--manifest-objects", "rows", "--output", str(second), "--incremental-from", str(first),
+                     "--no-transform", "--no-tfds-metadata")  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, (result.stderr, result.stdout)
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --incremental-from {first}: ") and "labels.txt" in line
