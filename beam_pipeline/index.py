@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
 import apache_beam as beam
+from apache_beam.coders import BytesCoder
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
@@ -396,17 +397,18 @@ def reject_entry(entry: Any) -> bool:
 
 
 class ParsePreviousLine(beam.DoFn):
-    """A line of the previous output's index.jsonl or rejects.jsonl → its entry; one that is not valid JSON
-    (cut short, damaged, nested deeper than Python's reader goes) or lacks what the join reads is tagged
-    CHANGES ``UNREADABLE_LINE`` instead: its file is then read and converted afresh, never a crashed run."""
+    """A line of the previous output's index.jsonl or rejects.jsonl (bytes, read with BytesCoder) → its entry;
+    one that is not UTF-8 or not valid JSON (cut short, damaged, nested deeper than Python's reader goes) or
+    lacks what the join reads is tagged CHANGES ``UNREADABLE_LINE`` instead: its file is then read and
+    converted afresh, never a crashed run."""
 
     def __init__(self, usable: Any) -> None:
         self._usable = usable
 
-    def process(self, line: str) -> Iterator[Any]:
+    def process(self, line: bytes) -> Iterator[Any]:
         try:
-            entry = json.loads(line)
-        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            entry = json.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             entry = None
         if entry is not None and self._usable(entry):
             yield entry
@@ -428,7 +430,7 @@ class JoinPrevious(beam.PTransform):
         if FileSystems.exists(index_path):
             entries = (
                 refs.pipeline
-                | "ReadPreviousIndex" >> beam.io.ReadFromText(index_path)
+                | "ReadPreviousIndex" >> beam.io.ReadFromText(index_path, coder=BytesCoder())
                 | "ParsePreviousIndex" >> beam.ParDo(ParsePreviousLine(index_entry)).with_outputs(CHANGES, main="ok")
             )
             unreadable.append(entries[CHANGES])
@@ -441,7 +443,7 @@ class JoinPrevious(beam.PTransform):
             root = self._root
             rows = (
                 refs.pipeline
-                | "ReadPreviousRejects" >> beam.io.ReadFromText(rejects_path)
+                | "ReadPreviousRejects" >> beam.io.ReadFromText(rejects_path, coder=BytesCoder())
                 | "ParsePreviousRejects" >> beam.ParDo(ParsePreviousLine(reject_entry)).with_outputs(CHANGES, main="ok")
             )
             unreadable.append(rows[CHANGES])

@@ -487,7 +487,15 @@ def prepare(
     object_names = names_only_source(cfg)
     if previous and object_names:
         # the objects' class ids of the previous run (its labels.txt) stay; new names follow
-        _, prior_labels = _previous_problem(previous, True)
+        problem, prior_labels = _previous_problem(previous, True)
+        if problem is not None and FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)):
+            # A damaged labels.txt gives no ids to keep, and the records copied from that run hold its ids (a
+            # record's object ids are not compared on reuse): fresh ids would disagree with them.
+            if cfg.incremental_from != LATEST:
+                raise UsageError(f"--incremental-from {previous}: {problem}")
+            where = f"--incremental-from {LATEST}: the newest earlier dataset, {previous}"
+            note(f"{where}: {problem}; converting everything")
+            previous, prior_labels = None, None
     elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
         _, prior_labels = _previous_problem(previous, True)

@@ -231,7 +231,7 @@ def make_ref(
         split = "train"
 
     label: str | tuple[str, ...] | None
-    if isinstance(label_value, dict):  # a JSONL object: its Python text ("{'x': 1}") is no label
+    if layout.label_source == "manifest" and isinstance(label_value, dict):  # its Python text is no label
         return reject(path, BAD_LABEL, "the label is a JSON object, not text (or a list of texts)")
     if layout.label_source == "manifest" and (cfg.label_separator is not None or isinstance(label_value, list)):
         names, problem = split_labels(label_value, cfg.label_separator)
@@ -286,6 +286,33 @@ class _MatchedToRef(beam.DoFn):
 
 # A JSON escape of a UTF-16 surrogate: only lines with one can decode to a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# How deep a manifest row (or a CSV objects cell) may nest: a row with objects needs 5 (row, objects, object,
+# segmentation, polygon). json.loads reads ~1,000 levels, but Beam's coders pickle a row recursively, and a
+# row of a few hundred levels failed the job "while pickling an object", naming neither line nor manifest.
+MAX_JSON_DEPTH = 64
+
+
+def _many_brackets(text: str) -> bool:
+    """Whether JSON ``text`` could nest more than MAX_JSON_DEPTH levels (each needs its own bracket): C-fast,
+    so only such rare lines are walked."""
+    return text.count("[") + text.count("{") > MAX_JSON_DEPTH
+
+
+def nested_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests more than ``limit`` levels of objects and arrays (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[str, Any]]:
@@ -307,6 +334,8 @@ def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[st
                 raise ValueError(f"manifest line {lineno}: JSON nested deeper than Python's reader goes") from None
             if not isinstance(row, dict):
                 raise ValueError(f"manifest line {lineno}: not a JSON object")
+            if _many_brackets(line) and nested_deeper(row):
+                raise ValueError(f"manifest line {lineno}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
             if _SURROGATE_ESCAPE.search(line):
                 try:
                     json.dumps(row, ensure_ascii=False).encode("utf-8")

@@ -821,6 +821,20 @@ def test_the_reader_sends_runs_of_one_image_bounded_by_max_run(tmp_path, monkeyp
     ]
 
 
+def test_every_annotation_of_a_run_is_keyed_by_its_own_image_id(tmp_path):
+    """A run joins on the JSON text of its image_id (coco._id_key), as a lone annotation would: ids that Python
+    calls equal but whose JSON differs (0.0 and -0.0, {"k": 1} and {"k": true}, [1] and [1.0]) are other
+    images, whatever order the file lists them in."""
+    image_ids = [0.0, -0.0, {"k": 1}, {"k": True}, {"k": 1.0}, [1], [1.0], 1, 1]
+    anns: list[Any] = [{"id": k, "image_id": i} for k, i in enumerate(image_ids)]
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps({"images": [], "annotations": anns, "categories": CATEGORIES}))
+    out = list(coco._ReadSection().process((coco.ANNOTATIONS, str(path))))  # noqa: SLF001
+    keyed = [(key, ann["id"]) for key, (_, run) in out for _, ann in run]
+    assert keyed == [(coco._id_key(ann["image_id"]), ann["id"]) for ann in anns]  # noqa: SLF001
+    assert [len(run) for _, (_, run) in out] == [1] * 7 + [2]
+
+
 def test_masks_over_max_mask_pixels_reject_their_image_before_any_is_drawn(tmp_path, tf, monkeypatch):
     """An image whose masks x pixels pass --max-mask-pixels is a masks_too_large reject (not an hour of drawing or
     a record of gigabytes); an image under it, and one with boxes only however many, are written as usual."""

@@ -630,3 +630,26 @@ def test_incremental_from_a_dataset_whose_labels_txt_is_damaged_is_a_one_line_er
     result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "o"), "--labels-file", str(labels))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[0].startswith(f"error: --labels-file {labels}: ")
+
+
+def test_a_previous_index_or_rejects_line_that_is_not_utf8_is_left_out_not_a_crashed_run(tmp_path):
+    """Damage is bytes: a line of the previous index.jsonl / rejects.jsonl that is not UTF-8 (a flipped bit, a
+    non-ASCII path cut in the middle of a character) is one more damaged line, not a UnicodeDecodeError."""
+    src, first, prev, inc = tmp_path / "src", tmp_path / "first", tmp_path / "prev", tmp_path / "inc"
+    make_images(src, {"cat": 4, "dog": 4})
+    write(str(src / "dog" / "broken.png"), b"not an image")
+    opts = ("--input", str(src), *ARGS, "--max-reject-fraction", "1")
+    convert(*opts, "--output", str(first))
+    shutil.copytree(first, prev)
+    lines = (prev / "index.jsonl").read_bytes().splitlines()
+    victim = json.loads(lines[0])["path"]
+    lines[0] = lines[0].replace(b'"path"', b'"p\xffth"')
+    (prev / "index.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (prev / "rejects.jsonl").write_bytes((prev / "rejects.jsonl").read_bytes() + b'{"path": "\xe7\x8c"}\n')
+
+    convert(*opts, "--output", str(inc), "--incremental-from", str(prev))
+    assert shard_bytes(inc) == shard_bytes(first)
+    assert (inc / "index.jsonl").read_text() == (first / "index.jsonl").read_text()
+    summary = load_info(inc)["incremental"]
+    assert summary["unreadable_previous_lines"] == 2
+    assert summary["converted"] == 1 and victim

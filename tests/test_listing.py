@@ -462,3 +462,20 @@ def test_gcs_jsonl_manifest_labels_and_duplicate_rows_over_every_row(gcs, tmp_pa
         expected = [(f"{i:03d}.jpg", "no_label") for i in range(101)] + [("102.jpg", "duplicate_row")]
         assert_that(reasons, equal_to(expected), label="Rejects")
         assert_that(listed["sources"], equal_to([("default", "manifest")]), label="Sources")
+
+
+@pytest.mark.parametrize("line", [2, 150], ids=["launcher-look", "in-pipeline"])
+def test_a_jsonl_line_json_reads_but_nested_hundreds_deep_is_an_error_naming_the_line(tmp_path, line):
+    """900 levels: json.loads reads it, but Beam's coders pickle a row recursively, so the job failed "while
+    pickling an object", naming neither the line nor the manifest."""
+    for i in range(1, 200):
+        write(str(tmp_path / f"{i}.jpg"), image_bytes("jpeg", height=8, width=8))
+    rows = [json.dumps({"path": f"{i}.jpg", "n": i}) for i in range(1, 200)]
+    rows[line - 1] = f'{{"path": "{line}.jpg", "x": ' + "[" * 900 + "]" * 900 + "}"
+    manifest = tmp_path / "list.jsonl"
+    manifest.write_text("\n".join(rows) + "\n")
+    result = run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "out"), "--labels-from", "none")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    [message] = [m for m in result.stderr.splitlines() if m.startswith("error:")]
+    assert f"manifest line {line}: JSON nested deeper" in message, result.stderr
+    assert not (tmp_path / "out" / "_SUCCESS").exists()

@@ -482,3 +482,44 @@ def test_a_csv_objects_cell_nested_too_deep_is_that_images_bad_objects(object_se
     assert (row["path"], row["reason"]) == ("neg.jpg", table.BAD_OBJECTS)
     assert "nested deeper" in row["detail"]
     assert load_info(out)["examples"] == 1
+
+
+def test_a_csv_objects_cell_json_reads_but_nested_hundreds_deep_is_that_images_bad_objects(object_set, tmp_path):
+    """900 levels: json.loads reads the cell, but Beam pickles the row's objects recursively: the job failed
+    "while pickling an object" instead of rejecting the image."""
+    deep = "[" * 900 + "]" * 900
+    fine = json.dumps([{"xmin": 10, "ymin": 5, "xmax": 30, "ymax": 25, "label": "dog"}])
+    manifest = write_csv(object_set / "deep.csv", [("a.jpg", fine), ("neg.jpg", deep)], ["path", "objects"])
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--manifest-objects", "column", "--output", str(out),
+            "--max-reject-fraction", "1")  # fmt: skip
+    [row] = jsonl_lines(out / "rejects.jsonl")
+    assert (row["path"], row["reason"]) == ("neg.jpg", table.BAD_OBJECTS)
+    assert "nested deeper" in row["detail"]
+    assert load_info(out)["examples"] == 1
+
+
+@pytest.mark.parametrize(
+    "damage", [b"background\ncat\ncat\ndog\n", b"background\ncat\nd\xffg\n"], ids=["a-label-twice", "not-utf8"]
+)
+def test_incremental_from_a_names_only_dataset_whose_labels_txt_is_damaged_is_a_one_line_error(
+    object_set, tmp_path, damage
+):
+    """Objects named, not numbered: the previous labels.txt gives their ids. Damaged, it was taken for none: the
+    run started fresh ids (a new class sorted before the old ones) yet copied the unchanged records, which hold
+    the old ids, so labels.txt and the records disagreed."""
+    first_rows = [
+        ("a.jpg", "train", "10", "5", "30", "25", "dog", "", "", ""),
+        ("sub/b.png", "train", "1", "1", "10", "10", "cat", "", "", ""),
+    ]
+    first, second = tmp_path / "first", tmp_path / "second"
+    convert("--manifest", str(write_csv(object_set / "v1.csv", first_rows)), "--manifest-objects", "rows",
+            "--output", str(first))  # fmt: skip
+    (first / "labels.txt").write_bytes(damage)
+    second_rows = [*first_rows, ("sub/b.png", "train", "0", "0", "4", "4", "ant", "", "", "")]
+    result = run_cli("convert", "--manifest", str(write_csv(object_set / "v2.csv", second_rows)),
+                     "--manifest-objects", "rows", "--output", str(second), "--incremental-from", str(first),
+                     "--no-transform", "--no-tfds-metadata")  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, (result.stderr, result.stdout)
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --incremental-from {first}: ") and "labels.txt" in line

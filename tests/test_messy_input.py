@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from .conftest import convert, load_info, read_records
@@ -338,3 +339,18 @@ def test_a_jsonl_label_that_is_an_object_is_a_bad_label_not_its_python_text(tmp_
     [reject] = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert (reject["path"], reject["reason"]) == ("a.jpg", "bad_label")
     assert "JSON object" in reject["detail"]
+
+
+@pytest.mark.parametrize("labels_from", ["none", "folder"])
+def test_a_jsonl_label_object_is_ignored_when_labels_do_not_come_from_the_manifest(tmp_path, labels_from):
+    """--labels-from none/folder ignores the manifest's label key, a list or an object alike: the rows are
+    written (unlabelled, or labelled by their folder) as before objects were told apart, not bad_label rejects."""
+    for name in ("a", "b"):
+        write(str(tmp_path / "cat" / f"{name}.jpg"), image_bytes("jpeg"))
+    manifest = tmp_path / "list.jsonl"
+    rows = [{"path": "cat/a.jpg", "label": {"x": 1}}, {"path": "cat/b.jpg", "label": "dog"}]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--output", str(out), "--labels-from", labels_from)
+    assert load_info(out)["examples"] == 2
+    assert not (out / "rejects.jsonl").read_text().strip()

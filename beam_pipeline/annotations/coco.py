@@ -184,11 +184,13 @@ class _ReadSection(beam.DoFn):
                     yield (_id_key(entry.get("id")) if isinstance(entry, dict) else "null", (IMAGES, entry))
                 return
             key, run = "", []  # the current run's image id key and its placed annotations
-            last: Any = None  # the raw image_id of the last annotation (no JSON text needed for the same id)
+            # the raw image_id of the last annotation: no JSON text needed for the same int or str id (other
+            # values Python calls equal may be other JSON: 0.0 and -0.0, {"k": 1} and {"k": true})
+            last: Any = None
             for position, ann in enumerate(items):
                 if isinstance(ann, dict):
                     raw = ann.get("image_id")
-                    if not (run and type(raw) is type(last) and raw == last):
+                    if not (run and type(raw) in (int, str) and type(raw) is type(last) and raw == last):
                         raw_key = _id_key(raw)
                     else:
                         raw_key = key

@@ -35,7 +35,18 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..config import MANIFEST_OBJECTS
 from ..images import UNREADABLE
-from ..listing import LABEL_COLUMN, PATH_COLUMN, REJECTS, Ref, canonical_row, is_transient, reject, value_type
+from ..listing import (
+    LABEL_COLUMN,
+    MAX_JSON_DEPTH,
+    PATH_COLUMN,
+    REJECTS,
+    Ref,
+    canonical_row,
+    is_transient,
+    nested_deeper,
+    reject,
+    value_type,
+)
 from . import objects
 from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, CountingDoFn, sum_counts
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
@@ -87,11 +98,15 @@ def _row_objects(row: Mapping[str, Any], form: str) -> list[Any] | str:
         return []
     if isinstance(cell, str):
         try:
-            cell = json.loads(cell)
+            parsed = json.loads(cell)
         except json.JSONDecodeError as e:
             return f"the '{OBJECTS_COLUMN}' cell is not JSON ({e.msg})"
         except RecursionError:
             return f"the '{OBJECTS_COLUMN}' cell is JSON nested deeper than Python's reader goes"
+        # the row holds the cell: one level less (a deep one failed the job while Beam pickled the row)
+        if cell.count("[") + cell.count("{") >= MAX_JSON_DEPTH and nested_deeper(parsed, MAX_JSON_DEPTH - 1):
+            return f"the '{OBJECTS_COLUMN}' cell is JSON nested deeper than {MAX_JSON_DEPTH - 1} levels"
+        cell = parsed
     if not isinstance(cell, list):
         return f"the '{OBJECTS_COLUMN}' value is a {type(cell).__name__}, not a list of objects"
     return cell
