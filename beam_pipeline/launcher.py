@@ -241,18 +241,34 @@ def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | No
     return path, labels
 
 
-def _note_reuse(cfg: ConvertConfig, previous: str) -> None:
-    """One note when none of the previous output's records can be reused (its label ids still are kept)."""
+def _note_reuse(cfg: ConvertConfig, previous: str) -> bool:
+    """One note when none of the previous output's records can be reused (its label ids still are kept).
+
+    False when its dataset.json is damaged or missing under ``latest``: nothing of it is read beyond its
+    labels, so a nightly job is not stuck on one damaged night. Named by path, that dataset is a usage error.
+    """
+    path = FileSystems.join(previous, metadata.DATASET_JSON)
     try:
-        info = read_json_object(FileSystems.join(previous, metadata.DATASET_JSON))
-    except Exception as e:  # noqa: BLE001 - a complete dataset has one: a damaged one is a usage error
+        info = read_json_object(path) if FileSystems.exists(path) else None
+    except ValueError:  # damaged; a read that fails (a busy store) is the error below, not a full reconversion
+        info = None
+    except Exception as e:  # noqa: BLE001 - a complete dataset has one
         raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json") from e
+    if info is None:
+        if cfg.incremental_from != LATEST:
+            raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json")
+        note(
+            f"--incremental-from {LATEST}: the newest earlier dataset, {previous}: no readable dataset.json; "
+            "its label ids are kept, every file is converted"
+        )
+        return False
     why = index.reuse_problem(previous, info, cfg.as_dict())
     if why:
         note(
             f"--incremental-from {cfg.incremental_from}: no record of {previous} can be reused: {why}; "
             "its label ids are kept, every file is converted"
         )
+    return True
 
 
 # {date} as a glob (Beam's match has character classes; every file system lists by prefix).
@@ -499,8 +515,8 @@ def prepare(
     elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
         _, prior_labels = _previous_problem(previous, True)
-    if previous:
-        _note_reuse(cfg, previous)
+    if previous and not _note_reuse(cfg, previous):
+        previous = None  # its label ids (prior_labels) are kept
     tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)
     # Earlier runs of this output that died holding finished shards (the same command run again).
     resume_from = (
