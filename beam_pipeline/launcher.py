@@ -223,6 +223,15 @@ def _previous_problem(path: str, labelled: bool) -> tuple[str | None, tuple[str,
     return None, labels
 
 
+def _has_objects(previous: str) -> bool:
+    """Whether the previous output's dataset.json says it holds objects (a detection dataset); False when it
+    cannot be read (``_note_reuse`` then decides about that dataset)."""
+    try:
+        return "objects" in read_json_object(FileSystems.join(previous, metadata.DATASET_JSON))
+    except Exception:  # noqa: BLE001 - missing, damaged or unreadable: _note_reuse says which
+        return False
+
+
 def _repeated(labels: Iterable[str]) -> str | None:
     """The first label listed twice, or None."""
     seen: set[str] = set()
@@ -504,9 +513,12 @@ def prepare(
     if previous and object_names:
         # the objects' class ids of the previous run (its labels.txt) stay; new names follow
         problem, prior_labels = _previous_problem(previous, True)
-        if problem is not None and FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)):
-            # A damaged labels.txt gives no ids to keep, and the records copied from that run hold its ids (a
-            # record's object ids are not compared on reuse): fresh ids would disagree with them.
+        if problem is not None and (
+            FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)) or _has_objects(previous)
+        ):
+            # A damaged (or deleted) labels.txt gives no ids to keep, and the records copied from that run hold
+            # its ids (a record's object ids are not compared on reuse): fresh ids would disagree with them. A
+            # previous dataset without objects and without labels.txt has no record this run could reuse.
             if cfg.incremental_from != LATEST:
                 raise UsageError(f"--incremental-from {previous}: {problem}")
             where = f"--incremental-from {LATEST}: the newest earlier dataset, {previous}"
