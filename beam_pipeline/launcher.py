@@ -223,6 +223,15 @@ def _previous_problem(path: str, labelled: bool) -> tuple[str | None, tuple[str,
     return None, labels
 
 
+def _has_objects(previous: str) -> bool:
+    """Whether the previous output's dataset.json says it holds objects (a detection dataset); False when it
+    cannot be read (``_note_reuse`` then decides about that dataset)."""
+    try:
+        return "objects" in read_json_object(FileSystems.join(previous, metadata.DATASET_JSON))
+    except Exception:  # noqa: BLE001 - missing, damaged or unreadable: _note_reuse says which
+        return False
+
+
 def _repeated(labels: Iterable[str]) -> str | None:
     """The first label listed twice, or None."""
     seen: set[str] = set()
@@ -241,18 +250,34 @@ def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | No
     return path, labels
 
 
-def _note_reuse(cfg: ConvertConfig, previous: str) -> None:
-    """One note when none of the previous output's records can be reused (its label ids still are kept)."""
+def _note_reuse(cfg: ConvertConfig, previous: str) -> bool:
+    """One note when none of the previous output's records can be reused (its label ids still are kept).
+
+    False when its dataset.json is damaged or missing under ``latest``: nothing of it is read beyond its
+    labels, so a nightly job is not stuck on one damaged night. Named by path, that dataset is a usage error.
+    """
+    path = FileSystems.join(previous, metadata.DATASET_JSON)
     try:
-        info = read_json_object(FileSystems.join(previous, metadata.DATASET_JSON))
-    except Exception as e:  # noqa: BLE001 - a complete dataset has one: a damaged one is a usage error
+        info = read_json_object(path) if FileSystems.exists(path) else None
+    except ValueError:  # damaged; a read that fails (a busy store) is the error below, not a full reconversion
+        info = None
+    except Exception as e:  # noqa: BLE001 - a complete dataset has one
         raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json") from e
+    if info is None:
+        if cfg.incremental_from != LATEST:
+            raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json")
+        note(
+            f"--incremental-from {LATEST}: the newest earlier dataset, {previous}: no readable dataset.json; "
+            "its label ids are kept, every file is converted"
+        )
+        return False
     why = index.reuse_problem(previous, info, cfg.as_dict())
     if why:
         note(
             f"--incremental-from {cfg.incremental_from}: no record of {previous} can be reused: {why}; "
             "its label ids are kept, every file is converted"
         )
+    return True
 
 
 # {date} as a glob (Beam's match has character classes; every file system lists by prefix).
@@ -488,9 +513,12 @@ def prepare(
     if previous and object_names:
         # the objects' class ids of the previous run (its labels.txt) stay; new names follow
         problem, prior_labels = _previous_problem(previous, True)
-        if problem is not None and FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)):
-            # A damaged labels.txt gives no ids to keep, and the records copied from that run hold its ids (a
-            # record's object ids are not compared on reuse): fresh ids would disagree with them.
+        if problem is not None and (
+            FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)) or _has_objects(previous)
+        ):
+            # A damaged (or deleted) labels.txt gives no ids to keep, and the records copied from that run hold
+            # its ids (a record's object ids are not compared on reuse): fresh ids would disagree with them. A
+            # previous dataset without objects and without labels.txt has no record this run could reuse.
             if cfg.incremental_from != LATEST:
                 raise UsageError(f"--incremental-from {previous}: {problem}")
             where = f"--incremental-from {LATEST}: the newest earlier dataset, {previous}"
@@ -499,8 +527,8 @@ def prepare(
     elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
         _, prior_labels = _previous_problem(previous, True)
-    if previous:
-        _note_reuse(cfg, previous)
+    if previous and not _note_reuse(cfg, previous):
+        previous = None  # its label ids (prior_labels) are kept
     tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)
     # Earlier runs of this output that died holding finished shards (the same command run again).
     resume_from = (

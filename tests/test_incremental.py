@@ -653,3 +653,34 @@ def test_a_previous_index_or_rejects_line_that_is_not_utf8_is_left_out_not_a_cra
     summary = load_info(inc)["incremental"]
     assert summary["unreadable_previous_lines"] == 2
     assert summary["converted"] == 1 and victim
+
+
+@pytest.mark.parametrize("damage", [b"{cut short", None], ids=["damaged", "missing"])
+def test_latest_over_a_night_whose_dataset_json_is_damaged_keeps_its_ids_and_converts_everything(tmp_path, damage):
+    """A nightly job must not be stuck: the newest complete night with a damaged or missing dataset.json gives its
+    label ids (labels.txt is sound) and a note, nothing is reused from it, and the night after it is written."""
+    src, ds = tmp_path / "src", tmp_path / "ds"
+    nightly = ("--input", str(src), "--output", str(ds / "{date}"), *ARGS)
+    make_images(src, {"emu": 2, "dog": 2})
+    convert(*nightly, "--run-date", "2026-03-01")  # dog 0, emu 1
+    night1 = ds / "2026-03-01"
+    if damage is None:
+        (night1 / "dataset.json").unlink()
+    else:
+        (night1 / "dataset.json").write_bytes(damage)
+    make_images(src, {"ant": 1}, start=10)
+    second = convert(*nightly, "--incremental-from", "latest", "--run-date", "2026-03-02")
+    notes = [line for line in second.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        f"note: --incremental-from latest: the newest earlier dataset, {night1}: no readable dataset.json; "
+        "its label ids are kept, every file is converted"
+    ]
+    out = ds / "2026-03-02"
+    assert (out / "labels.txt").read_text() == "dog\nemu\nant\n"
+    assert "incremental" not in load_info(out) or load_info(out)["incremental"].get("reused", 0) == 0
+    assert sorted(r["image/class/text"].decode() for r in read_records(out)) == ["ant", "dog", "dog", "emu", "emu"]
+    # given by name, the same folder stays a one-line error: the user asked for that very dataset
+    named = run_cli("convert", *nightly, "--incremental-from", str(night1), "--run-date", "2026-03-03")
+    assert named.returncode == 2 and named.stderr.strip().splitlines() == [
+        f"error: --incremental-from {night1}: {night1}: no readable dataset.json"
+    ]

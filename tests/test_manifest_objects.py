@@ -500,7 +500,9 @@ def test_a_csv_objects_cell_json_reads_but_nested_hundreds_deep_is_that_images_b
 
 
 @pytest.mark.parametrize(
-    "damage", [b"background\ncat\ncat\ndog\n", b"background\ncat\nd\xffg\n"], ids=["a-label-twice", "not-utf8"]
+    "damage",
+    [b"background\ncat\ncat\ndog\n", b"background\ncat\nd\xffg\n", None],
+    ids=["a-label-twice", "not-utf8", "missing"],
 )
 def test_incremental_from_a_names_only_dataset_whose_labels_txt_is_damaged_is_a_one_line_error(
     object_set, tmp_path, damage
@@ -515,7 +517,10 @@ def test_incremental_from_a_names_only_dataset_whose_labels_txt_is_damaged_is_a_
     first, second = tmp_path / "first", tmp_path / "second"
     convert("--manifest", str(write_csv(object_set / "v1.csv", first_rows)), "--manifest-objects", "rows",
             "--output", str(first))  # fmt: skip
-    (first / "labels.txt").write_bytes(damage)
+    if damage is None:  # deleted: the records still hold the ids it gave
+        (first / "labels.txt").unlink()
+    else:
+        (first / "labels.txt").write_bytes(damage)
     second_rows = [*first_rows, ("sub/b.png", "train", "0", "0", "4", "4", "ant", "", "", "")]
     result = run_cli("convert", "--manifest", str(write_csv(object_set / "v2.csv", second_rows)),
                      "--manifest-objects", "rows", "--output", str(second), "--incremental-from", str(first),
