@@ -21,7 +21,7 @@ from typing import Any
 
 from . import __version__
 from .config import DATE_FIELD, ConvertConfig, dataset_name_from_output, is_date, parse_split_ratios, validate
-from .errors import MissingExtraError, PipelineError, RejectsError, UsageError
+from .errors import MissingExtraError, PipelineError, RejectsError, UsageError, one_line
 from .flags import CONFIG_KEYS, CONVERT, INSPECT, NEGATIONS, Parser, build_parser, clean_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
@@ -535,17 +535,17 @@ def main(argv: Sequence[str] | None = None, *, started: float | None = None) -> 
     except (UsageError, MissingExtraError) as e:
         if verbose:
             logging.exception("usage error")
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except RejectsError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return EXIT_REJECTS
     except PipelineError as e:
         if interrupted(e):
             return _interrupted()
         if verbose:
             logging.exception("pipeline failed")
-        print(f"error: pipeline failed: {e}", file=sys.stderr)
+        print(f"error: pipeline failed: {one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return _interrupted()

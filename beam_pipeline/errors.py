@@ -20,6 +20,13 @@ class RejectsError(Exception):
     """The job ran, but too many inputs (or all of them) were rejected: exit 3, nothing published."""
 
 
+def one_line(e: BaseException) -> str:
+    """An error's message as the one line the command line prints: a message of several lines (a parser's
+    context snippet, say) keeps every line, joined with "; "."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return "; ".join(lines) if lines else type(e).__name__
+
+
 def last_line(e: BaseException) -> str:
     """The last non-empty line of an exception's message (runners wrap worker errors in long texts)."""
     text = str(e).strip() or type(e).__name__

@@ -258,3 +258,18 @@ def test_a_default_run_prints_only_its_summary(small_input, tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("done in ") and any(line.startswith("  transform    tensorflow") for line in lines)
     assert all(line.startswith(("done in ", "  ")) for line in lines), result.stdout
+
+
+@pytest.mark.parametrize("kind", ["UsageError", "RejectsError", "PipelineError"])
+def test_an_error_message_of_several_lines_is_printed_as_one(monkeypatch, capsys, kind):
+    """Whatever library text ends up in an error (a parser's snippet and arrow), the user sees one line."""
+    from beam_pipeline import cli, errors
+
+    def fail(*_args):
+        raise getattr(errors, kind)("first part\n   a snippet  \n\n      ^ here")
+
+    monkeypatch.setattr(cli, "_run", fail)
+    code = cli.main(["convert", "--input", "x", "--output", "y"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1, err
+    assert err.rstrip("\n").endswith("first part; a snippet; ^ here")

@@ -458,6 +458,26 @@ def test_cli_errors_name_the_flag(tmp_path, coco_set):
         assert word in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('{"categories": [{"id": 1, "name": "x"},, ]}', "unallowed token"),
+        ('{"categories": [{"id": 1, "name": "x"}], "annotations": [{"id": 1,, }]}', "invalid object key"),
+    ],
+    ids=["in-categories", "in-annotations"],
+)
+def test_a_coco_file_that_is_not_json_is_a_one_line_error_pointing_near_the_fault(coco_set, tmp_path, text, words):
+    """yajl's message spans three lines (the message, a snippet, an arrow): the error is still one line."""
+    root, _, _ = coco_set
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    result = run_cli("convert", "--input", str(root), "--coco", str(bad), "--output", str(tmp_path / "o"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --coco {bad}: not valid JSON (parse error: {words}") and ", near '" in line
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_changed_annotation_never_reuses_the_old_record(coco_set, tmp_path):
     """--incremental-from after one image's box changed in the JSON (its file did not): that record is
     converted again with the new box, the others are copied."""

@@ -78,6 +78,15 @@ _OPENS = frozenset({"start_map", "start_array"})
 _CLOSES = frozenset({"end_map", "end_array"})
 
 
+def _json_error(e: Exception) -> str:
+    """yajl's parse error in one line: its first line, and the snippet it points into ("near ...")."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    near = [line for line in lines[1:] if "(right here)" not in line and line != ")"]
+    return f"{lines[0]}, near {near[0]!r}" if near else lines[0]
+
+
 def read_categories(path: str) -> tuple[tuple[int, str], ...]:
     """The (id, name) pairs of a COCO file's ``categories``, streamed; UsageError naming the file otherwise.
 
@@ -91,7 +100,7 @@ def read_categories(path: str) -> tuple[tuple[int, str], ...]:
         with _open(path) as fh:
             raw = _categories_of(ijson.basic_parse(fh, use_float=True), path)
     except ijson.JSONError as e:
-        raise UsageError(f"--coco {path}: not valid JSON ({e})") from None
+        raise UsageError(f"--coco {path}: not valid JSON ({_json_error(e)})") from None
     if not raw:
         raise UsageError(f"--coco {path}: no 'categories' (a COCO instances file lists them)")
     seen: dict[int, str] = {}
