@@ -292,14 +292,14 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 MAX_JSON_DEPTH = 64
 
 
-def _many_brackets(text: str) -> bool:
-    """Whether JSON ``text`` could nest more than MAX_JSON_DEPTH levels (each needs its own bracket): C-fast,
-    so only such rare lines are walked."""
-    return text.count("[") + text.count("{") > MAX_JSON_DEPTH
+def nested_deeper(text: str, value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value``, parsed from the JSON ``text``, nests more than ``limit`` levels of objects and arrays.
 
-
-def nested_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether a parsed JSON value nests more than ``limit`` levels of objects and arrays (walked without recursion)."""
+    Each level needs its own bracket, so a text with no more than ``limit`` of them is answered by a C-fast
+    count; only such rare texts are walked (without recursion).
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -334,7 +334,7 @@ def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[st
                 raise ValueError(f"manifest line {lineno}: JSON nested deeper than Python's reader goes") from None
             if not isinstance(row, dict):
                 raise ValueError(f"manifest line {lineno}: not a JSON object")
-            if _many_brackets(line) and nested_deeper(row):
+            if nested_deeper(line, row):
                 raise ValueError(f"manifest line {lineno}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
             if _SURROGATE_ESCAPE.search(line):
                 try:

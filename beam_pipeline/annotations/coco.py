@@ -30,7 +30,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from ..errors import UsageError
-from ..listing import REJECTS, SKIPPED, reject
+from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED, reject
 from . import objects
 from .join import (
     COUNTS,
@@ -70,10 +70,10 @@ def _open(path: str) -> Any:
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-# How deep the launcher lets the file nest (a COCO file needs 5: file, annotations, annotation, segmentation,
-# polygon). ijson's prefixed parse keeps one prefix string per open level, so memory grows with the square of
-# the depth: 80 KB of brackets took 3.9 GB. The launcher's scan refuses deeper files before any worker parses.
-MAX_JSON_DEPTH = 64
+# MAX_JSON_DEPTH (listing's, as for manifests) is how deep the launcher lets the file nest (a COCO file needs
+# 5: file, annotations, annotation, segmentation, polygon). ijson's prefixed parse keeps one prefix string per
+# open level, so memory grows with the square of the depth: 80 KB of brackets took 3.9 GB. The launcher's
+# scan refuses deeper files before any worker parses.
 _OPENS = frozenset({"start_map", "start_array"})
 _CLOSES = frozenset({"end_map", "end_array"})
 

@@ -104,7 +104,7 @@ def _row_objects(row: Mapping[str, Any], form: str) -> list[Any] | str:
         except RecursionError:
             return f"the '{OBJECTS_COLUMN}' cell is JSON nested deeper than Python's reader goes"
         # the row holds the cell: one level less (a deep one failed the job while Beam pickled the row)
-        if cell.count("[") + cell.count("{") >= MAX_JSON_DEPTH and nested_deeper(parsed, MAX_JSON_DEPTH - 1):
+        if nested_deeper(cell, parsed, MAX_JSON_DEPTH - 1):
             return f"the '{OBJECTS_COLUMN}' cell is JSON nested deeper than {MAX_JSON_DEPTH - 1} levels"
         cell = parsed
     if not isinstance(cell, list):
