@@ -267,6 +267,12 @@ def _mask(obj: Obj, width: int, height: int) -> Any:
     return np.asarray(coco_mask.decode(rles), dtype=np.uint8)
 
 
+def has_masks(objs: Sequence[Obj]) -> bool:
+    """Whether an image's record gets instance masks: every one of its objects has a segmentation (one mask per
+    box, or none)."""
+    return bool(objs) and all(o.segmentation is not None for o in objs)
+
+
 def masks_too_large(annotations: Annotations, geometry: Geometry, max_mask_pixels: int) -> str | None:
     """Why an image's masks would take more pixels than ``--max-mask-pixels`` (0 = no limit), or None.
 
@@ -274,8 +280,8 @@ def masks_too_large(annotations: Annotations, geometry: Geometry, max_mask_pixel
     PNG bytes grow with masks x pixels, whatever the polygons' own size.
     """
     objs = annotations.objects
-    if not max_mask_pixels or not objs or any(o.segmentation is None for o in objs):
-        return None  # no masks are written
+    if not max_mask_pixels or not has_masks(objs):
+        return None
     pixels = len(objs) * max(geometry.stored_width * geometry.stored_height, geometry.width * geometry.height)
     if pixels > max_mask_pixels:
         return (
@@ -368,7 +374,7 @@ def object_features(
     object has a segmentation (one mask per box, or none).
     """
     objs = annotations.objects
-    masked = bool(objs) and all(o.segmentation is not None for o in objs)
+    masked = has_masks(objs)
     stored_w, stored_h, orientation = geometry.stored_width, geometry.stored_height, geometry.orientation
     boxes = [oriented_box(o.bbox, stored_w, stored_h, orientation) for o in objs]
     # the turned frame: orientations 5-8 swap the axes

@@ -59,7 +59,7 @@ def build_record(
 ) -> Record:
     """Validates ``data`` (prepare_image decodes it), converts it if the policy says so; its Record."""
     options = image_options or ImageOptions()
-    prepared = prepare_image(data, image_options, reserve)
+    prepared = prepare_image(data, options, reserve)
     info = prepared.info
     sha256 = hashlib.sha256(prepared.data).hexdigest()
     features: dict[str, Any] = {
