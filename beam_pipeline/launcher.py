@@ -223,15 +223,6 @@ def _previous_problem(path: str, labelled: bool) -> tuple[str | None, tuple[str,
     return None, labels
 
 
-def _has_objects(previous: str) -> bool:
-    """Whether the previous output's dataset.json says it holds objects (a detection dataset); False when it
-    cannot be read (``_note_reuse`` then decides about that dataset)."""
-    try:
-        return "objects" in read_json_object(FileSystems.join(previous, metadata.DATASET_JSON))
-    except Exception:  # noqa: BLE001 - missing, damaged or unreadable: _note_reuse says which
-        return False
-
-
 def _repeated(labels: Iterable[str]) -> str | None:
     """The first label listed twice, or None."""
     seen: set[str] = set()
@@ -250,19 +241,25 @@ def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | No
     return path, labels
 
 
-def _note_reuse(cfg: ConvertConfig, previous: str) -> bool:
-    """One note when none of the previous output's records can be reused (its label ids still are kept).
-
-    False when its dataset.json is damaged or missing under ``latest``: nothing of it is read beyond its
-    labels, so a nightly job is not stuck on one damaged night. Named by path, that dataset is a usage error.
-    """
+def _previous_info(cfg: ConvertConfig, previous: str) -> dict[str, Any] | None:
+    """The previous output's dataset.json, or None when it is damaged or missing; a read that fails (a busy
+    store) is a usage error, not taken for damage (which would mean a full reconversion)."""
     path = FileSystems.join(previous, metadata.DATASET_JSON)
     try:
-        info = read_json_object(path) if FileSystems.exists(path) else None
-    except ValueError:  # damaged; a read that fails (a busy store) is the error below, not a full reconversion
-        info = None
+        return read_json_object(path) if FileSystems.exists(path) else None
+    except ValueError:
+        return None
     except Exception as e:  # noqa: BLE001 - a complete dataset has one
         raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json") from e
+
+
+def _note_reuse(cfg: ConvertConfig, previous: str, info: dict[str, Any] | None) -> bool:
+    """One note when none of the previous output's records can be reused (its label ids still are kept).
+
+    ``info``: its dataset.json (``_previous_info``). False when that is damaged or missing under ``latest``:
+    nothing of it is read beyond its labels, so a nightly job is not stuck on one damaged night. Named by
+    path, that dataset is a usage error.
+    """
     if info is None:
         if cfg.incremental_from != LATEST:
             raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json")
@@ -510,11 +507,12 @@ def prepare(
     else:
         previous, prior_labels = None, None
     object_names = names_only_source(cfg)
+    previous_info = _previous_info(cfg, previous) if previous else None
     if previous and object_names:
         # the objects' class ids of the previous run (its labels.txt) stay; new names follow
         problem, prior_labels = _previous_problem(previous, True)
         if problem is not None and (
-            FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)) or _has_objects(previous)
+            FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)) or "objects" in (previous_info or {})
         ):
             # A damaged (or deleted) labels.txt gives no ids to keep, and the records copied from that run hold
             # its ids (a record's object ids are not compared on reuse): fresh ids would disagree with them. A
@@ -527,7 +525,7 @@ def prepare(
     elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
         _, prior_labels = _previous_problem(previous, True)
-    if previous and not _note_reuse(cfg, previous):
+    if previous and not _note_reuse(cfg, previous, previous_info):
         previous = None  # its label ids (prior_labels) are kept
     tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)
     # Earlier runs of this output that died holding finished shards (the same command run again).
