@@ -658,7 +658,7 @@ def worker_requirements(extra: str) -> list[str]:
     return wanted
 
 
-def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str]) -> list[str]:
+def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folder: str) -> list[str]:
     """Beam flags that give ``--setup_file`` workers the converter (and TFT when they run the analysis).
 
     Workers install the package from setup.py without extras, which is the
@@ -669,16 +669,15 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str]) -> li
     analysis, ``--post-steps job``); ``--requirements_cache=skip`` keeps the
     launcher from downloading them first. Workers built from a prebuilt image
     (``--sdk_container_image``, the Dockerfile) have them; a given
-    ``--requirements_file`` wins.
+    ``--requirements_file`` wins. The file is written in ``folder``, which
+    must last until the job is submitted (the runner stages it then).
     """
-    import tempfile
-
     options = PipelineOptions(list(beam_args))
     setup = options.view_as(SetupOptions)
     if not setup.setup_file or setup.requirements_file or options.view_as(WorkerOptions).sdk_container_image:
         return list(beam_args)
     extra = "transform" if cfg.transform and cfg.post_steps == "job" else "convert"
-    path = os.path.join(tempfile.mkdtemp(prefix="beam_pipeline-workers-"), "requirements.txt")
+    path = os.path.join(folder, "requirements.txt")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("".join(f"{r}\n" for r in worker_requirements(extra)))
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
@@ -706,13 +705,24 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
                 ) from None
 
         cfg, layout = prepare(cfg, claim=claim if writes else None)
-        return _run_claimed(cfg, layout, beam_args, options, runner)
+        return _run_claimed(cfg, layout, beam_args, options, runner, held)
 
 
 def _run_claimed(
-    cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str], options: PipelineOptions, runner: Any
+    cfg: ConvertConfig,
+    layout: Layout,
+    beam_args: Sequence[str],
+    options: PipelineOptions,
+    runner: Any,
+    held: contextlib.ExitStack,
 ) -> dict[str, Any]:
-    """The run, once its output is claimed: the pipeline, then the post-steps unless the job does them."""
+    """The run, once its output is claimed: the pipeline, then the post-steps unless the job does them.
+
+    ``held``: what the run holds until it returns (the lease; the workers' requirements file, staged at
+    submission).
+    """
+    import tempfile
+
     from .pipeline import build_pipeline, build_plan_pipeline
 
     _LOG.info("input root %s, split source %s, label source %s", layout.root, layout.split_source, layout.label_source)
@@ -721,7 +731,8 @@ def _run_claimed(
     if cfg.detach and (runner is not None or cfg.post_steps != "job"):
         raise UsageError("--detach needs a remote runner (e.g. --runner DataflowRunner) and --post-steps job")
     if runner is None:
-        beam_args = with_worker_requirements(cfg, beam_args)
+        workers = held.enter_context(tempfile.TemporaryDirectory(prefix="beam_pipeline-workers-"))
+        beam_args = with_worker_requirements(cfg, beam_args, workers)
         options, runner = make_options(beam_args)
         FileSystems.set_options(options)
     if options.view_as(TestOptions).dry_run:

@@ -40,19 +40,28 @@ def test_dataflow_job_builds_offline_with_the_configured_options(gcs, monkeypatc
     assert not list(gcs.list_blobs(BUCKET, prefix="dry/out/"))  # nothing ran
 
 
-def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
-    """--template_location: the DataflowRunner stages the package and writes the whole job request, unsubmitted."""
-    gcs.bucket(BUCKET).blob("tl/in/cat/a.jpg").upload_from_string(image_bytes("jpeg"))
+def _template_run(gcs, monkeypatch, name: str, config: str = "configs/dataflow.yaml") -> tuple[dict, dict[str, str]]:
+    """A --template_location run of one image's folder: (the job request, {staged file name: its blob name})."""
+    gcs.bucket(BUCKET).blob(f"{name}/in/cat/a.jpg").upload_from_string(image_bytes("jpeg"))
     for key, value in DATAFLOW_ENV.items():
         monkeypatch.setenv(key, value)
-    template = f"gs://{BUCKET}/tl/templates/pets.json"
+    template = f"gs://{BUCKET}/{name}/templates/pets.json"
     result = run_cli(
-        "convert", "--config", "configs/dataflow.yaml", "--input", f"gs://{BUCKET}/tl/in",
-        "--output", f"gs://{BUCKET}/tl/out", "--name", "pets", "--template_location", template, cwd=REPO,
+        "convert", "--config", config, "--input", f"gs://{BUCKET}/{name}/in",
+        "--output", f"gs://{BUCKET}/{name}/out", "--name", "pets", "--template_location", template, cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"job request written to {template}" in result.stdout
-    request = json.loads(gcs.bucket(BUCKET).blob("tl/templates/pets.json").download_as_bytes())
+    assert not list(gcs.list_blobs(BUCKET, prefix=f"{name}/out/"))  # nothing ran
+    request = json.loads(gcs.bucket(BUCKET).blob(f"{name}/templates/pets.json").download_as_bytes())
+    [pool] = request["environment"]["workerPools"]
+    prefix = f"storage.googleapis.com/{BUCKET}/"
+    return request, {p["name"]: p["location"][len(prefix) :] for p in pool["packages"]}
+
+
+def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
+    """--template_location: the DataflowRunner stages the package and writes the whole job request, unsubmitted."""
+    request, staged = _template_run(gcs, monkeypatch, "tl")
     assert request["type"] == "JOB_TYPE_BATCH"
     env = request["environment"]
     [pool] = env["workerPools"]
@@ -61,18 +70,32 @@ def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
     )  # fmt: skip
     assert "use_runner_v2" in env["experiments"]
     assert env["sdkPipelineOptions"]["options"]["project"] == "my-project"
-    staged = {p["name"]: p["location"] for p in pool["packages"]}
     assert "workflow.tar.gz" in staged  # the sdist of setup.py that workers install
-    prefix = f"storage.googleapis.com/{BUCKET}/"
     # TFT is an extra: --setup_file workers that run the analysis get it from the staged requirements file
-    requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"][len(prefix) :]).download_as_bytes().decode()
+    requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"]).download_as_bytes().decode()
     assert "tensorflow-transform==" in requirements and "pillow==" in requirements  # the converter too
-    sdist = gcs.bucket(BUCKET).blob(staged["workflow.tar.gz"][len(prefix) :]).download_as_bytes()
+    sdist = gcs.bucket(BUCKET).blob(staged["workflow.tar.gz"]).download_as_bytes()
     with tarfile.open(fileobj=io.BytesIO(sdist)) as tar:
         assert any(n.endswith("beam_pipeline/poststeps.py") for n in tar.getnames())
-    graph = gcs.bucket(BUCKET).blob(staged["pickled_main_session"][len(prefix) :].rsplit("/", 1)[0] + "/pipeline.pb")
+    graph = gcs.bucket(BUCKET).blob(staged["pickled_main_session"].rsplit("/", 1)[0] + "/pipeline.pb")
     assert b"PostSteps" in graph.download_as_bytes()  # the job analyses and publishes itself
-    assert not list(gcs.list_blobs(BUCKET, prefix="tl/out/"))  # nothing ran
+
+
+def test_a_setup_file_alone_stages_our_requirements_file_and_leaves_no_local_copy(gcs, monkeypatch, tmp_path):
+    """--setup_file without a requirements file: the launcher writes one for the workers (the converter and TFT
+    extras), the runner stages it, and its local folder is gone when the launcher returns (a nightly launcher
+    would otherwise leave one per run)."""
+    config = tmp_path / "dataflow.yaml"
+    lines = (REPO / "configs" / "dataflow.yaml").read_text().splitlines(keepends=True)
+    config.write_text("".join(line for line in lines if "requirements_" not in line))
+    launcher_tmp = tmp_path / "tmp"
+    launcher_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(launcher_tmp))
+    _, staged = _template_run(gcs, monkeypatch, "sf", config=str(config))
+    requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"]).download_as_bytes().decode().split()
+    assert any(r.startswith("tensorflow-transform") for r in requirements)
+    assert any(r.lower().startswith("pillow") for r in requirements)
+    assert not list(launcher_tmp.glob("beam_pipeline-*")), sorted(p.name for p in launcher_tmp.iterdir())
 
 
 def test_dataflow_config_names_a_missing_environment_variable(monkeypatch):

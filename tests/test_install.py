@@ -107,18 +107,21 @@ def test_transformed_without_tensorflow_transform_names_the_extra(small):
 def _worker_requirements(cfg_changes: dict, flags: list[str]) -> list[str] | None:
     """The requirements with_worker_requirements adds for these flags (None: it leaves the flags as they are)."""
     import dataclasses
+    import tempfile
 
     from beam_pipeline.config import ConvertConfig
     from beam_pipeline.launcher import with_worker_requirements
 
     cfg = dataclasses.replace(ConvertConfig(output="gs://b/out", name="d", input="gs://b/in"), **cfg_changes)
     flags = ["--runner=DataflowRunner", *flags]
-    args = with_worker_requirements(cfg, flags)
-    if args == flags:
-        return None
-    assert args[: len(flags)] == flags and "--requirements_cache=skip" in args
-    [path] = [a.split("=", 1)[1] for a in args if a.startswith("--requirements_file=")]
-    return Path(path).read_text().split()
+    with tempfile.TemporaryDirectory() as folder:
+        args = with_worker_requirements(cfg, flags, folder)
+        if args == flags:
+            return None
+        assert args[: len(flags)] == flags and "--requirements_cache=skip" in args
+        [path] = [a.split("=", 1)[1] for a in args if a.startswith("--requirements_file=")]
+        assert Path(path).parent == Path(folder)
+        return Path(path).read_text().split()
 
 
 def test_setup_file_workers_get_the_converter_they_install_without_extras():
