@@ -19,7 +19,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
@@ -683,6 +683,20 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
 
 
+@contextlib.contextmanager
+def _temporary_files_in(folder: str) -> Iterator[None]:
+    """``tempfile``'s default folder is ``folder`` inside the block (for code that makes temporary files and
+    leaves them)."""
+    import tempfile
+
+    before = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
 def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     """Runs the whole conversion; returns dataset.json's content."""
     use_anonymous_gcs_for_emulator()
@@ -718,8 +732,7 @@ def _run_claimed(
 ) -> dict[str, Any]:
     """The run, once its output is claimed: the pipeline, then the post-steps unless the job does them.
 
-    ``held``: what the run holds until it returns (the lease; the workers' requirements file, staged at
-    submission).
+    ``held``: what the run holds until it returns (the lease; the submission's local files).
     """
     import tempfile
 
@@ -731,8 +744,12 @@ def _run_claimed(
     if cfg.detach and (runner is not None or cfg.post_steps != "job"):
         raise UsageError("--detach needs a remote runner (e.g. --runner DataflowRunner) and --post-steps job")
     if runner is None:
-        workers = held.enter_context(tempfile.TemporaryDirectory(prefix="beam_pipeline-workers-"))
-        beam_args = with_worker_requirements(cfg, beam_args, workers)
+        # The submission's local files, removed when the run returns: the workers' requirements file, and what
+        # Beam's stager builds in a temporary folder of its own and leaves (the sdist of --setup_file, the
+        # pickled main session): a scheduled launcher would gather one of each per run.
+        submission = held.enter_context(tempfile.TemporaryDirectory(prefix="beam_pipeline-submit-"))
+        held.enter_context(_temporary_files_in(submission))
+        beam_args = with_worker_requirements(cfg, beam_args, submission)
         options, runner = make_options(beam_args)
         FileSystems.set_options(options)
     if options.view_as(TestOptions).dry_run:

@@ -81,10 +81,10 @@ def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
     assert b"PostSteps" in graph.download_as_bytes()  # the job analyses and publishes itself
 
 
-def test_a_setup_file_alone_stages_our_requirements_file_and_leaves_no_local_copy(gcs, monkeypatch, tmp_path):
+def test_a_setup_file_alone_stages_our_requirements_file_and_leaves_no_local_file(gcs, monkeypatch, tmp_path):
     """--setup_file without a requirements file: the launcher writes one for the workers (the converter and TFT
-    extras), the runner stages it, and its local folder is gone when the launcher returns (a nightly launcher
-    would otherwise leave one per run)."""
+    extras), the runner stages it, and no local file of the submission is left when the launcher returns (ours,
+    nor the sdist and pickled session Beam's stager builds: a nightly launcher would gather them per run)."""
     config = tmp_path / "dataflow.yaml"
     lines = (REPO / "configs" / "dataflow.yaml").read_text().splitlines(keepends=True)
     config.write_text("".join(line for line in lines if "requirements_" not in line))
@@ -95,7 +95,7 @@ def test_a_setup_file_alone_stages_our_requirements_file_and_leaves_no_local_cop
     requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"]).download_as_bytes().decode().split()
     assert any(r.startswith("tensorflow-transform") for r in requirements)
     assert any(r.lower().startswith("pillow") for r in requirements)
-    assert not list(launcher_tmp.glob("beam_pipeline-*")), sorted(p.name for p in launcher_tmp.iterdir())
+    assert not list(launcher_tmp.iterdir()), sorted(p.name for p in launcher_tmp.iterdir())
 
 
 def test_dataflow_config_names_a_missing_environment_variable(monkeypatch):
