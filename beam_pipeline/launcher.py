@@ -684,17 +684,18 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
 
 
 @contextlib.contextmanager
-def _temporary_files_in(folder: str) -> Iterator[None]:
-    """``tempfile``'s default folder is ``folder`` inside the block (for code that makes temporary files and
-    leaves them)."""
+def _temporary_files_in_a_folder_of_our_own() -> Iterator[str]:
+    """A new temporary folder, ``tempfile``'s default folder inside the block and removed after it, with what
+    code that makes temporary files and leaves them left in it."""
     import tempfile
 
-    before = tempfile.tempdir
-    tempfile.tempdir = folder
-    try:
-        yield
-    finally:
-        tempfile.tempdir = before
+    with tempfile.TemporaryDirectory(prefix="beam_pipeline-run-") as folder:
+        before = tempfile.tempdir
+        tempfile.tempdir = folder
+        try:
+            yield folder
+        finally:
+            tempfile.tempdir = before
 
 
 def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
@@ -707,6 +708,11 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     # held (renewed) while the job runs, released when it ends; a submitted job's publish releases it.
     writes = not options.view_as(TestOptions).dry_run and not options.view_as(GoogleCloudOptions).template_location
     with contextlib.ExitStack() as held:
+        # This process's temporary files, removed when the run returns: the workers' requirements file, and
+        # what other code makes in tempfile's folder and leaves (Beam's stager: the sdist of --setup_file and
+        # the pickled main session; TensorFlow's autograph: its generated modules). A scheduled launcher would
+        # otherwise gather them run after run.
+        local = held.enter_context(_temporary_files_in_a_folder_of_our_own())
 
         def claim(output: str, run_id: str) -> None:
             try:
@@ -719,7 +725,7 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
                 ) from None
 
         cfg, layout = prepare(cfg, claim=claim if writes else None)
-        return _run_claimed(cfg, layout, beam_args, options, runner, held)
+        return _run_claimed(cfg, layout, beam_args, options, runner, local)
 
 
 def _run_claimed(
@@ -728,14 +734,13 @@ def _run_claimed(
     beam_args: Sequence[str],
     options: PipelineOptions,
     runner: Any,
-    held: contextlib.ExitStack,
+    local: str,
 ) -> dict[str, Any]:
     """The run, once its output is claimed: the pipeline, then the post-steps unless the job does them.
 
-    ``held``: what the run holds until it returns (the lease; the submission's local files).
+    ``local``: a folder of this process's, removed when the run returns (the workers' requirements file goes
+    there).
     """
-    import tempfile
-
     from .pipeline import build_pipeline, build_plan_pipeline
 
     _LOG.info("input root %s, split source %s, label source %s", layout.root, layout.split_source, layout.label_source)
@@ -744,12 +749,7 @@ def _run_claimed(
     if cfg.detach and (runner is not None or cfg.post_steps != "job"):
         raise UsageError("--detach needs a remote runner (e.g. --runner DataflowRunner) and --post-steps job")
     if runner is None:
-        # The submission's local files, removed when the run returns: the workers' requirements file, and what
-        # Beam's stager builds in a temporary folder of its own and leaves (the sdist of --setup_file, the
-        # pickled main session): a scheduled launcher would gather one of each per run.
-        submission = held.enter_context(tempfile.TemporaryDirectory(prefix="beam_pipeline-submit-"))
-        held.enter_context(_temporary_files_in(submission))
-        beam_args = with_worker_requirements(cfg, beam_args, submission)
+        beam_args = with_worker_requirements(cfg, beam_args, local)
         options, runner = make_options(beam_args)
         FileSystems.set_options(options)
     if options.view_as(TestOptions).dry_run:
