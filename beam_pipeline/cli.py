@@ -549,10 +549,13 @@ def main(argv: Sequence[str] | None = None, *, started: float | None = None) -> 
         return EXIT_FAILED
     except KeyboardInterrupt:
         return _interrupted()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a read or write that failed outside the pipeline (a busy store, say)
         if interrupted(e):
             return _interrupted()
-        raise
+        if verbose:
+            logging.exception("failed")
+        print(f"error: {type(e).__name__}: {one_line(e)} (-v shows the traceback)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _no_gce_check_for_emulator() -> None:

@@ -27,6 +27,7 @@ ENV = "BEAM_PIPELINE_FAILPOINTS"
 
 # Every point the code hits, and what it counts: the one list (parse refuses any other name).
 POINTS: dict[str, str] = {
+    "launcher.previous": "the launcher reading the previous output's dataset.json (--incremental-from)",
     "writer.record": "each record a shard writer writes",
     "writer.result": "a shard writer about to emit its shard's result",
     "rejects.write": "each rejects part file written",

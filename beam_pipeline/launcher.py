@@ -33,7 +33,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineState
 
-from . import index, lease, metadata, resume
+from . import failpoints, index, lease, metadata, resume
 from .annotations.coco import read_categories
 from .annotations.table import required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date, names_only_source
@@ -241,16 +241,18 @@ def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | No
     return path, labels
 
 
-def _previous_info(cfg: ConvertConfig, previous: str) -> dict[str, Any] | None:
-    """The previous output's dataset.json, or None when it is damaged or missing; a read that fails (a busy
-    store) is a usage error, not taken for damage (which would mean a full reconversion)."""
+def _previous_info(previous: str) -> dict[str, Any] | None:
+    """The previous output's dataset.json, or None when it is damaged or missing. A read that fails (a busy
+    store, a lost connection) is raised as it is: not taken for damage, which would mean a full reconversion,
+    nor for a usage mistake; the command line makes it one line, exit 1 (run again)."""
     path = FileSystems.join(previous, metadata.DATASET_JSON)
-    try:
-        return read_json_object(path) if FileSystems.exists(path) else None
-    except ValueError:
+    if not FileSystems.exists(path):
         return None
-    except Exception as e:  # noqa: BLE001 - a complete dataset has one
-        raise UsageError(f"--incremental-from {cfg.incremental_from}: {previous}: no readable dataset.json") from e
+    failpoints.hit("launcher.previous")
+    try:
+        return read_json_object(path)
+    except ValueError:  # not JSON, not an object, nested too deep, not UTF-8
+        return None
 
 
 def _note_reuse(cfg: ConvertConfig, previous: str, info: dict[str, Any] | None) -> bool:
@@ -507,7 +509,7 @@ def prepare(
     else:
         previous, prior_labels = None, None
     object_names = names_only_source(cfg)
-    previous_info = _previous_info(cfg, previous) if previous else None
+    previous_info = _previous_info(previous) if previous else None
     if previous and object_names:
         # the objects' class ids of the previous run (its labels.txt) stay; new names follow
         problem, prior_labels = _previous_problem(previous, True)

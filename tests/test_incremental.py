@@ -684,3 +684,28 @@ def test_latest_over_a_night_whose_dataset_json_is_damaged_keeps_its_ids_and_con
     assert named.returncode == 2 and named.stderr.strip().splitlines() == [
         f"error: --incremental-from {night1}: {night1}: no readable dataset.json"
     ]
+
+
+def test_a_failed_read_of_the_previous_dataset_json_is_one_line_exit_1_not_damage(tmp_path, monkeypatch):
+    """Transient is not damage: a read of the previous dataset.json that fails (failpoint launcher.previous, as a
+    busy store would) ends the run in one line, exit 1 (run again), by path and under latest alike; it is not
+    taken for a damaged dataset (everything converted afresh) nor for a usage mistake (exit 2). The same command
+    then reuses the previous night."""
+    src, ds = tmp_path / "src", tmp_path / "ds"
+    nightly = ("--input", str(src), "--output", str(ds / "{date}"), *ARGS)
+    make_images(src, {"emu": 2, "dog": 2})
+    convert(*nightly, "--run-date", "2026-03-01")
+    night1 = ds / "2026-03-01"
+    make_images(src, {"ant": 1}, start=10)
+    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", "launcher.previous:1")
+    for previous in ("latest", str(night1)):
+        failed = run_cli("convert", *nightly, "--incremental-from", previous, "--run-date", "2026-03-02")
+        assert failed.returncode == 1, failed.stderr
+        assert failed.stderr.strip().splitlines() == [
+            "error: FailpointError: failpoint launcher.previous at operation 1 (-v shows the traceback)"
+        ]
+        assert not (ds / "2026-03-02" / "_SUCCESS").exists()
+    monkeypatch.delenv("BEAM_PIPELINE_FAILPOINTS")
+    convert(*nightly, "--incremental-from", "latest", "--run-date", "2026-03-02")
+    summary = load_info(ds / "2026-03-02")["incremental"]
+    assert (summary["reused"], summary["converted"]) == (4, 1)
