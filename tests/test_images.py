@@ -268,3 +268,47 @@ def test_validate_only_jpeg_decode_rejects_the_same_files_as_a_full_decode():
     rejected_inside = sum(n for (kind, verdict), n in seen.items() if kind != "cut" and verdict != "ok")
     assert rejected_inside >= 100 and seen["cut", "truncated"] >= 300, seen
     assert sum(n for (_, verdict), n in seen.items() if verdict == "ok") >= 1000, seen
+
+
+def _files_of_every_kind() -> dict[str, bytes]:
+    """The test's own image kinds, the format-variant corpus, and formats Pillow opens without a signature check
+    (TGA) or with one that comes after those in Pillow's list (JPEG, MPO, TIFF, WebP)."""
+    import io
+
+    from PIL import Image
+
+    from .imagegen import pixels
+    from .variants import corpus
+
+    files = {kind: image_bytes(kind) for kind in [*READABLE, "tiff", "bmp_palette"]}
+    files.update(corpus())
+    rgb = Image.fromarray(pixels(24, 32, 3), "RGB")
+    for fmt in ("TGA", "PCX", "PPM", "SGI", "ICO", "IM", "SPIDER"):
+        out = io.BytesIO()
+        (rgb.convert("L") if fmt == "SPIDER" else rgb).save(out, fmt)
+        files[fmt.lower()] = out.getvalue()
+    return files
+
+
+def test_pillow_open_picks_the_format_image_open_picks():
+    """images._pillow_open tries the plugins with a signature check before those without one (Image.open tries
+    IM, IMT and IPTC before JPEG): every file still opens as the format Image.open gives it, or neither opens it."""
+    import io
+    import warnings
+
+    from PIL import Image
+
+    from beam_pipeline.images import _pillow_open
+
+    for name, data in _files_of_every_kind().items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected = Image.open(io.BytesIO(data)).format
+        except Exception:  # noqa: BLE001 - any failure to open: ours must fail too
+            expected = None
+        try:
+            got = _pillow_open(data).format
+        except Exception:  # noqa: BLE001
+            got = None
+        assert got == expected, name
