@@ -216,6 +216,20 @@ def reuse_problem(previous: str, info: Mapping[str, Any], config: Mapping[str, A
     return None
 
 
+def info_shape_problem(info: Mapping[str, Any]) -> str | None:
+    """What about a previous dataset.json's shape ``reuse_problem`` could not read (a JSON object whose
+    ``config``, ``versions`` or ``features`` is not an object, a feature that is not one, a ``compression``
+    that is not text), or None. Such a file is damaged like one that is not JSON."""
+    for key in ("config", "versions", "features"):
+        if info.get(key) is not None and not isinstance(info[key], dict):
+            return f"its {key!r} is not a JSON object"
+    if not all(isinstance(v, dict) for v in (info.get("features") or {}).values()):
+        return "a feature of its 'features' is not a JSON object"
+    if info.get("compression") is not None and not isinstance(info["compression"], str):
+        return "its 'compression' is not text"
+    return None
+
+
 def _previous_run(previous: str, info: Mapping[str, Any]) -> PreviousRun:
     versions = info.get("versions") or {}
     # The object keys are the code's (its digest is compared); each record's annotations are compared by their

@@ -242,17 +242,20 @@ def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | No
 
 
 def _previous_info(previous: str) -> dict[str, Any] | None:
-    """The previous output's dataset.json, or None when it is damaged or missing. A read that fails (a busy
-    store, a lost connection) is raised as it is: not taken for damage, which would mean a full reconversion,
-    nor for a usage mistake; the command line makes it one line, exit 1 (run again)."""
+    """The previous output's dataset.json, or None when it is damaged (also: JSON of another shape) or missing.
+
+    A read that fails (a busy store, a lost connection) is raised as it is: not taken for damage, which would
+    mean a full reconversion, nor for a usage mistake; the command line makes it one line, exit 1 (run again).
+    """
     path = FileSystems.join(previous, metadata.DATASET_JSON)
     if not FileSystems.exists(path):
         return None
     failpoints.hit("launcher.previous")
     try:
-        return read_json_object(path)
+        info = read_json_object(path)
     except ValueError:  # not JSON, not an object, nested too deep, not UTF-8
         return None
+    return None if index.info_shape_problem(info) else info  # JSON, but not the shape this tool writes
 
 
 def _note_reuse(cfg: ConvertConfig, previous: str, info: dict[str, Any] | None) -> bool:

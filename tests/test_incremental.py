@@ -655,7 +655,11 @@ def test_a_previous_index_or_rejects_line_that_is_not_utf8_is_left_out_not_a_cra
     assert summary["converted"] == 1 and victim
 
 
-@pytest.mark.parametrize("damage", [b"{cut short", None], ids=["damaged", "missing"])
+@pytest.mark.parametrize(
+    "damage",
+    [b"{cut short", None, {"config": 5}, {"versions": "x"}, {"features": []}, {"features": {"image/encoded": 1}}],
+    ids=["damaged", "missing", "config-not-object", "versions-not-object", "features-a-list", "feature-not-object"],
+)
 def test_latest_over_a_night_whose_dataset_json_is_damaged_keeps_its_ids_and_converts_everything(tmp_path, damage):
     """A nightly job must not be stuck: the newest complete night with a damaged or missing dataset.json gives its
     label ids (labels.txt is sound) and a note, nothing is reused from it, and the night after it is written."""
@@ -666,6 +670,8 @@ def test_latest_over_a_night_whose_dataset_json_is_damaged_keeps_its_ids_and_con
     night1 = ds / "2026-03-01"
     if damage is None:
         (night1 / "dataset.json").unlink()
+    elif isinstance(damage, dict):  # JSON, but of another shape than this tool writes
+        (night1 / "dataset.json").write_text(json.dumps({**load_info(night1), **damage}))
     else:
         (night1 / "dataset.json").write_bytes(damage)
     make_images(src, {"ant": 1}, start=10)
