@@ -17,6 +17,7 @@ import os
 import posixpath
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -674,11 +675,18 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     analysis, ``--post-steps job``); ``--requirements_cache=skip`` keeps the
     launcher from downloading them first. Workers built from a prebuilt image
     (``--sdk_container_image``, the Dockerfile) have them; a given
-    ``--requirements_file`` wins. The file is written in ``folder``, which
-    must last until the job is submitted (the runner stages it then).
+    ``--requirements_file`` wins (with Beam's download cache outside the
+    run's temporary folder unless ``--requirements_cache`` says where). The
+    file is written in ``folder``, which must last until the job is submitted
+    (the runner stages it then).
     """
     options = PipelineOptions(list(beam_args))
     setup = options.view_as(SetupOptions)
+    if setup.requirements_file and setup.requirements_cache is None:
+        # Beam's default cache of the requirements' downloads, meant to outlive the run, is in tempfile's
+        # folder: the one outside the run's own (_RunTemporaryFolder)
+        cache = os.path.join(_RUN_TEMPORARY_FOLDER.system_folder(), "beam-requirements-cache")
+        return [*beam_args, f"--requirements_cache={cache}"]
     if not setup.setup_file or setup.requirements_file or options.view_as(WorkerOptions).sdk_container_image:
         return list(beam_args)
     extra = "transform" if cfg.transform and cfg.post_steps == "job" else "convert"
@@ -688,19 +696,49 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
 
 
-@contextlib.contextmanager
-def _temporary_files_in_a_folder_of_our_own() -> Iterator[str]:
-    """A new temporary folder, ``tempfile``'s default folder inside the block and removed after it, with what
-    code that makes temporary files and leaves them left in it."""
-    import tempfile
+class _RunTemporaryFolder:
+    """One temporary folder for the runs of this process, ``tempfile``'s default folder while any run lasts and
+    removed with what was left in it when the last one ends (runs in threads share it; each makes its own
+    files in it)."""
 
-    with tempfile.TemporaryDirectory(prefix="beam_pipeline-run-") as folder:
-        before = tempfile.tempdir
-        tempfile.tempdir = folder
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs = 0
+        self._folder = ""
+        self._before: str | None = None
+        self._system = ""
+
+    def system_folder(self) -> str:
+        """tempfile's folder outside the runs (for caches meant to outlive them)."""
+        import tempfile
+
+        with self._lock:
+            return self._system if self._runs else tempfile.gettempdir()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[str]:
+        import shutil
+        import tempfile
+
+        with self._lock:
+            if self._runs == 0:
+                self._system = tempfile.gettempdir()
+                self._before = tempfile.tempdir
+                self._folder = tempfile.mkdtemp(prefix="beam_pipeline-run-")
+                tempfile.tempdir = self._folder
+            self._runs += 1
+            folder = self._folder
         try:
             yield folder
         finally:
-            tempfile.tempdir = before
+            with self._lock:
+                self._runs -= 1
+                if self._runs == 0:
+                    tempfile.tempdir = self._before
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
+_RUN_TEMPORARY_FOLDER = _RunTemporaryFolder()
 
 
 def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
@@ -717,7 +755,7 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         # what other code makes in tempfile's folder and leaves (Beam's stager: the sdist of --setup_file and
         # the pickled main session; TensorFlow's autograph: its generated modules). A scheduled launcher would
         # otherwise gather them run after run.
-        local = held.enter_context(_temporary_files_in_a_folder_of_our_own())
+        local = held.enter_context(_RUN_TEMPORARY_FOLDER.held())
 
         def claim(output: str, run_id: str) -> None:
             try:
@@ -746,6 +784,8 @@ def _run_claimed(
     ``local``: a folder of this process's, removed when the run returns (the workers' requirements file goes
     there).
     """
+    import tempfile
+
     from .pipeline import build_pipeline, build_plan_pipeline
 
     _LOG.info("input root %s, split source %s, label source %s", layout.root, layout.split_source, layout.label_source)
@@ -754,7 +794,7 @@ def _run_claimed(
     if cfg.detach and (runner is not None or cfg.post_steps != "job"):
         raise UsageError("--detach needs a remote runner (e.g. --runner DataflowRunner) and --post-steps job")
     if runner is None:
-        beam_args = with_worker_requirements(cfg, beam_args, local)
+        beam_args = with_worker_requirements(cfg, beam_args, tempfile.mkdtemp(dir=local))
         options, runner = make_options(beam_args)
         FileSystems.set_options(options)
     if options.view_as(TestOptions).dry_run:

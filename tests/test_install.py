@@ -138,5 +138,47 @@ def test_setup_file_workers_get_the_converter_they_install_without_extras():
     assert _worker_requirements({"transform": True, "post_steps": "launcher"}, ["--setup_file=s.py"]) == converter_only
     # a prebuilt image has everything; a given requirements file wins; no setup file, no package on the workers
     assert _worker_requirements({}, ["--setup_file=s.py", "--sdk_container_image=gcr.io/p/i"]) is None
-    assert _worker_requirements({}, ["--setup_file=s.py", "--requirements_file=mine.txt"]) is None
     assert _worker_requirements({}, []) is None
+
+
+def test_a_given_requirements_file_keeps_beams_download_cache_outside_the_runs_temporary_folder(tmp_path):
+    """A run's temporary files go to a folder of its own, removed after it (launcher._RunTemporaryFolder); Beam's
+    cache of a --requirements_file's downloads lives in tempfile's folder by default and is meant to outlive
+    runs: it is pointed at the folder outside the run's. A given --requirements_cache wins."""
+    import os
+    import tempfile
+
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import _RUN_TEMPORARY_FOLDER, with_worker_requirements
+
+    cfg = ConvertConfig(output="gs://b/out", name="d", input="gs://b/in")
+    flags = ["--runner=DataflowRunner", "--setup_file=s.py", "--requirements_file=mine.txt"]
+    system = tempfile.gettempdir()
+    with _RUN_TEMPORARY_FOLDER.held() as folder:
+        assert tempfile.gettempdir() == folder != system
+        args = with_worker_requirements(cfg, flags, folder)
+    assert args == [*flags, f"--requirements_cache={os.path.join(system, 'beam-requirements-cache')}"]
+    given = [*flags, "--requirements_cache=/cache"]
+    assert with_worker_requirements(cfg, given, str(tmp_path)) == given
+
+
+def test_runs_in_threads_share_one_temporary_folder_removed_after_the_last():
+    """Two runs in one process that end in the order they started: the second keeps its temporary folder (and
+    tempfile keeps working) until it ends; then tempfile's folder is what it was and the run folder is gone."""
+    import os
+    import tempfile
+
+    from beam_pipeline.launcher import _RUN_TEMPORARY_FOLDER
+
+    before, system = tempfile.tempdir, tempfile.gettempdir()
+    first, second = _RUN_TEMPORARY_FOLDER.held(), _RUN_TEMPORARY_FOLDER.held()
+    folder = first.__enter__()
+    assert second.__enter__() == folder == tempfile.gettempdir()
+    first.__exit__(None, None, None)  # the first run ends first
+    assert os.path.isdir(folder) and tempfile.gettempdir() == folder
+    handle, path = tempfile.mkstemp()  # the second run still makes its files
+    os.close(handle)
+    assert os.path.dirname(path) == folder
+    second.__exit__(None, None, None)
+    assert not os.path.exists(folder)
+    assert tempfile.tempdir == before and tempfile.gettempdir() == system
