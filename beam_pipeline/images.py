@@ -249,6 +249,8 @@ def _tf_reading(img: Image.Image, data: bytes, gif: _GifLayout | None) -> _TfRea
             return _TfReading(None, f"PNG with {problem}")
         if mode == "P":
             return _TfReading(4 if "transparency" in img.info else 3)
+        if data[25:26] == b"\x04":  # grey + alpha (IHDR's colour type): Pillow opens the 16-bit one as RGBA
+            return _TfReading(2)
         if mode in _PNG_CHANNELS:
             return _TfReading(_PNG_CHANNELS[mode])
     elif fmt == "GIF":

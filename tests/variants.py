@@ -527,9 +527,15 @@ def _png_corpus() -> dict[str, bytes]:
         + _chunk(b"IDAT", zlib.compress(raw))
         + _chunk(b"IEND", b"")
     )
+    # 16-bit grey + alpha (colour type 4): Pillow opens it as RGBA, libpng (TensorFlow) gives 2 channels.
+    la16 = (pixels(12, 17, 9)[..., :2].astype(">u2") * 257).reshape(12, -1)
     return {
         "rgb": encode(rgb, "PNG"),
         "grey16": encode(grey16, "PNG"),
+        "grey_alpha16": b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", struct.pack(">IIBBBBB", 17, 12, 16, 4, 0, 0, 0))
+        + _chunk(b"IDAT", zlib.compress(b"".join(b"\0" + row.tobytes() for row in la16)))
+        + _chunk(b"IEND", b""),
         "rgb16": rgb16.getvalue(),
         "palette_trns": encode(rgb.convert("P"), "PNG", transparency=2),
         "palette": encode(rgb.convert("P"), "PNG"),
