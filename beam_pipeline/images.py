@@ -287,6 +287,9 @@ def _bmp_reading(img: Image.Image, data: bytes) -> _TfReading:
     row = (bpp // 8 * width + 3) // 4 * 4
     if width <= 0 or height == 0 or len(data) != offset + row * abs(height):
         return _TfReading(None, "BMP with bytes after its pixel rows (e.g. a colour profile)")
+    if bpp == 32 and not data[offset + 3 :: 4].strip(b"\0"):
+        # BGRX as Windows writes it: Pillow reads RGB, TensorFlow takes X for alpha (a transparent image)
+        return _TfReading(None, "32-bit BMP whose fourth bytes are all 0 (TensorFlow would read them as alpha)")
     return _TfReading(bpp // 8)
 
 

@@ -76,6 +76,26 @@ def test_every_record_of_every_variant_decodes_in_tensorflow_at_its_recorded_sha
         assert by_name[name]["image/encoded"] == files[name], name
 
 
+def test_a_32_bit_bmp_whose_fourth_bytes_are_all_zero_is_converted_not_stored_transparent(tmp_path, tf):
+    """Windows writes 32-bit BMPs as BGRX with X = 0: Pillow reads RGB, TensorFlow takes X for alpha, so the
+    stored file would decode as a fully transparent image. It is converted (PNG, Pillow's RGB pixels); one whose
+    fourth bytes hold values keeps its bytes (TensorFlow's RGBA, the alpha Pillow's own RGBA BMPs write)."""
+    import numpy as np
+
+    corpus = variants.corpus()
+    files = {name: corpus[name] for name in ("bmp/v40_32_x_zero", "bmp/v40_32", "bmp/pillow_rgba")}
+    records, _ = _convert_corpus(tmp_path, files)
+    by_name = {r["image/filename"].decode(): r for r in records}
+    assert set(by_name) == set(files)
+    zero = by_name["bmp/v40_32_x_zero"]
+    assert zero["image/format"] == b"png" and zero["image/channels"] == 3
+    decoded = tf.io.decode_image(zero["image/encoded"], expand_animations=False).numpy()
+    with Image.open(io.BytesIO(files["bmp/v40_32_x_zero"])) as source:
+        assert np.array_equal(decoded, np.asarray(source.convert("RGB")))
+    for name in ("bmp/v40_32", "bmp/pillow_rgba"):
+        assert by_name[name]["image/encoded"] == files[name] and by_name[name]["image/channels"] == 4, name
+
+
 def test_gif_colour_indices_past_the_first_frames_table_are_converted(tf):
     """TF refuses a first frame whose indices run past its colour table; a table smaller than the LZW
     code size allows is only a risk, so the indices are checked after decoding."""

@@ -482,6 +482,8 @@ def _bmp_corpus() -> dict[str, bytes]:
         out[f"v{header}_32"] = Bmp(rgba, 32, header).bytes()
         out[f"v{header}_24_top_down"] = Bmp(rgb, 24, header, top_down=True).bytes()
     out["v124_24_embedded_profile"] = Bmp(rgb, 24, 124, profile=icc).bytes()
+    # BGRX with X = 0, as Windows writes 32-bit BMPs: Pillow reads RGB, TensorFlow takes X for alpha (all 0)
+    out["v40_32_x_zero"] = Bmp(np.concatenate([rgba[..., :3], np.zeros_like(rgba[..., :1])], axis=-1), 32).bytes()
     out["v124_32_embedded_profile"] = Bmp(rgba, 32, 124, profile=icc).bytes()
     out["v124_24_profile_before_pixels"] = Bmp(rgb, 24, 124, profile=icc, profile_before_pixels=True).bytes()
     out["v124_24_linked_profile"] = Bmp(rgb, 24, 124, profile=b"C:\\sRGB.icc\0", profile_kind=PROFILE_LINKED).bytes()
