@@ -690,6 +690,10 @@ def measure(img: Image.Image, options: ImageOptions) -> Cost:
         return Cost(frames, canvas, decoded_frames(img) * canvas)
     if not getattr(img, "is_animated", False) and img.format != "TIFF":
         return Cost(1, canvas, canvas)
+    if img.tell() != 0:
+        # A layered PSD: Pillow opens it at its composite image (the one decoded) and numbers the layers from
+        # 1; seeking to a layer would leave that layer's pixels in place of the composite.
+        return Cost(getattr(img, "n_frames", 1), canvas, canvas)
     sizes = []
     limit = options.max_frames + 1 if options.max_frames else 1 << 31
     for i in range(limit):

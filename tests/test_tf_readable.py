@@ -96,6 +96,23 @@ def test_a_32_bit_bmp_whose_fourth_bytes_are_all_zero_is_converted_not_stored_tr
         assert by_name[name]["image/encoded"] == files[name] and by_name[name]["image/channels"] == 4, name
 
 
+def test_a_photoshop_file_with_layers_is_converted_to_its_composite_image(tmp_path, tf):
+    """Pillow opens a PSD at its composite image and numbers the layers from 1: a layered one was a `truncated`
+    reject (the frame walk sought frame 0). Both are converted to PNG with the composite's pixels."""
+    import numpy as np
+
+    corpus = variants.corpus()
+    files = {name: corpus[name] for name in ("other/psd_one_layer", "other/psd_two_layers")}
+    records, rejects = _convert_corpus(tmp_path, files)
+    assert rejects == {}
+    for record in records:
+        name = record["image/filename"].decode()
+        assert record["image/format"] == b"png", name
+        with Image.open(io.BytesIO(files[name])) as source:
+            expected = np.asarray(source.convert("RGB"))
+        assert np.array_equal(tf.io.decode_image(record["image/encoded"]).numpy(), expected), name
+
+
 def test_gif_colour_indices_past_the_first_frames_table_are_converted(tf):
     """TF refuses a first frame whose indices run past its colour table; a table smaller than the LZW
     code size allows is only a risk, so the indices are checked after decoding."""

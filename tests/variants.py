@@ -657,6 +657,26 @@ def _vp8x_alpha_flag(still: bytes) -> bytes:
     return _riff([(b"VP8X", vp8x), (kind, vp8)])
 
 
+def psd(layers: int, w: int = 10, h: int = 7) -> bytes:
+    """A Photoshop file (RGB, 8-bit, raw) with ``layers`` full-size layers and its composite image (what Pillow
+    opens; it numbers the layers from 1, not 0)."""
+    composite = pixels(h, w, 80)
+    records, channels = b"", b""
+    for k in range(layers):
+        layer = pixels(h, w, 81 + k)
+        records += struct.pack(">iiiiH", 0, 0, h, w, 3) + b"".join(struct.pack(">hI", c, 2 + w * h) for c in range(3))
+        name = f"L{k}".encode()
+        extra = struct.pack(">II", 0, 0) + (bytes([len(name)]) + name).ljust(4, b"\0")
+        records += b"8BIMnorm" + bytes((255, 0, 0, 0)) + struct.pack(">I", len(extra)) + extra
+        channels += b"".join(b"\0\0" + layer[..., c].tobytes() for c in range(3))
+    info = struct.pack(">h", layers) + records + channels
+    info += b"\0" * (len(info) % 2)
+    layer_and_mask = struct.pack(">I", len(info)) + info + struct.pack(">I", 0)
+    header = b"8BPS" + struct.pack(">H6sHIIHH", 1, b"\0" * 6, 3, h, w, 8, 3)
+    image = b"\0\0" + b"".join(composite[..., c].tobytes() for c in range(3))
+    return header + struct.pack(">II", 0, 0) + struct.pack(">I", len(layer_and_mask)) + layer_and_mask + image
+
+
 def _other_corpus() -> dict[str, bytes]:
     rgb = Image.fromarray(pixels(12, 17, 11), "RGB")
     rgba = Image.fromarray(pixels(12, 17, 12, 4), "RGBA")
@@ -686,6 +706,8 @@ def _other_corpus() -> dict[str, bytes]:
         "qoi": encode(rgb, "QOI"),
         "dds": encode(rgba, "DDS"),
         "sgi": encode(rgb, "SGI"),
+        "psd_one_layer": psd(1),
+        "psd_two_layers": psd(2),
     }
 
 
