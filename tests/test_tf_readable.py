@@ -1,5 +1,6 @@
 """The TF-readable guarantee, tested differentially: a corpus of format variants (tests/variants.py) goes
-through a real ``convert``, and TensorFlow must decode every record at exactly its recorded shape; and
+through a real ``convert``, and TensorFlow must decode every record at exactly its recorded shape, to the
+pixels a full Pillow decode gives its source; and
 decoders stay quiet while they work."""
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ def _is_animated_webp(data: bytes) -> bool:
     return data[:4] == b"RIFF" and data[12:16] == b"VP8X" and bool(data[20] & 0x02)
 
 
-def test_every_record_of_every_variant_decodes_in_tensorflow_at_its_recorded_shape(tmp_path, tf):
+@pytest.fixture(scope="module")
+def corpus_run(tmp_path_factory) -> tuple[dict[str, bytes], list[dict], dict[str, dict]]:
+    """(the variant corpus, its records, its rejects by path): one convert for the tests that read them."""
     files = variants.corpus()
-    records, rejects = _convert_corpus(tmp_path, files)
+    records, rejects = _convert_corpus(tmp_path_factory.mktemp("corpus"), files)
+    return files, records, rejects
+
+
+def test_every_record_of_every_variant_decodes_in_tensorflow_at_its_recorded_shape(corpus_run, tf):
+    files, records, rejects = corpus_run
     by_name = {r["image/filename"].decode(): r for r in records}
     assert set(by_name) | set(rejects) == set(files), "an input is neither a record nor a reject"
     assert not set(by_name) & set(rejects)
@@ -74,6 +82,48 @@ def test_every_record_of_every_variant_decodes_in_tensorflow_at_its_recorded_sha
             "webp/lossy_alpha"]  # fmt: skip
     for name in kept:
         assert by_name[name]["image/encoded"] == files[name], name
+
+
+# Where TensorFlow's pixels are not Pillow's, as documented (docs/bad-input.md): a GIF's transparent pixels
+# are black, a later frame larger than the screen grows TF's canvas (converted at that size).
+_TRANSPARENT_GIFS = {"gif/transparent_first"}
+_GROWN_CANVAS = {"gif/later_frame_larger", "gif/later_frame_overhangs"}
+
+
+def test_every_record_decodes_in_tensorflow_to_the_pixels_pillow_gives_its_source(corpus_run, tf):
+    """Not only the shape: TF's pixels of each record equal a full Pillow decode of the source file (first frame
+    or default image), in the recorded channels; a JPEG with TF's accurate inverse DCT (its default one differs
+    by a few levels), 16-bit sources scaled to 8 bits as TF does. A 32-bit BMP stored with its fourth bytes as
+    TF's alpha is compared in RGB (Pillow ignores them)."""
+    import numpy as np
+
+    files, records, _ = corpus_run
+    modes = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+    wrong = {}
+    for r in records:
+        name, data, channels = r["image/filename"].decode(), r["image/encoded"], r["image/channels"]
+        if _is_animated_webp(data) or name in _GROWN_CANVAS:
+            continue
+        if r["image/format"] == b"jpeg":
+            got = tf.io.decode_jpeg(data, dct_method="INTEGER_ACCURATE").numpy()
+        else:
+            got = tf.io.decode_image(data, expand_animations=False).numpy()
+        with Image.open(io.BytesIO(files[name])) as source:
+            if source.mode in ("I", "I;16", "I;16B"):
+                want = np.round(np.asarray(source).astype(np.float64) / 257)[..., None]
+            elif source.format == "BMP" and source.mode == "RGB" and channels == 4:
+                want, got = np.asarray(source), got[..., :3]
+            else:
+                want = np.asarray(source.convert(modes[channels]))
+                want = want[..., None] if want.ndim == 2 else want
+                if name in _TRANSPARENT_GIFS:
+                    opaque = np.asarray(source.convert("RGBA"))[..., 3] > 0
+                    want, got = want[opaque], got[opaque]
+        if want.shape != got.shape:
+            wrong[name] = f"Pillow {want.shape}, TF {got.shape}"
+        elif not np.array_equal(want, got):
+            wrong[name] = f"differs by up to {np.abs(want.astype(int) - got.astype(int)).max()}"
+    assert not wrong, "\n".join(f"{k}: {v}" for k, v in sorted(wrong.items()))
 
 
 def test_a_32_bit_bmp_whose_fourth_bytes_are_all_zero_is_converted_not_stored_transparent(tmp_path, tf):
