@@ -112,6 +112,8 @@ _TF_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "GIF": "gif", "BMP":
 # Pillow mode → channels of tf.io.decode_image, per format (measured with TF 2.21).
 _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 3, "RGBA": 4}
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 # JPEG segments and PNG chunks that carry metadata, not pixels (--strip-exif).
 # APP2 (ICC profile) and APP14 (Adobe colour transform) stay: they change how pixels decode.
 _JPEG_METADATA_MARKERS = {0xE1, 0xE3, 0xE4, 0xE5, 0xE6, 0xE7, 0xE8, 0xE9, 0xEA, 0xEB, 0xEC, 0xED, 0xEF, 0xFE}
@@ -880,7 +882,7 @@ def strip_metadata(data: bytes) -> bytes:
             i += 2 + length
         out.append(data[i:])
         return b"".join(out)
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
+    if data[:8] == _PNG_SIGNATURE:
         out = [data[:8]]
         i = 8
         while i + 8 <= len(data):
@@ -924,7 +926,15 @@ def prepare_image(
 def _prepare(
     data: bytes, options: ImageOptions, reserve: Callable[[int], AbstractContextManager[object]] | None
 ) -> Prepared:
-    img, tf_reading, cost = _open(data, options)
+    try:
+        img, tf_reading, cost = _open(data, options)
+    except Rejected as r:
+        if data[:8] == _PNG_SIGNATURE and "MAX_TEXT" in r.detail:
+            # Pillow refuses a compressed text chunk over its limit (PngImagePlugin.MAX_TEXT_CHUNK, 1 MB, a setting
+            # of the whole process); the pixels are the same without the text chunks, so the PNG is checked
+            # and stored without them, as --strip-exif stores any PNG
+            return _prepare(strip_metadata(data), options, reserve)
+        raise
     width, height = img.size
     source = img.format or "unknown"
     shrink = bool(options.resize_max_side and max(img.size) > options.resize_max_side)

@@ -551,6 +551,11 @@ def _png_corpus() -> dict[str, bytes]:
         "icc": encode(rgb, "PNG", icc_profile=fake_icc()),
         "after_iend": encode(rgb, "PNG") + b"junk",
         "text_chunk_bad_crc": _png_with_bad_text_crc(encode(rgb, "PNG")),
+        # A zTXt that inflates past Pillow's 1 MB limit (PngImagePlugin.MAX_TEXT_CHUNK); TF reads the file.
+        "ztxt_over_pillows_limit": _png_edit(
+            encode(rgb, "PNG"),
+            lambda k, b: [(k, b, None)] + _after(k, b"IHDR", b"zTXt", b"Comment\0\0" + zlib.compress(b"C" * 1_100_000)),
+        ),
         # libpng (TensorFlow) refuses these; Pillow reads them (it checks CRCs only before the image data).
         "idat_bad_crc": _png_edit(encode(rgb, "PNG"), lambda k, b: [(k, b, 0 if k == b"IDAT" else None)]),
         "iend_bad_crc": encode(rgb, "PNG")[:-4] + b"\0\0\0\0",
