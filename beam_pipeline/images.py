@@ -33,12 +33,11 @@ Policy (README, "Formats"):
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -118,6 +117,7 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # APP2 (ICC profile) and APP14 (Adobe colour transform) stay: they change how pixels decode.
 _JPEG_METADATA_MARKERS = {0xE1, 0xE3, 0xE4, 0xE5, 0xE6, 0xE7, 0xE8, 0xE9, 0xEA, 0xEB, 0xEC, 0xED, 0xEF, 0xFE}
 _PNG_METADATA_CHUNKS = {b"eXIf", b"tEXt", b"iTXt", b"zTXt", b"tIME"}
+_PNG_TEXT_CHUNKS = {b"tEXt", b"iTXt", b"zTXt"}
 
 
 class Rejected(Exception):
@@ -289,10 +289,17 @@ def _bmp_reading(img: Image.Image, data: bytes) -> _TfReading:
     row = (bpp // 8 * width + 3) // 4 * 4
     if width <= 0 or height == 0 or len(data) != offset + row * abs(height):
         return _TfReading(None, "BMP with bytes after its pixel rows (e.g. a colour profile)")
-    if bpp == 32 and not data[offset + 3 :: 4].strip(b"\0"):
+    if bpp == 32 and not _any_fourth_byte(data, offset, row * abs(height)):
         # BGRX as Windows writes it: Pillow reads RGB, TensorFlow takes X for alpha (a transparent image)
         return _TfReading(None, "32-bit BMP whose fourth bytes are all 0 (TensorFlow would read them as alpha)")
     return _TfReading(bpp // 8)
+
+
+def _any_fourth_byte(data: bytes, offset: int, size: int) -> bool:
+    """Whether any fourth byte of the ``size`` bytes at ``offset`` is not 0 (a view, no copy)."""
+    import numpy as np
+
+    return bool(np.frombuffer(data, np.uint8, count=size, offset=offset)[3::4].any())
 
 
 _PNG_CRITICAL_CHUNKS = {b"IHDR", b"PLTE", b"IDAT", b"IEND"}
@@ -307,6 +314,8 @@ def _png_problem(data: bytes) -> str:
     Pillow takes as transparency (4 channels where TensorFlow gives 3). The chunk count is already
     bounded (``_header_steps``); CRCs are computed on views, without copies.
     """
+    if data[8:16] != b"\x00\x00\x00\x0dIHDR":  # libpng wants IHDR first, 13 bytes long (Pillow does not)
+        return "no 13-byte IHDR chunk first"
     view, n, pos = memoryview(data), len(data), 8
     palette, trns, image_data = 0, [], False
     while pos + 12 <= n:
@@ -416,17 +425,26 @@ def _pillow_open(data: bytes) -> ImageFile.ImageFile:
     raise UnidentifiedImageError("cannot identify image file")
 
 
-@functools.lru_cache(maxsize=8)
+_PLUGIN_ORDERS: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[Any, ...], tuple[tuple[Any, Any], ...]]] = {}
+
+
 def _plugin_order(registered: tuple[str, ...], tried: tuple[str, ...]) -> tuple[tuple[Any, Any], ...]:
     """(factory, accept) of the ``registered`` formats not ``tried``: those with a signature check first, then
     those without one (IM, IMT, IPTC, PCD, SPIDER, TGA), each in Pillow's order.
 
     Image.open tries them in one list, where IM, IMT and IPTC come before JPEG: each JPEG would cost three
-    failed parses (~17 µs of the GIL per image). Only a file that one of those formats opens and whose
-    prefix another format's check takes could open otherwise.
+    failed parses (~17 µs of the GIL per image). Only a file built to be two formats at once, one of them
+    among those, can open as another format than Image.open gives it. Kept per list of names, and made
+    again when a plugin registered again under a known name changed Image.OPEN.
     """
-    fresh = [Image.OPEN[fmt] for fmt in registered if fmt not in tried]
-    return tuple(p for p in fresh if p[1] is not None) + tuple(p for p in fresh if p[1] is None)
+    fresh = [fmt for fmt in registered if fmt not in tried]
+    kept = _PLUGIN_ORDERS.get((registered, tried))
+    if kept is not None and all(Image.OPEN.get(fmt) is plugin for fmt, plugin in zip(fresh, kept[0], strict=True)):
+        return kept[1]
+    plugins = tuple(Image.OPEN[fmt] for fmt in fresh)
+    order = tuple(p for p in plugins if p[1] is not None) + tuple(p for p in plugins if p[1] is None)
+    _PLUGIN_ORDERS[(registered, tried)] = (plugins, order)
+    return order
 
 
 @dataclass(frozen=True)
@@ -883,17 +901,22 @@ def strip_metadata(data: bytes) -> bytes:
         out.append(data[i:])
         return b"".join(out)
     if data[:8] == _PNG_SIGNATURE:
-        out = [data[:8]]
-        i = 8
-        while i + 8 <= len(data):
-            length = struct.unpack(">I", data[i : i + 4])[0]
-            kind = data[i + 4 : i + 8]
-            end = i + 12 + length
-            if kind not in _PNG_METADATA_CHUNKS:
-                out.append(data[i:end])
-            i = end
-        return b"".join(out)
+        return _png_without(data, _PNG_METADATA_CHUNKS)
     return data
+
+
+def _png_without(data: bytes, kinds: Collection[bytes]) -> bytes:
+    """A PNG's bytes without its chunks of these ``kinds``."""
+    out = [data[:8]]
+    i = 8
+    while i + 8 <= len(data):
+        length = struct.unpack(">I", data[i : i + 4])[0]
+        kind = data[i + 4 : i + 8]
+        end = i + 12 + length
+        if kind not in kinds:
+            out.append(data[i:end])
+        i = end
+    return b"".join(out)
 
 
 def _quietly(work: Callable[[], _T]) -> _T:
@@ -920,21 +943,26 @@ def prepare_image(
     passed): the writer's per-process budget of decoded pixels in flight.
     Decoder warnings and messages are kept out of the terminal (``_quietly``).
     """
-    return _quietly(lambda: _prepare(data, options or ImageOptions(), reserve))
+    options = options or ImageOptions()
+    try:
+        return _quietly(lambda: _prepare(data, options, reserve))
+    except Rejected as r:
+        if data[:8] != _PNG_SIGNATURE or "MAX_TEXT" not in r.detail:
+            raise
+        # Pillow refuses a compressed text chunk that inflates past its limit (PngImagePlugin.MAX_TEXT_CHUNK,
+        # 1 MB, a setting of the whole process), whether it comes before the pixels or after them. The pixels
+        # are the same without the text chunks: the PNG is checked, once more, and stored without them.
+        # Anything else Pillow refuses that way (an iCCP profile) stays the reject it was.
+        without = _png_without(data, _PNG_TEXT_CHUNKS)
+        if without == data:
+            raise
+        return _quietly(lambda: _prepare(without, options, reserve))
 
 
 def _prepare(
     data: bytes, options: ImageOptions, reserve: Callable[[int], AbstractContextManager[object]] | None
 ) -> Prepared:
-    try:
-        img, tf_reading, cost = _open(data, options)
-    except Rejected as r:
-        if data[:8] == _PNG_SIGNATURE and "MAX_TEXT" in r.detail:
-            # Pillow refuses a compressed text chunk over its limit (PngImagePlugin.MAX_TEXT_CHUNK, 1 MB, a setting
-            # of the whole process); the pixels are the same without the text chunks, so the PNG is checked
-            # and stored without them, as --strip-exif stores any PNG
-            return _prepare(strip_metadata(data), options, reserve)
-        raise
+    img, tf_reading, cost = _open(data, options)
     width, height = img.size
     source = img.format or "unknown"
     shrink = bool(options.resize_max_side and max(img.size) > options.resize_max_side)

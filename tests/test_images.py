@@ -312,3 +312,25 @@ def test_pillow_open_picks_the_format_image_open_picks():
         except Exception:  # noqa: BLE001
             got = None
         assert got == expected, name
+
+
+def test_pillow_open_follows_a_plugin_registered_again_under_a_known_name():
+    """The plugin order is kept between calls; a plugin registered again under a name Pillow knows (as
+    pillow-avif-plugin does for AVIF) is used from then on, as Image.open uses it."""
+    from PIL import Image, PngImagePlugin
+
+    from beam_pipeline.images import _pillow_open
+
+    data = image_bytes("png")
+    assert type(_pillow_open(data)) is PngImagePlugin.PngImageFile
+
+    class MyPng(PngImagePlugin.PngImageFile):
+        pass
+
+    original = Image.OPEN["PNG"]
+    Image.register_open("PNG", MyPng, original[1])
+    try:
+        assert type(_pillow_open(data)) is MyPng
+    finally:
+        Image.OPEN["PNG"] = original
+    assert type(_pillow_open(data)) is PngImagePlugin.PngImageFile

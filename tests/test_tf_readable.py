@@ -89,7 +89,7 @@ def test_every_record_of_every_variant_decodes_in_tensorflow_at_its_recorded_sha
 _TRANSPARENT_GIFS = {"gif/transparent_first"}
 _GROWN_CANVAS = {"gif/later_frame_larger", "gif/later_frame_overhangs"}
 # Pillow opens these only without their text chunks (its limit on them)
-_OVER_PILLOWS_TEXT_LIMIT = {"png/ztxt_over_pillows_limit"}
+_OVER_PILLOWS_TEXT_LIMIT = {"png/ztxt_over_pillows_limit", "png/ztxt_after_pixels_over_pillows_limit"}
 
 
 def test_every_record_decodes_in_tensorflow_to_the_pixels_pillow_gives_its_source(corpus_run, tf):
@@ -138,11 +138,40 @@ def test_a_png_whose_text_chunk_is_over_pillows_limit_is_stored_without_its_text
     from beam_pipeline.images import strip_metadata
 
     files, records, rejects = corpus_run
-    name = "png/ztxt_over_pillows_limit"
-    assert name not in rejects
-    [record] = [r for r in records if r["image/filename"].decode() == name]
-    assert record["image/encoded"] == strip_metadata(files[name]) != files[name]
-    assert record["image/format"] == b"png"
+    for name in sorted(_OVER_PILLOWS_TEXT_LIMIT):
+        assert name not in rejects, rejects.get(name)
+        [record] = [r for r in records if r["image/filename"].decode() == name]
+        assert record["image/encoded"] == strip_metadata(files[name]) != files[name]
+        assert record["image/format"] == b"png"
+    # libpng wants IHDR first and 13 bytes long: those are converted, not stored as they are
+    for name in ("png/text_before_ihdr", "png/ihdr_14_bytes"):
+        [record] = [r for r in records if r["image/filename"].decode() == name]
+        assert record["image/encoded"] != files[name], name
+
+
+def test_only_text_chunks_over_pillows_limit_are_dropped_and_only_once():
+    """The retry without text chunks keeps everything else: a PNG's EXIF orientation still turns it; an iCCP
+    profile over the same limit (not a text chunk) stays a decode_error reject, at once, not a retry loop."""
+
+    from beam_pipeline.images import ImageOptions
+
+    rgb = Image.fromarray(pixels(10, 20, 5), "RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90°: 20×10 stored, 10×20 upright
+    oriented = variants._png_edit(
+        encode(rgb, "PNG", exif=exif.tobytes()),
+        lambda k, b: [(k, b, None)] + variants._after(k, b"IHDR", b"zTXt", variants._BIG_ZTXT),
+    )
+    prepared = prepare_image(oriented, ImageOptions(apply_exif_orientation=True))
+    assert (prepared.info.width, prepared.info.height) == (10, 20)
+    big_profile = b"prof\0\0" + zlib.compress(b"C" * 1_100_000)
+    profile = variants._png_edit(
+        encode(rgb, "PNG"), lambda k, b: [(k, b, None)] + variants._after(k, b"IHDR", b"iCCP", big_profile)
+    )
+    with pytest.raises(Rejected) as rejected:
+        prepare_image(profile, ImageOptions())
+    # Pillow's own refusal, not a RecursionError of one retry after another
+    assert rejected.value.reason == "decode_error" and "MAX_TEXT_CHUNK" in rejected.value.detail
 
 
 def test_a_32_bit_bmp_whose_fourth_bytes_are_all_zero_is_converted_not_stored_transparent(tmp_path, tf):

@@ -551,11 +551,20 @@ def _png_corpus() -> dict[str, bytes]:
         "icc": encode(rgb, "PNG", icc_profile=fake_icc()),
         "after_iend": encode(rgb, "PNG") + b"junk",
         "text_chunk_bad_crc": _png_with_bad_text_crc(encode(rgb, "PNG")),
-        # A zTXt that inflates past Pillow's 1 MB limit (PngImagePlugin.MAX_TEXT_CHUNK); TF reads the file.
+        # A zTXt that inflates past Pillow's 1 MB limit (PngImagePlugin.MAX_TEXT_CHUNK), before the pixels or
+        # after them (Pillow reads it then while decoding); TF reads both files.
         "ztxt_over_pillows_limit": _png_edit(
-            encode(rgb, "PNG"),
-            lambda k, b: [(k, b, None)] + _after(k, b"IHDR", b"zTXt", b"Comment\0\0" + zlib.compress(b"C" * 1_100_000)),
+            encode(rgb, "PNG"), lambda k, b: [(k, b, None)] + _after(k, b"IHDR", b"zTXt", _BIG_ZTXT)
         ),
+        "ztxt_after_pixels_over_pillows_limit": _png_edit(
+            encode(rgb, "PNG"), lambda k, b: [(k, b, None)] + _after(k, b"IDAT", b"zTXt", _BIG_ZTXT)
+        ),
+        # libpng (TensorFlow) wants IHDR first and 13 bytes long; Pillow opens both of these.
+        "text_before_ihdr": _png_edit(
+            encode(rgb, "PNG"),
+            lambda k, b: ([(b"tEXt", b"Comment\0x\x04", None)] if k == b"IHDR" else []) + [(k, b, None)],
+        ),
+        "ihdr_14_bytes": _png_edit(encode(rgb, "PNG"), lambda k, b: [(k, b + b"\0" if k == b"IHDR" else b, None)]),
         # libpng (TensorFlow) refuses these; Pillow reads them (it checks CRCs only before the image data).
         "idat_bad_crc": _png_edit(encode(rgb, "PNG"), lambda k, b: [(k, b, 0 if k == b"IDAT" else None)]),
         "iend_bad_crc": encode(rgb, "PNG")[:-4] + b"\0\0\0\0",
@@ -578,6 +587,9 @@ def _png_corpus() -> dict[str, bytes]:
             encode(rgb.convert("P"), "PNG"), lambda k, b: [(k, b, None)] + _after(k, b"PLTE", b"tRNS", b"\x80" * 257)
         ),
     }
+
+
+_BIG_ZTXT = b"Comment\0\0" + zlib.compress(b"C" * 1_100_000)
 
 
 def _after(kind: bytes, where: bytes, new: bytes, body: bytes = b"xyz") -> list[tuple[bytes, bytes, int | None]]:
