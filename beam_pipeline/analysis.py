@@ -1,8 +1,9 @@
 """tensorflow-transform analysis: one preprocessing graph for training and serving.
 
 After the shards are written, a second, small pipeline runs
-``tft_beam.AnalyzeDataset`` and writes ``transform_fn/`` and
-``transformed_metadata/`` into the output.  The graph maps a raw Example to:
+``tft_beam.AnalyzeDataset`` and writes ``transform_fn/``,
+``transformed_metadata/`` and ``metadata/`` (the raw schema the graph reads)
+into the output.  The graph maps a raw Example to:
 
 - ``image``: ``image/encoded`` decoded to 3 channels (grey is repeated, alpha
   dropped), scaled to float32 in [0, 1], resized to ``image_size`` ×
@@ -52,6 +53,9 @@ from .storage import write_text
 
 TRANSFORM_FN = "transform_fn"
 TRANSFORMED_METADATA = "transformed_metadata"
+# The raw schema the graph reads (TFTransformOutput.RAW_METADATA_DIR): raw_feature_spec() parses a serialized
+# Example into exactly the graph's inputs, the usual serving pattern.
+RAW_METADATA = "metadata"
 LABEL_VOCABULARY = "label"
 _MEAN, _STD = "image_mean", "image_std"
 
@@ -397,6 +401,7 @@ def run_analysis(
             metadata = dataset_metadata.DatasetMetadata.from_feature_spec(spec)
             transform_fn = (rows, metadata) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(local_out)
+            _ = metadata | "WriteRawMetadata" >> tft_beam.WriteMetadata(FileSystems.join(local_out, RAW_METADATA), p)
 
         result: dict[str, Any] = {
             "image_size": image_size,
@@ -410,7 +415,7 @@ def run_analysis(
                 image_std=[round(float(v), 6) for v in pixel_stats[_STD]],
                 stats_split="train",
             )
-        for name in (TRANSFORM_FN, TRANSFORMED_METADATA):
+        for name in (TRANSFORM_FN, TRANSFORMED_METADATA, RAW_METADATA):
             dest = FileSystems.join(output_dir, name)
             delete_tree(dest)
             copy_tree(FileSystems.join(local_out, name), dest)

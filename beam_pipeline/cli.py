@@ -283,6 +283,8 @@ def _split_lines(info: dict[str, Any]) -> list[str]:
             f"  {split:<12} {s['examples']:>8} examples  {s['num_shards']:>4} shards  "
             f"{min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each"
         )
+    for split in info.get("empty_splits", []):
+        lines.append(f"  {split:<12} {0:>8} examples: every listed file of this split was rejected (rejects.jsonl)")
     return lines
 
 

@@ -322,7 +322,7 @@ PUBLISHED_FILES = (
     objects.LABEL_MAP_PBTXT,  # a detection dataset's (annotations)
     objects.OBJECT_REJECTS_JSONL,
 )
-TFT_DIRS = ("transform_fn", "transformed_metadata")
+TFT_DIRS = ("transform_fn", "transformed_metadata", "metadata")
 PUBLISHED_DIRS = (*TFT_DIRS, index.IDX_DIR)
 
 OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects", "nothing_converted", "empty"
@@ -343,7 +343,7 @@ def outcome(examples: int, rejects: int, max_reject_fraction: float) -> str:
 def _is_published_name(rel: str, owned: Iterable[str] = ()) -> bool:
     """A path (relative to the output) of a file a run of this tool publishes (not _SUCCESS, not scratch).
 
-    Under ``transform_fn/`` and ``transformed_metadata/`` only the files a run
+    Under ``transform_fn/``, ``transformed_metadata/`` and ``metadata/`` only the files a run
     recorded (``owned``: dataset.json's ``transform.files``, or this run's own)
     count: a user's file there is never taken for a stale one.
     """
@@ -837,6 +837,9 @@ class FinalizeFn(beam.DoFn):
         if self._layout.masks:
             info["features"] = dict(sorted({**info["features"], **masks.feature_spec()}.items()))
         info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
+        empty = sorted({split for split, _ in chosen} - set(layout))
+        if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
+            info["empty_splits"] = empty
         if any(r.get("idx_path") for files in layout.values() for _, r in files):
             info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record
         if self._layout.previous:

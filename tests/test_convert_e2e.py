@@ -428,3 +428,25 @@ def test_no_image_files_at_all_is_a_usage_error(tmp_path):
     result = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o"), "--no-transform")
     assert result.returncode == 2 and "no images to convert" in result.stderr
     assert not (tmp_path / "o" / "_SUCCESS").exists()
+
+
+def test_a_split_whose_every_file_is_rejected_is_named_not_silently_missing(tmp_path):
+    """A split with listed files, all rejected, has no shard and so no entry under "splits": dataset.json names it
+    under "empty_splits" and the summary says so, so an eval job that finds no such split has the reason."""
+    rows = ["path,label,split"]
+    for i in range(3):
+        write(str(tmp_path / f"good{i}.jpg"), image_bytes("jpeg", seed=i))
+        rows.append(f"good{i}.jpg,cat,train")
+    for i in range(2):
+        write(str(tmp_path / f"bad{i}.jpg"), b"not an image")
+        rows.append(f"bad{i}.jpg,cat,test")
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    result = convert("--manifest", str(tmp_path / "m.csv"), "--output", str(out), "--max-reject-fraction", "1")
+    info = load_info(out)
+    assert set(info["splits"]) == {"train"} and info["empty_splits"] == ["test"]
+    assert "test                0 examples: every listed file of this split was rejected" in result.stdout
+    # every split has records: no such key
+    (tmp_path / "good.csv").write_text("\n".join(rows[:4]) + "\n")
+    convert("--manifest", str(tmp_path / "good.csv"), "--output", str(tmp_path / "o2"))
+    assert "empty_splits" not in load_info(tmp_path / "o2")

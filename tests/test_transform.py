@@ -201,3 +201,21 @@ def test_train_pixel_stats_transform_reads_each_shard_and_matches_dataset_json(d
     with local_pipeline() as p:
         stats = p | beam.Create([info]) | TrainPixelStats(str(dataset / ".gone-staging"), str(dataset), SIZE)
         assert_that(stats, check)
+
+
+def test_serving_parses_examples_with_the_raw_feature_spec_and_applies_the_graph(dataset, tf):
+    """The usual TFT serving pattern: metadata/ holds the raw schema, so TFTransformOutput.raw_feature_spec()
+    parses serialized Examples into exactly the graph's inputs, and transform_features_layer() maps them."""
+    import tensorflow_transform as tft
+
+    output = tft.TFTransformOutput(str(dataset))
+    spec = output.raw_feature_spec()
+    assert set(spec) == {"image/encoded", "image/class/text"}
+    shards = [str(dataset / s["file"]) for s in load_info(dataset)["splits"]["validation"]["shards"]]
+    serialized = list(tf.data.TFRecordDataset(shards).batch(64).take(1))[0]
+    transformed = output.transform_features_layer()(tf.io.parse_example(serialized, spec))
+    texts = [t.decode() for t in tf.io.parse_example(serialized, spec)["image/class/text"].numpy()]
+    labels = (dataset / "labels.txt").read_text().splitlines()
+    assert transformed["label"].numpy().tolist() == [labels.index(t) for t in texts]
+    assert tuple(transformed["image"].shape[1:]) == (SIZE, SIZE, 3)
+    assert "metadata/schema.pbtxt" in load_info(dataset)["transform"]["files"]
