@@ -551,6 +551,8 @@ def main(argv: Sequence[str] | None = None, *, started: float | None = None) -> 
         return EXIT_FAILED
     except KeyboardInterrupt:
         return _interrupted()
+    except BrokenPipeError:  # a reader that went away (inspect | head): nothing more to say to it
+        return EXIT_OK
     except Exception as e:  # noqa: BLE001 - a read or write that failed outside the pipeline (a busy store, say)
         if interrupted(e):
             return _interrupted()

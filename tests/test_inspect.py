@@ -252,3 +252,24 @@ def test_verify_of_one_split_passes_over_the_others_index_lines(dataset):
     result = run_cli("inspect", str(dataset), "--verify", "--split", second)
     assert result.returncode == 0, result.stderr
     assert f"verified {info['splits'][second]['examples']} records" in result.stdout
+
+
+def test_a_reader_that_goes_away_is_no_error(dataset):
+    """``inspect OUT | head -1``: the pipe closes before the summary is written; no error line, exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.run(
+            [sys.executable, "-m", "beam_pipeline", "inspect", str(dataset)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
