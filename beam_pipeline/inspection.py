@@ -72,6 +72,9 @@ def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
         lines.append(
             f"{name:<12}{s['examples']:>10,}{s['num_shards']:>8}{_mb(s['bytes']):>14}{_mb(min(sizes)):>13}{_mb(max(sizes)):>13}"
         )
+    for name in info.get("empty_splits", []):
+        if not split or name == split:
+            lines.append(f"{name:<12}{0:>10}  every listed file rejected (rejects.jsonl)")
     labels = info.get("labels")
     if labels:
         counts: dict[str, int] = {}

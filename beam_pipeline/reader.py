@@ -106,6 +106,8 @@ def records(
     import tensorflow as tf
 
     info = info or read_info(output_dir)
+    if split in info.get("empty_splits", []):
+        raise ValueError(f"split {split!r} of {output_dir} has no records: every listed file of it was rejected")
     if split not in info["splits"]:
         raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info['splits'])})")
     split_info = info["splits"][split]

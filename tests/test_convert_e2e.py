@@ -446,6 +446,12 @@ def test_a_split_whose_every_file_is_rejected_is_named_not_silently_missing(tmp_
     info = load_info(out)
     assert set(info["splits"]) == {"train"} and info["empty_splits"] == ["test"]
     assert "test                0 examples: every listed file of this split was rejected" in result.stdout
+    shown = run_cli("inspect", str(out)).stdout
+    assert "test                 0  every listed file rejected (rejects.jsonl)" in shown
+    from beam_pipeline import reader
+
+    with pytest.raises(ValueError, match="split 'test' of .* has no records: every listed file of it was rejected"):
+        reader.load(str(out), "test")
     # every split has records: no such key
     (tmp_path / "good.csv").write_text("\n".join(rows[:4]) + "\n")
     convert("--manifest", str(tmp_path / "good.csv"), "--output", str(tmp_path / "o2"))
