@@ -20,17 +20,21 @@ class RejectsError(Exception):
     """The job ran, but too many inputs (or all of them) were rejected: exit 3, nothing published."""
 
 
+def message_lines(e: BaseException) -> list[str]:
+    """An exception's message as its non-empty lines, stripped."""
+    return [line.strip() for line in str(e).splitlines() if line.strip()]
+
+
 def one_line(e: BaseException) -> str:
     """An error's message as the one line the command line prints: a message of several lines (a parser's
     context snippet, say) keeps every line, joined with "; "."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    lines = message_lines(e)
     return "; ".join(lines) if lines else type(e).__name__
 
 
 def last_line(e: BaseException) -> str:
     """The last non-empty line of an exception's message (runners wrap worker errors in long texts)."""
-    text = str(e).strip() or type(e).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = message_lines(e)
     return lines[-1] if lines else type(e).__name__
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from beam_pipeline.index import read_record_at
 
-from .conftest import convert, load_info, read_records, run_cli
+from .conftest import CliResult, convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
 
 ARGS = ["--name", "ds", "--split-ratios", "train=0.7,test=0.3", "--seed", "3", "--target-shard-mb", "0.004"]
@@ -25,6 +25,11 @@ def make_images(root: Path, labels: dict[str, int], start: int = 0) -> None:
                 str(root / label / f"{label}_{i:03d}.png"),
                 image_bytes("png", height=20 + i, width=24, seed=li * 97 + i),
             )
+
+
+def _notes(result: CliResult) -> list[str]:
+    """The ``note:`` lines a run printed on stderr."""
+    return [line for line in result.stderr.splitlines() if line.startswith("note:")]
 
 
 def index_of(out: Path) -> list[dict]:
@@ -497,7 +502,7 @@ def test_latest_builds_on_the_newest_complete_date_even_one_without_an_index(tmp
 
     make_images(src, {"fox": 1}, start=20)
     third = convert(*nightly, "--incremental-from", "latest", "--run-date", "2026-03-03")
-    notes = [line for line in third.stderr.splitlines() if line.startswith("note:")]
+    notes = _notes(third)
     assert notes == [
         f"note: --incremental-from latest: no record of {night2} can be reused: it has no index.jsonl (written by "
         "--sink write_to_tfrecord or an older version); its label ids are kept, every file is converted"
@@ -521,7 +526,7 @@ def test_records_of_other_code_are_not_reused_but_their_label_ids_are(tmp_path):
     (first / "dataset.json").write_text(json.dumps(info))
     make_images(src, {"ant": 1}, start=5)
     result = convert("--input", str(src), "--output", str(second), *ARGS, "--incremental-from", str(first))
-    assert [line for line in result.stderr.splitlines() if line.startswith("note:")] == [
+    assert _notes(result) == [
         f"note: --incremental-from {first}: no record of {first} can be reused: it was written by other "
         "beam_pipeline code or another Pillow; its label ids are kept, every file is converted"
     ]
@@ -676,7 +681,7 @@ def test_latest_over_a_night_whose_dataset_json_is_damaged_keeps_its_ids_and_con
         (night1 / "dataset.json").write_bytes(damage)
     make_images(src, {"ant": 1}, start=10)
     second = convert(*nightly, "--incremental-from", "latest", "--run-date", "2026-03-02")
-    notes = [line for line in second.stderr.splitlines() if line.startswith("note:")]
+    notes = _notes(second)
     assert notes == [
         f"note: --incremental-from latest: the newest earlier dataset, {night1}: no readable dataset.json; "
         "its label ids are kept, every file is converted"

@@ -29,7 +29,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from ..errors import UsageError
+from ..errors import UsageError, message_lines
 from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED, reject
 from . import objects
 from .join import (
@@ -80,7 +80,7 @@ _CLOSES = frozenset({"end_map", "end_array"})
 
 def _json_error(e: Exception) -> str:
     """yajl's parse error in one line: its first line, and the snippet it points into ("near ...")."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    lines = message_lines(e)
     if not lines:
         return type(e).__name__
     near = [line for line in lines[1:] if "(right here)" not in line and line != ")"]
