@@ -696,10 +696,19 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
 
 
+RUN_TEMPORARY_PREFIX = "beam_pipeline-run-"
+
+
 class _RunTemporaryFolder:
     """One temporary folder for the runs of this process, ``tempfile``'s default folder while any run lasts and
     removed with what was left in it when the last one ends (runs in threads share it; each makes its own
-    files in it)."""
+    files in it).
+
+    A process that is killed (SIGKILL, the OOM killer) cannot remove its folder. It holds a lock in it
+    (``resume.run_lock``) while its runs last, so the next process to start a run removes the folders whose
+    lock is free and was taken on this host (``resume.run_state`` DEAD); a live run's, another host's and one
+    without a lock file are left alone.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -707,6 +716,7 @@ class _RunTemporaryFolder:
         self._folder = ""
         self._before: str | None = None
         self._system = ""
+        self._held: contextlib.ExitStack | None = None
 
     def system_folder(self) -> str:
         """tempfile's folder outside the runs (for caches meant to outlive them)."""
@@ -724,7 +734,10 @@ class _RunTemporaryFolder:
             if self._runs == 0:
                 self._system = tempfile.gettempdir()
                 self._before = tempfile.tempdir
-                self._folder = tempfile.mkdtemp(prefix="beam_pipeline-run-")
+                self._folder = tempfile.mkdtemp(prefix=RUN_TEMPORARY_PREFIX)
+                self._held = contextlib.ExitStack()
+                self._held.enter_context(resume.run_lock(self._folder))
+                _remove_dead_run_folders(self._system, self._folder)
                 tempfile.tempdir = self._folder
             self._runs += 1
             folder = self._folder
@@ -735,7 +748,26 @@ class _RunTemporaryFolder:
                 self._runs -= 1
                 if self._runs == 0:
                     tempfile.tempdir = self._before
+                    if self._held is not None:
+                        self._held.close()  # the lock goes with the folder
                     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_dead_run_folders(system: str, own: str) -> None:
+    """Removes the run folders in ``system`` that processes killed on this host left (their lock is free)."""
+    import shutil
+
+    try:
+        entries = [
+            e.path
+            for e in os.scandir(system)
+            if e.name.startswith(RUN_TEMPORARY_PREFIX) and e.is_dir(follow_symlinks=False)
+        ]
+    except OSError:
+        return
+    for path in entries:
+        if path != own and resume.run_state(path) == resume.DEAD:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 _RUN_TEMPORARY_FOLDER = _RunTemporaryFolder()

@@ -89,6 +89,39 @@ def test_a_second_run_is_refused_while_the_first_is_inside_publish(tmp_path):
     assert not (out / lease.LEASE).exists()
 
 
+def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run_and_a_live_runs_is_kept(tmp_path):
+    """A run SIGKILLed mid-shard cannot remove its temporary folder (launcher._RunTemporaryFolder); the next run
+    on the machine does. A run that is alive (paused inside publish) keeps its folder and finishes."""
+    root, tmp = _photos(tmp_path / "in"), tmp_path / "tmp"
+    tmp.mkdir()
+    runs = lambda: {p.name for p in tmp.iterdir() if p.name.startswith("beam_pipeline-run-")}  # noqa: E731
+    killed = _start(
+        ["--input", str(root), "--output", str(tmp_path / "killed")],
+        {"TMPDIR": str(tmp), failpoints.ENV: "writer.record:2:kill"},
+    )
+    killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    [dead] = runs()
+    pause = tmp_path / "paused"
+    live = _start(
+        ["--input", str(root), "--output", str(tmp_path / "live"), "--target-shard-mb", "0.001"],
+        {"TMPDIR": str(tmp), failpoints.ENV: "publish.move:2:pause", failpoints.PAUSE_ENV: str(pause)},
+    )
+    try:
+        _wait_for(pause, live)
+        [alive] = runs() - {dead}
+        later = _start(["--input", str(root), "--output", str(tmp_path / "later")], {"TMPDIR": str(tmp)})
+        _, err = later.communicate(timeout=300)
+        assert later.returncode == 0, err
+        assert runs() == {alive}  # the killed run's folder is gone, the later run removed its own
+    finally:
+        pause.unlink(missing_ok=True)
+    _, err = live.communicate(timeout=300)
+    assert live.returncode == 0, err
+    _check_complete(tmp_path / "live")
+    assert runs() == set()
+
+
 def test_a_stalled_run_whose_lease_was_taken_stops_and_leaves_the_new_dataset(tmp_path):
     """A freezes inside publish (SIGSTOP, heartbeat too) until its lease expires; B takes the output over
     and publishes; A wakes: it stops at its next change, _SUCCESS stays over B's dataset."""
