@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,23 @@ def test_one_bit_and_16_bit_label_maps_become_8_bit_ids(mode, values):
     out = masks.label_map_png(encode(img, "PNG"), (2, 2), 1, (2, 2))
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(out))), values)
     assert Image.open(io.BytesIO(out)).mode == "L"
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_two_and_four_bit_grey_label_maps_keep_their_ids_not_pillows_scaled_grey(bits):
+    """Pillow opens a 2- or 4-bit grey PNG as 8-bit grey scaled up (×85, ×17): id 15 would become 255, the
+    ignore value. The ids are the samples as written (what pypng and hand-written writers store)."""
+    from .hostile import _png
+
+    ids = np.array([[0, 1, 2, 3], [3, 2, 1, 0]], np.uint8) * (1 if bits == 2 else 5)
+    packed = b"".join(
+        b"\x00" + bytes(int("".join(format(v, f"0{bits}b") for v in row[i : i + 8 // bits]), 2)
+                     for i in range(0, 4, 8 // bits))
+        for row in ids
+    )  # fmt: skip
+    data = _png(struct.pack(">IIBBBBB", 4, 2, bits, 0, 0, 0, 0), zlib.compress(packed))
+    out = masks.label_map_png(data, (4, 2), 1, (4, 2))
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(out))), ids)
 
 
 def test_a_class_id_beyond_255_is_a_bad_mask():

@@ -214,7 +214,7 @@ def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, re
     must match; ``orientation`` turns it as the image was turned; ``recorded``:
     the stored image's size after that and ``--resize-max-side`` (nearest
     neighbour: no new class ids). An 8-bit grey PNG needing neither is kept
-    byte for byte; anything else (palette, 16-bit, 1-bit) is re-encoded as 8-bit
+    byte for byte; anything else (palette, 16-bit, 1-, 2- or 4-bit) is re-encoded as 8-bit
     grey holding the indices — TF's decode_png turns a palette PNG into RGB colours.
     """
     import numpy as np
@@ -237,6 +237,10 @@ def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, re
         except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt pixel data
             raise Rejected(BAD_MASK, f"cannot decode the PNG: {e}") from None
         plain = data[24:26] == b"\x08\x00" and "transparency" not in img.info  # 8-bit grey, no tRNS
+    if img.mode == "L" and data[24:26] in (b"\x02\x00", b"\x04\x00"):
+        # 2- or 4-bit grey (IHDR's bit depth and colour type): Pillow scales the samples up to 8 bits (×85,
+        # ×17); the class ids are the samples as written.
+        values = values // (255 // ((1 << data[24]) - 1))
     if values.dtype != np.uint8:
         top = int(values.max()) if values.size else 0
         if top > 255:
