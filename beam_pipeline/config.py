@@ -73,6 +73,9 @@ class ConvertConfig:
     keep_last: int | None = None
     split_ratios: tuple[tuple[str, float], ...] | None = None
     allow_split_names: bool = False  # split names beyond train/validation/test (SPLIT_RE)
+    # A folder input's train/ validation/ (val/) test/ folders are its splits; False (--no-split-folders): they
+    # are class folders like any other (a class named "train").
+    split_folders: bool = True
     seed: int = 0
     target_shard_mb: float = 150.0
     compression: str = "none"
@@ -270,7 +273,7 @@ def split_name_problem(name: str, allow_any_name: bool = False) -> str | None:
         return None
     if allow_any_name:
         return f"{name!r} cannot name a split (letters, digits and _, starting with a letter; not 'all')"
-    guess = _closest_split(name)
+    guess = closest_split(name)
     hint = f"did you mean {guess}? " if guess else ""
     return (
         f"{name!r} is not a usual split name (train, validation (or val), test); "
@@ -278,7 +281,7 @@ def split_name_problem(name: str, allow_any_name: bool = False) -> str | None:
     )
 
 
-def _closest_split(name: str) -> str | None:
+def closest_split(name: str) -> str | None:
     """The usual split a misspelt name most likely meant (``valid`` → validation, ``tset`` → test)."""
     import difflib
 

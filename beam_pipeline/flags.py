@@ -244,6 +244,13 @@ CONVERT = Command(
                     metavar="SPEC",
                 ),
                 Flag(
+                    "--no-split-folders",
+                    "a folder input's top folders named train, validation, val or test are class folders like "
+                    "the others, not splits (default: they are its splits)",
+                    switch=True,
+                    negates="split_folders",
+                ),
+                Flag(
                     "--allow-split-names",
                     "accept split names other than train, validation (val) and test in --split-ratios and a "
                     "manifest's split column (letters, digits, _); without it such a name is a usage error, or a "

@@ -463,9 +463,13 @@ def prepare(
         seen = {*columns, LABEL_COLUMN} if first_look and cfg.labels_from == "manifest" else set(columns)
         split_source, label_source = manifest_sources(cfg, seen)
     else:
-        split_source = "folders" if _has_split_folders(root) else ("ratios" if cfg.split_ratios else "default")
+        folders = cfg.split_folders and _has_split_folders(root)
+        split_source = "folders" if folders else ("ratios" if cfg.split_ratios else "default")
         if cfg.split_ratios and split_source == "folders":
-            raise UsageError("--split-ratios conflicts with the input: the input has split folders")
+            raise UsageError(
+                "--split-ratios conflicts with the input: the input has split folders (train/, validation/, "
+                "val/ or test/; if those are classes, pass --no-split-folders)"
+            )
         label_source = "regex" if cfg.label_regex else (cfg.labels_from or "folder")
     coco, categories = None, None
     if cfg.coco:

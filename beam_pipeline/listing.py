@@ -34,7 +34,15 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from . import hashing
-from .config import IMAGE_EXTENSIONS, OS_FILES, SPLIT_FOLDERS, ConvertConfig, Layout, split_name_problem
+from .config import (
+    IMAGE_EXTENSIONS,
+    OS_FILES,
+    SPLIT_FOLDERS,
+    ConvertConfig,
+    Layout,
+    closest_split,
+    split_name_problem,
+)
 from .errors import UsageError
 from .images import BAD_FILENAME, MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL, UNREADABLE
 
@@ -135,6 +143,17 @@ def folder_split_and_rest(relpath: str, layout: Layout) -> tuple[str | None, lis
     return None, parts
 
 
+def _outside_split_folders(relpath: str) -> str:
+    """A no_split reject's detail for a file of a folder input with split folders: what its top folder may be."""
+    top = relpath.split("/")[0] if "/" in relpath else ""
+    guess = closest_split(top) if top else None
+    where = f"in {top}/{f', did you mean {guess}/?' if guess else ''}" if top else "directly in the input folder"
+    return (
+        f"not inside a train/validation/test folder ({where}; if the input's train/ val/ test/ folders are "
+        "classes, not splits, pass --no-split-folders)"
+    )
+
+
 def label_for(relpath: str, column_value: str | None, cfg: ConvertConfig, layout: Layout) -> str | None:
     """The label text of one input under the run's label source; None if it has none."""
     source = layout.label_source
@@ -223,7 +242,7 @@ def make_ref(
     elif layout.split_source == "folders":
         folder_split, _ = folder_split_and_rest(relpath, layout)
         if folder_split is None:
-            return reject(path, NO_SPLIT, "not inside a train/validation/test folder")
+            return reject(path, NO_SPLIT, _outside_split_folders(relpath))
         split = folder_split
     elif layout.split_source == "ratios":
         split = hashing.split_for(relpath, cfg.split_ratios or (("train", 1.0),))

@@ -290,6 +290,39 @@ def test_split_folders_layout(tmp_path):
     assert info["labels"] == ["a", "b"]
 
 
+def test_a_class_folder_named_train_needs_no_split_folders_and_the_rejects_say_so(tmp_path):
+    """Pascal VOC and COCO have a class "train": beside bus/ and car/ it made the input a split layout (every
+    bus/car image a no_split reject, exit 3). The rejects name the flag; with --no-split-folders the three
+    folders are three classes. A Roboflow-style valid/ beside train/ gets a hint too."""
+    root = tmp_path / "classes"
+    for label in ("bus", "car", "train"):
+        for i in range(2):
+            write(str(root / label / f"{i}.jpg"), image_bytes("jpeg", seed=len(label) + i))
+    failed = run_cli("convert", "--input", str(root), "--output", str(tmp_path / "split"), "--no-transform")
+    assert failed.returncode == 3, failed.stderr
+    assert "no_split 4" in failed.stderr
+    rejects = [json.loads(x) for x in (tmp_path / "split" / "rejects.jsonl").read_text().splitlines()]
+    assert {r["path"] for r in rejects if r["reason"] == "no_split"} == {
+        "bus/0.jpg",
+        "bus/1.jpg",
+        "car/0.jpg",
+        "car/1.jpg",
+    }
+    assert all("in bus/" in r["detail"] or "in car/" in r["detail"] for r in rejects if r["reason"] == "no_split")
+    assert all("--no-split-folders" in r["detail"] for r in rejects if r["reason"] == "no_split")
+    out = tmp_path / "classes-out"
+    convert("--input", str(root), "--output", str(out), "--no-split-folders")
+    info = load_info(out)
+    assert info["labels"] == ["bus", "car", "train"]
+    assert {k: v["examples"] for k, v in info["splits"].items()} == {"train": 6}
+    roboflow = tmp_path / "roboflow"
+    write(str(roboflow / "train" / "a" / "0.jpg"), image_bytes("jpeg", seed=1))
+    write(str(roboflow / "valid" / "a" / "0.jpg"), image_bytes("jpeg", seed=2))
+    convert("--input", str(roboflow), "--output", str(tmp_path / "rf"), "--max-reject-fraction", "1")
+    [reject] = [json.loads(x) for x in (tmp_path / "rf" / "rejects.jsonl").read_text().splitlines()]
+    assert reject["reason"] == "no_split" and "in valid/, did you mean validation/?" in reject["detail"]
+
+
 def test_complete_output_is_kept_unless_overwrite(folder, tmp_path):
     root, good = folder
     out = tmp_path / "ow"

@@ -42,6 +42,8 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "incremental_from": ("previous", {}),
     "split_ratios": ("train=0.5,test=0.5", {}),
     "allow_split_names": (True, {}),
+    "split_folders": (False, {}),
+    "no_split_folders": (True, {}),
     "keep_last": (3, {"output": "out/{date}", "run_date": "2026-01-02"}),
     "seed": (7, {}),
     "target_shard_mb": (20.5, {}),
