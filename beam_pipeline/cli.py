@@ -315,6 +315,10 @@ def _object_lines(info: dict[str, Any]) -> list[str]:
     if rejects["total"]:
         reasons = ", ".join(f"{k} {v}" for k, v in list(rejects["by_reason"].items())[:5])
         lines.append(f"  objects out  {rejects['total']:>8} ({reasons}) -> object_rejects.jsonl")
+    if objs.get("polygons_dropped"):
+        lines.append(
+            f"  polygons out {objs['polygons_dropped']:>8} (under 3 points; their objects kept) -> object_rejects.jsonl"
+        )
     lines.append(f"  categories   {len(info.get('categories') or []):>8} -> label_map.pbtxt, labels.txt")
     return lines
 

@@ -739,7 +739,7 @@ def detection_summary(
 ) -> dict[str, Any]:
     """dataset.json's part for a detection dataset: categories, the object keys, object counts and rejects."""
     counts = objects.object_counts(object_counts)
-    image_counters = (coco.OBJECTS_KEPT, coco.IMAGES_WITHOUT_OBJECTS, coco.IMAGES_ALL_REJECTED)
+    image_counters = (coco.OBJECTS_KEPT, coco.IMAGES_WITHOUT_OBJECTS, coco.IMAGES_ALL_REJECTED, objects.POLYGON_DROPPED)
     reasons = [(k, n) for k, n in counts.items() if k not in image_counters]
     by_reason = dict(sorted(reasons, key=lambda kv: (-kv[1], kv[0])))
     return {
@@ -749,6 +749,7 @@ def detection_summary(
             "rejects": {"total": sum(by_reason.values()), "by_reason": by_reason},
             coco.IMAGES_WITHOUT_OBJECTS: counts.get(coco.IMAGES_WITHOUT_OBJECTS, 0),
             coco.IMAGES_ALL_REJECTED: counts.get(coco.IMAGES_ALL_REJECTED, 0),
+            "polygons_dropped": counts.get(objects.POLYGON_DROPPED, 0),
         },
     }
 

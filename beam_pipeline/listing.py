@@ -45,6 +45,7 @@ from .config import (
 )
 from .errors import UsageError
 from .images import BAD_FILENAME, MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL, UNREADABLE
+from .metadata import REJECT_FIELDS
 
 REJECTS = "rejects"
 SKIPPED = "skipped"
@@ -110,7 +111,7 @@ def with_relative_path(row: dict[str, str], root: str) -> dict[str, str]:
     prefix = printable_path(root.rstrip("/")) + "/"
     rel = source[len(prefix) :] if root and source.startswith(prefix) else source
     out = {"path": rel, "reason": row["reason"], "detail": row["detail"], "source": source}
-    out.update((k, row[k]) for k in ("size", "mtime", "extras", "annotation_id", "object") if k in row)
+    out.update((k, row[k]) for k in REJECT_FIELDS if k in row)
     return out
 
 

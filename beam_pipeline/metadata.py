@@ -106,14 +106,18 @@ def count_by(items: Iterable[str]) -> dict[str, int]:
     return dict(sorted(collections.Counter(items).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+# A reject's fields beyond path, reason and detail, kept when present. size and mtime: the file's as listed, for
+# files that were read (an incremental run keeps such a reject while they stay the same, and the manifest row's
+# "extras" digest with them); annotation_id, object: an object reject's annotation and its place among its
+# image's (object_rejects.jsonl); polygon: the place of a polygon left out of a written object's mask.
+REJECT_FIELDS = ("size", "mtime", "extras", "annotation_id", "object", "polygon")
+
+
 def rejects_jsonl(rejects: Iterable[Mapping[str, str]]) -> str:
     rows = sorted(rejects, key=lambda r: (r["path"], r["reason"], r.get("detail", "")))
-    # path: relative to the input root (as image/filename); source: the full path, when known;
-    # size and mtime: the file's as listed, for files that were read (an incremental run keeps
-    # such a reject while they stay the same, and the manifest row's "extras" digest with them)
+    # path: relative to the input root (as image/filename); source: the full path, when known
     keys = ("path", "reason", "detail")
-    # annotation_id, object: an object reject's annotation and its place among its image's (object_rejects.jsonl)
-    optional = ("source", "size", "mtime", "extras", "annotation_id", "object")
+    optional = ("source", *REJECT_FIELDS)
     return "".join(
         json.dumps({**{k: r.get(k, "") for k in keys}, **{k: r[k] for k in optional if k in r}}, ensure_ascii=False)
         + "\n"

@@ -324,6 +324,7 @@ def test_every_validation_reason_with_its_path(converted):
         },
         coco.IMAGES_WITHOUT_OBJECTS: 1,
         coco.IMAGES_ALL_REJECTED: 1,
+        "polygons_dropped": 0,
     }
 
 
@@ -652,6 +653,47 @@ def test_a_corrupt_compressed_rle_rejects_its_object_and_the_job_finishes(tmp_pa
     assert len(rows["a.jpg"]["image/object/mask"]) == 1
     rejects = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     assert sorted((r["annotation_id"], r["reason"]) for r in rejects) == [(2, objects.BAD_MASK), (3, objects.BAD_MASK)]
+
+
+def test_a_polygon_under_3_points_is_left_out_of_its_objects_mask_and_the_object_kept(tmp_path, tf):
+    """A stray 2-point polygon beside good ones (user-made COCO files) used to reject the whole object, box
+    included; Model Garden keeps it. Only the polygon goes (a line of object_rejects.jsonl, counted apart from
+    the rejects); an object with no polygon of 3 points left is still a bad_mask reject."""
+    import numpy as np
+    from PIL import Image
+
+    from beam_pipeline.images import Geometry
+
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    good = [10.0, 10.0, 30.0, 10.0, 30.0, 30.0, 10.0, 30.0]
+    doc = {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "segmentation": [good, [4, 4, 5, 5]]},
+            {"id": 2, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "segmentation": [[1, 1, 5, 5]]},
+        ],
+        "categories": CATEGORIES,
+    }  # fmt: skip
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    result = convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    assert "polygons out        1" in result.stdout
+    row = parsed_records(out, tf)["a.jpg"]
+    assert list(row["image/object/class/label"]) == [1]
+    [png] = row["image/object/mask"]
+    alone = objects.mask_pngs([objects.Obj(bbox=(10, 10, 30, 30), label=1, text="x", segmentation=[good])],
+                              Geometry(64, 48, 64, 48))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png))), np.asarray(Image.open(io.BytesIO(alone[0]))))
+    lines = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
+    assert sorted((r["annotation_id"], r["reason"], r.get("polygon")) for r in lines) == [
+        (1, objects.POLYGON_DROPPED, 1),
+        (2, objects.BAD_MASK, None),
+    ]
+    objs = load_info(out)["objects"]
+    assert objs["polygons_dropped"] == 1 and objs["kept"] == 1
+    assert objs["rejects"] == {"total": 1, "by_reason": {objects.BAD_MASK: 1}}
 
 
 def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):

@@ -175,6 +175,7 @@ def test_every_reason_with_its_path(converted):
         },
         join.IMAGES_WITHOUT_OBJECTS: 1,
         join.IMAGES_ALL_REJECTED: 1,
+        "polygons_dropped": 0,
     }
 
 

@@ -254,6 +254,7 @@ def test_every_validation_reason_with_its_path(converted):
         },
         coco.IMAGES_WITHOUT_OBJECTS: 1,
         coco.IMAGES_ALL_REJECTED: 1,
+        "polygons_dropped": 0,
     }
 
 

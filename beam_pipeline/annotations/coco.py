@@ -228,7 +228,7 @@ def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int
     crowd = ann.get("iscrowd", 0)
     if crowd not in (0, 1) or isinstance(crowd, float):
         return Invalid(objects.BAD_ANNOTATION, f"iscrowd {crowd!r} is not 0 or 1")
-    segmentation = ann.get("segmentation") or None  # [] or absent: no mask
+    segmentation = objects.drawn_polygons(ann.get("segmentation")) or None  # [] or absent: no mask
     if segmentation is not None:
         invalid = objects.check_segmentation(segmentation, width, height)
         if invalid is not None:
@@ -319,8 +319,15 @@ class _JoinImageObjects(CountingDoFn):
             obj = check_annotation(ann, self._names, width, height)
             if isinstance(obj, Invalid):
                 yield tagged(OBJECT_REJECTS, _object_reject(where, ann, obj, position))
-            else:
-                kept.append(obj)
+                continue
+            kept.append(obj)
+            segmentation = ann.get("segmentation")
+            for place in objects.dropped_polygons(segmentation):
+                problem = objects.polygon_problem(segmentation[place])
+                left = Invalid(objects.POLYGON_DROPPED, f"polygon {place} left out of the mask ({problem})")
+                row = _object_reject(where, ann, left, position)
+                row["polygon"] = place
+                yield tagged(OBJECT_REJECTS, row)
         annotations = Annotations(str(entry["id"]), width, height, tuple(kept))
         yield (file_key(entry["file_name"]), (COCO, CocoImage(annotations, len(anns), len(anns) - len(kept))))
 

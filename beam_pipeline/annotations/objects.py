@@ -49,6 +49,9 @@ UNKNOWN_CATEGORY = "unknown_category"
 BAD_ANNOTATION = "bad_annotation"  # not an object, or a field of the wrong kind (iscrowd, area)
 BAD_MASK = "bad_mask"  # a segmentation that is neither polygons nor an RLE
 MASK_SIZE_MISMATCH = "mask_size_mismatch"  # an RLE of another size than its image
+# Not a reject: one polygon of a written object left out of its mask (a stray 2-point polygon beside good ones);
+# a line of object_rejects.jsonl with "polygon", counted apart (dataset.json objects.polygons_dropped).
+POLYGON_DROPPED = "polygon_dropped"
 # Per-image reasons (rejects.jsonl): the recorded image is not the size the boxes refer to; its masks would
 # take more pixels than --max-mask-pixels allows.
 ANNOTATION_SIZE_MISMATCH = "annotation_size_mismatch"
@@ -155,21 +158,45 @@ def check_box(xywh: Any, width: int, height: int) -> tuple[float, float, float, 
     return box
 
 
+def polygon_problem(polygon: Any) -> str | None:
+    """Why one COCO polygon cannot be drawn, or None: it must be a list of at least 3 x, y pairs."""
+    if (
+        not isinstance(polygon, list)
+        or len(polygon) < 6
+        or len(polygon) % 2
+        or any(_number(v) is None for v in polygon)
+    ):
+        return "a polygon is not a list of at least 3 x, y pairs"
+    return None
+
+
+def dropped_polygons(segmentation: Any) -> list[int]:
+    """The places of the polygons a segmentation's mask leaves out: those that cannot be drawn, when at least
+    one can (with none, the object is a bad_mask reject); [] for an RLE."""
+    if not isinstance(segmentation, list):
+        return []
+    bad = [place for place, polygon in enumerate(segmentation) if polygon_problem(polygon)]
+    return bad if len(bad) < len(segmentation) else []
+
+
+def drawn_polygons(segmentation: Any) -> Any:
+    """``segmentation`` without the polygons ``dropped_polygons`` names (an RLE as it is)."""
+    dropped = set(dropped_polygons(segmentation))
+    return [p for place, p in enumerate(segmentation) if place not in dropped] if dropped else segmentation
+
+
 def check_segmentation(segmentation: Any, width: int, height: int) -> Invalid | None:
     """Why a COCO segmentation cannot become a mask of a width x height image, or None.
 
-    Polygons: a list of [x1, y1, x2, y2, ...] lists of at least three points.
+    Polygons: a list of [x1, y1, x2, y2, ...] lists of at least three points (``drawn_polygons`` leaves out
+    the others first, when one is left).
     RLE: {"counts": [int, ...] (uncompressed) or str (compressed), "size": [height, width]}.
     """
     if isinstance(segmentation, list):
         for polygon in segmentation:
-            if (
-                not isinstance(polygon, list)
-                or len(polygon) < 6
-                or len(polygon) % 2
-                or any(_number(v) is None for v in polygon)
-            ):
-                return Invalid(BAD_MASK, "a polygon is not a list of at least 3 x, y pairs")
+            problem = polygon_problem(polygon)
+            if problem:
+                return Invalid(BAD_MASK, problem)
             # pycocotools walks every edge pixel by pixel, inside the image or not: a point at 1e8 costs gigabytes
             xs, ys = polygon[0::2], polygon[1::2]
             if min(xs) < -width or max(xs) > 2 * width or min(ys) < -height or max(ys) > 2 * height:
