@@ -367,9 +367,13 @@ def _output_sizes(out_dir: str) -> dict[str, int]:
 
 
 def recorded_tft_files(info: Mapping[str, Any] | None) -> list[str]:
-    """The TFT files a dataset.json records as its own (``transform.files``; none before they were recorded)."""
-    transform = (info or {}).get("transform") or {}
-    return list(transform.get("files") or [])
+    """The TFT files a dataset.json records as its own (``transform.files``; none before they were recorded, and
+    none when it is not a list of paths: a damaged file names no file as its run's)."""
+    transform = (info or {}).get("transform")
+    files = transform.get("files") if isinstance(transform, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return []
+    return list(files)
 
 
 def expected_files(info: Mapping[str, Any]) -> list[str]:

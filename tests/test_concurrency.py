@@ -582,3 +582,17 @@ def test_a_damaged_dataset_json_in_the_output_is_replaced_not_a_stuck_output(tmp
     assert info["examples"] == 8
     assert (out / "transform_fn" / "mine.txt").read_bytes() == b"a user's file"
     assert not list(out.glob("old-*"))
+
+
+@pytest.mark.parametrize(
+    "transform", [[1], {"files": "transform_fn/x"}, {"files": [1, None]}, "yes"], ids=["list", "text", "ints", "str"]
+)
+def test_an_output_dataset_json_whose_transform_is_of_another_shape_does_not_stop_every_run(tmp_path, transform):
+    """Valid JSON whose "transform" is not {"files": [paths]} (a hand edit, another tool): every --overwrite run
+    failed in finalize ("'list' object has no attribute 'get'"). No TFT file is known to be the old run's then."""
+    src, out = _photos(tmp_path / "src"), tmp_path / "out"
+    convert("--input", str(src), "--output", str(out), "--name", "old")
+    info = json.loads((out / "dataset.json").read_text())
+    (out / "dataset.json").write_text(json.dumps({**info, "transform": transform}))
+    convert("--input", str(src), "--output", str(out), "--overwrite")
+    assert _check_complete(out)["examples"] == 8
