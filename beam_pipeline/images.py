@@ -905,18 +905,41 @@ def strip_metadata(data: bytes) -> bytes:
     return data
 
 
-def _png_without(data: bytes, kinds: Collection[bytes]) -> bytes:
-    """A PNG's bytes without its chunks of these ``kinds``."""
+def _png_without(data: bytes, kinds: Collection[bytes], which: Callable[[bytes, bytes], bool] | None = None) -> bytes:
+    """A PNG's bytes without its chunks of these ``kinds`` (only those ``which(kind, body)`` says, if given)."""
     out = [data[:8]]
     i = 8
     while i + 8 <= len(data):
         length = struct.unpack(">I", data[i : i + 4])[0]
         kind = data[i + 4 : i + 8]
         end = i + 12 + length
-        if kind not in kinds:
+        if kind not in kinds or (which is not None and not which(kind, data[i + 8 : end - 4])):
             out.append(data[i:end])
         i = end
     return b"".join(out)
+
+
+def _text_over_limit(kind: bytes, body: bytes) -> bool:
+    """Whether a zTXt or compressed iTXt chunk's text inflates past Pillow's PngImagePlugin.MAX_TEXT_CHUNK."""
+    from PIL import PngImagePlugin
+
+    keyword_end = body.find(b"\0")
+    if kind == b"zTXt":
+        compressed = body[keyword_end + 2 :]  # keyword, NUL, method
+    elif kind == b"iTXt" and body[keyword_end + 1 : keyword_end + 2] == b"\1":  # the compression flag
+        rest = body[keyword_end + 3 :]  # keyword, NUL, flag, method, then language and translated keyword
+        parts = rest.split(b"\0", 2)
+        if len(parts) < 3:
+            return False
+        compressed = parts[2]
+    else:
+        return False
+    inflater = zlib.decompressobj()
+    try:
+        inflater.decompress(compressed, PngImagePlugin.MAX_TEXT_CHUNK)
+    except zlib.error:
+        return False
+    return bool(inflater.unconsumed_tail)
 
 
 def _quietly(work: Callable[[], _T]) -> _T:
@@ -949,14 +972,25 @@ def prepare_image(
     except Rejected as r:
         if data[:8] != _PNG_SIGNATURE or "MAX_TEXT" not in r.detail:
             raise
-        # Pillow refuses a compressed text chunk that inflates past its limit (PngImagePlugin.MAX_TEXT_CHUNK,
-        # 1 MB, a setting of the whole process), whether it comes before the pixels or after them. The pixels
-        # are the same without the text chunks: the PNG is checked, once more, and stored without them.
-        # Anything else Pillow refuses that way (an iCCP profile) stays the reject it was.
-        without = _png_without(data, _PNG_TEXT_CHUNKS)
-        if without == data:
-            raise
-        return _quietly(lambda: _prepare(without, options, reserve))
+        refused = r
+    # Pillow refuses a compressed text chunk that inflates past its limit (PngImagePlugin.MAX_TEXT_CHUNK, 1 MB,
+    # a setting of the whole process), before the pixels or after them, and text chunks over MAX_TEXT_MEMORY
+    # in all. The pixels are the same without them: the PNG is checked once more without the compressed text
+    # chunks over the limit (the others may hold the EXIF orientation: ImageMagick's "Raw profile type exif",
+    # XMP), then, if Pillow still refuses, without any text chunk, and stored as that. Anything else Pillow
+    # refuses that way (an iCCP profile) stays the reject it was.
+    tried = data
+    for without in (_png_without(data, _PNG_TEXT_CHUNKS, _text_over_limit), _png_without(data, _PNG_TEXT_CHUNKS)):
+        if without == tried:
+            continue
+        tried = without
+        try:
+            return _quietly(lambda: _prepare(without, options, reserve))  # noqa: B023 - called at once
+        except Rejected as r:
+            if "MAX_TEXT" not in r.detail:
+                raise
+            refused = r
+    raise refused
 
 
 def _prepare(

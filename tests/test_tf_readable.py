@@ -175,6 +175,37 @@ def test_only_text_chunks_over_pillows_limit_are_dropped_and_only_once():
     assert rejected.value.reason == "decode_error" and "MAX_TEXT_CHUNK" in rejected.value.detail
 
 
+@pytest.mark.parametrize("where", ["raw profile zTXt", "XMP iTXt"])
+def test_a_text_chunk_holding_the_orientation_stays_when_another_is_over_pillows_limit(where):
+    """Pillow also reads the EXIF orientation from text chunks (ImageMagick's "Raw profile type exif" zTXt, XMP
+    in iTXt): the retry drops only the compressed text chunk over the limit, so --apply-exif-orientation turns
+    the image as it does without that chunk; the stored PNG keeps its other chunks."""
+    from beam_pipeline.images import ImageOptions
+
+    rgb = Image.fromarray(pixels(20, 40, 5), "RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90°: 40×20 stored, 20×40 upright
+    hexed = exif.tobytes().hex()
+    profile = f"\nexif\n{len(hexed) // 2:8d}\n" + "\n".join(hexed[i : i + 72] for i in range(0, len(hexed), 72)) + "\n"
+    kind, body = (
+        (b"zTXt", b"Raw profile type exif\0\0" + zlib.compress(profile.encode()))
+        if where == "raw profile zTXt"
+        else (b"iTXt", b"XML:com.adobe.xmp\0\0\0\0\0" + b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF>'
+              b'<rdf:Description tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>')
+    )  # fmt: skip
+    oriented = variants._png_edit(
+        encode(rgb, "PNG"), lambda k, b: [(k, b, None)] + variants._after(k, b"IHDR", kind, body)
+    )
+    both = variants._png_edit(
+        oriented, lambda k, b: [(k, b, None)] + variants._after(k, b"IHDR", b"zTXt", variants._BIG_ZTXT)
+    )
+    options = ImageOptions(apply_exif_orientation=True)
+    alone, with_big = prepare_image(oriented, options), prepare_image(both, options)
+    assert (alone.info.width, alone.info.height) == (with_big.info.width, with_big.info.height) == (20, 40)
+    stored = prepare_image(both, ImageOptions())
+    assert stored.data == oriented  # only the chunk over the limit is gone
+
+
 def test_a_32_bit_bmp_whose_fourth_bytes_are_all_zero_is_converted_not_stored_transparent(tmp_path, tf):
     """Windows writes 32-bit BMPs as BGRX with X = 0: Pillow reads RGB, TensorFlow takes X for alpha, so the
     stored file would decode as a fully transparent image. It is converted (PNG, Pillow's RGB pixels); one whose
