@@ -133,8 +133,8 @@ def test_every_record_decodes_in_tensorflow_to_the_pixels_pillow_gives_its_sourc
 
 def test_a_png_whose_text_chunk_is_over_pillows_limit_is_stored_without_its_text_not_rejected(corpus_run):
     """Pillow refuses a compressed text chunk that inflates past 1 MB (a process-wide setting), TensorFlow reads
-    the file: the PNG is checked and stored without its text chunks (tEXt, zTXt, iTXt; every other chunk
-    kept), not a decode_error reject."""
+    the file: the PNG is checked and stored without that chunk (these files have no other text chunk; every
+    other chunk kept), not a decode_error reject."""
     files, records, rejects = corpus_run
     for name in sorted(_OVER_PILLOWS_TEXT_LIMIT):
         assert name not in rejects, rejects.get(name)
