@@ -45,6 +45,7 @@ from .annotations.objects import digest as annotations_digest
 from .images import MISSING, UNREADABLE
 from .listing import Ref, class_values
 from .metadata import REJECTS_JSONL
+from .storage import open_lines
 
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.
@@ -105,7 +106,7 @@ def write_index(parts: list[tuple[str, str]], dest: str) -> None:
     """Streams (part path, final shard file name) parts, in order, into ``dest``."""
     with FileSystems.create(dest, compression_type="uncompressed") as out:
         for part, shard_file in parts:
-            with FileSystems.open(part, compression_type="uncompressed") as fh:
+            with open_lines(part) as fh:
                 for raw in fh:
                     line = raw.decode("utf-8")
                     if line.strip():
@@ -114,7 +115,7 @@ def write_index(parts: list[tuple[str, str]], dest: str) -> None:
 
 def read_index(path: str) -> Iterator[dict[str, Any]]:
     """The entries of an ``index.jsonl`` (local or gs://), streamed."""
-    with FileSystems.open(path, compression_type="uncompressed") as fh:
+    with open_lines(path) as fh:
         for raw in fh:
             if raw.strip():
                 yield json.loads(raw.decode("utf-8"))

@@ -29,7 +29,7 @@ from .annotations import objects
 from .errors import UsageError, last_line
 from .examples import parse_example
 from .index import FRAME_OVERHEAD
-from .storage import read_json_object
+from .storage import open_lines, read_json_object
 
 WIDTH = 80
 
@@ -480,7 +480,7 @@ def _index_lines(output: str, info: dict[str, Any]) -> Iterator[_IndexLines | No
     path = FileSystems.join(output, index.INDEX_JSONL)
     if not FileSystems.exists(path):
         raise VerifyError(f"{index.INDEX_JSONL}: missing")
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+    with open_lines(path) as fh:
         yield _IndexLines(fh)
 
 
@@ -495,7 +495,7 @@ class _IdxLines:
     def __enter__(self) -> _IdxLines:
         if not FileSystems.exists(self._path):
             raise VerifyError(f"{self._rel}: missing")
-        self._fh = FileSystems.open(self._path, compression_type=CompressionTypes.UNCOMPRESSED)
+        self._fh = open_lines(self._path)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -60,7 +60,7 @@ from apache_beam.io.filesystems import FileSystems
 from . import metadata
 from .annotations.objects import digest as annotations_digest
 from .images import MISSING
-from .storage import permanent_reason
+from .storage import open_lines, permanent_reason
 
 DONE = "_done"  # markers and rejects parts, inside a run's scratch folder; never published
 RUN_LOCK = "_run.lock"  # held by a local run's launcher while it runs
@@ -270,7 +270,7 @@ def adopt(found: Mapping[str, Any], paths: Mapping[str, str]) -> dict[str, Any] 
 def read_rejects(path: str | None) -> Iterator[dict[str, Any]]:
     if not path:  # the shard had no rejects
         return
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+    with open_lines(path) as fh:
         for raw in fh:
             if raw.strip():
                 yield json.loads(raw.decode("utf-8"))

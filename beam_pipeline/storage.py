@@ -15,6 +15,7 @@ an expired token: the bundle fails and the runner retries it).
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import threading
@@ -36,6 +37,19 @@ MB = 1_000_000
 def write_text(path: str, text: str) -> None:
     with FileSystems.create(path) as fh:
         fh.write(text.encode("utf-8"))
+
+
+# Buffer of a file read a line at a time.
+LINE_BUFFER_BYTES = 1 << 20
+
+
+def open_lines(path: str) -> io.BufferedReader:
+    """``path`` (local or gs://) opened to be read a line at a time, through a buffer.
+
+    A gs:// file from ``FileSystems.open`` has no ``peek``, so each line read from it alone costs one
+    ``read`` call per byte (~120 µs a line: 20 minutes for a 10 M-line index); the buffer reads 1 MB at a time.
+    """
+    return io.BufferedReader(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED), LINE_BUFFER_BYTES)
 
 
 def read_json(path: str) -> dict[str, Any]:
