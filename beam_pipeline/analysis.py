@@ -38,6 +38,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -339,7 +340,18 @@ def copy_tree(src_dir: str, dest: str) -> None:
             shutil.copyfileobj(fh, out)
 
 
-def run_analysis(
+# tensorflow-transform keeps process-wide state while it builds a graph (annotators' object tracker): runs in
+# threads of one process take turns at the analysis.
+_TFT_LOCK = threading.Lock()
+
+
+def run_analysis(output_dir: str, info: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    """``_analyze`` (the TFT artifacts into ``output_dir``; what dataset.json records), one run at a time."""
+    with _TFT_LOCK:
+        return _analyze(output_dir, info, **settings)
+
+
+def _analyze(
     output_dir: str,
     info: dict[str, Any],
     *,

@@ -598,7 +598,7 @@ def _run_convert(cfg: ConvertConfig, beam_flags: list[str], started: float) -> i
     from .launcher import run_convert
 
     cfg, transform_note = without_missing_transform(cfg)
-    info = run_convert(cfg, beam_flags)
+    info = run_convert(cfg, beam_flags, own_process=True)
     elsewhere = _not_run_here(info, cfg.output)
     if elsewhere is not None:
         print(elsewhere)

@@ -6,6 +6,8 @@ starts, and raised as ``UsageError`` naming the flag or file.
 
     layout = prepare(cfg)                 # may raise UsageError
     info = run_convert(cfg, beam_args)    # dataset.json as a dict
+
+A program may call ``run_convert`` itself, from several threads at once.
 """
 
 from __future__ import annotations
@@ -704,9 +706,11 @@ RUN_TEMPORARY_PREFIX = "beam_pipeline-run-"
 
 
 class _RunTemporaryFolder:
-    """One temporary folder for the runs of this process, ``tempfile``'s default folder while any run lasts and
-    removed with what was left in it when the last one ends (runs in threads share it; each makes its own
-    files in it).
+    """One temporary folder for the runs of this process, removed with what was left in it when the last one
+    ends (runs in threads share it; each makes its own files in it). In a process the tool owns (the command
+    line, ``redirect``), it is also ``tempfile``'s default folder while the runs last, so what Beam's stager
+    and TensorFlow leave there goes with it; a program that calls ``run_convert`` itself keeps its
+    ``tempfile`` folder (its own threads' files must not be removed with the run's).
 
     A process that is killed (SIGKILL, the OOM killer) cannot remove its folder. It holds a lock in it
     (``resume.run_lock``) while its runs last, so the next process to start a run removes the folders whose
@@ -721,6 +725,7 @@ class _RunTemporaryFolder:
         self._before: str | None = None
         self._system = ""
         self._held: contextlib.ExitStack | None = None
+        self._redirected = False
 
     def system_folder(self) -> str:
         """tempfile's folder outside the runs (for caches meant to outlive them)."""
@@ -730,7 +735,7 @@ class _RunTemporaryFolder:
             return self._system if self._runs else tempfile.gettempdir()
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[str]:
+    def held(self, redirect: bool = False) -> Iterator[str]:
         import shutil
         import tempfile
 
@@ -742,7 +747,9 @@ class _RunTemporaryFolder:
                 self._held = contextlib.ExitStack()
                 self._held.enter_context(resume.run_lock(self._folder))
                 _remove_dead_run_folders(self._system, self._folder)
-                tempfile.tempdir = self._folder
+                self._redirected = redirect
+                if redirect:
+                    tempfile.tempdir = self._folder
             self._runs += 1
             folder = self._folder
         try:
@@ -751,7 +758,8 @@ class _RunTemporaryFolder:
             with self._lock:
                 self._runs -= 1
                 if self._runs == 0:
-                    tempfile.tempdir = self._before
+                    if self._redirected:
+                        tempfile.tempdir = self._before
                     if self._held is not None:
                         self._held.close()  # the lock goes with the folder
                     shutil.rmtree(folder, ignore_errors=True)
@@ -777,8 +785,9 @@ def _remove_dead_run_folders(system: str, own: str) -> None:
 _RUN_TEMPORARY_FOLDER = _RunTemporaryFolder()
 
 
-def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
-    """Runs the whole conversion; returns dataset.json's content."""
+def run_convert(cfg: ConvertConfig, beam_args: Sequence[str], *, own_process: bool = False) -> dict[str, Any]:
+    """Runs the whole conversion; returns dataset.json's content. ``own_process``: the process is the tool's (the
+    command line), so the run may take over ``tempfile``'s folder (``_RunTemporaryFolder``)."""
     use_anonymous_gcs_for_emulator()
     options, runner = make_options(beam_args)
     # gs:// checks before the pipeline use the same options (e.g. --no_auth).
@@ -791,7 +800,7 @@ def run_convert(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
         # what other code makes in tempfile's folder and leaves (Beam's stager: the sdist of --setup_file and
         # the pickled main session; TensorFlow's autograph: its generated modules). A scheduled launcher would
         # otherwise gather them run after run.
-        local = held.enter_context(_RUN_TEMPORARY_FOLDER.held())
+        local = held.enter_context(_RUN_TEMPORARY_FOLDER.held(redirect=own_process))
 
         def claim(output: str, run_id: str) -> None:
             try:

@@ -154,7 +154,7 @@ def test_a_given_requirements_file_keeps_beams_download_cache_outside_the_runs_t
     cfg = ConvertConfig(output="gs://b/out", name="d", input="gs://b/in")
     flags = ["--runner=DataflowRunner", "--setup_file=s.py", "--requirements_file=mine.txt"]
     system = tempfile.gettempdir()
-    with _RUN_TEMPORARY_FOLDER.held() as folder:
+    with _RUN_TEMPORARY_FOLDER.held(redirect=True) as folder:
         assert tempfile.gettempdir() == folder != system
         args = with_worker_requirements(cfg, flags, folder)
     assert args == [*flags, f"--requirements_cache={os.path.join(system, 'beam-requirements-cache')}"]
@@ -171,7 +171,7 @@ def test_runs_in_threads_share_one_temporary_folder_removed_after_the_last():
     from beam_pipeline.launcher import _RUN_TEMPORARY_FOLDER
 
     before, system = tempfile.tempdir, tempfile.gettempdir()
-    first, second = _RUN_TEMPORARY_FOLDER.held(), _RUN_TEMPORARY_FOLDER.held()
+    first, second = _RUN_TEMPORARY_FOLDER.held(redirect=True), _RUN_TEMPORARY_FOLDER.held(redirect=True)
     folder = first.__enter__()
     assert second.__enter__() == folder == tempfile.gettempdir()
     first.__exit__(None, None, None)  # the first run ends first

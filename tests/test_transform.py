@@ -47,6 +47,56 @@ def test_a_run_leaves_no_temporary_file(dataset):
     assert left == []
 
 
+def test_runs_in_threads_of_a_program_both_analyze_and_leave_the_programs_temporary_files(tmp_path):
+    """A program calling run_convert from two threads: TFT's graph building is process-wide state, so the two
+    analyses took turns failing ("AssertionError"); and the run took over tempfile's folder for the whole
+    process, so a file the program's own thread made meanwhile was removed with the run's folder."""
+    import os
+    import tempfile
+    import threading
+
+    from beam_pipeline.cli import parse_convert
+    from beam_pipeline.launcher import run_convert
+
+    for i in range(6):
+        write(str(tmp_path / "in" / ["cat", "dog"][i % 2] / f"{i}.png"), image_bytes("png", 24, 20, seed=i))
+    results: dict[str, object] = {}
+
+    def run(name: str, *extra: str) -> None:
+        cfg, flags, _ = parse_convert(
+            ["--input", str(tmp_path / "in"), "--output", str(tmp_path / name), "--no-tfds-metadata", *extra]
+        )
+        try:
+            results[name] = run_convert(cfg, flags)["examples"]
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            results[name] = e
+
+    before = tempfile.tempdir
+    programs: list[str] = []
+
+    def program() -> None:  # the program's own work while a run lasts
+        import time
+
+        from beam_pipeline.launcher import _RUN_TEMPORARY_FOLDER
+
+        deadline = time.monotonic() + 120
+        while not _RUN_TEMPORARY_FOLDER._runs and time.monotonic() < deadline:  # noqa: SLF001
+            time.sleep(0.01)
+        programs.append(tempfile.mkdtemp(prefix="program-"))
+
+    threads = [threading.Thread(target=run, args=("a",)), threading.Thread(target=run, args=("b", "--seed", "3"))]
+    threads.append(threading.Thread(target=program))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert results == {"a": 6, "b": 6}
+    assert (tmp_path / "a" / "transform_fn").is_dir() and (tmp_path / "b" / "transform_fn").is_dir()
+    [made] = programs
+    assert os.path.isdir(made) and tempfile.tempdir == before
+    os.rmdir(made)
+
+
 def test_vocabulary_is_labels_txt_including_validation_only_labels(dataset):
     import tensorflow_transform as tft
 
