@@ -419,7 +419,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     old = _output_sizes(out_dir)
     previous = FileSystems.join(out_dir, metadata.DATASET_JSON)
     owned = recorded_tft_files(_old_info(previous)) if metadata.DATASET_JSON in old else []
-    owned = sorted(rel for rel in owned if rel in old)
+    owned = sorted({rel for rel in [*owned, *_tft_files_of_other_publishes(out_dir, staging)] if rel in old})
     stale = sorted(rel for rel in old if _is_published_name(rel, owned) and rel not in staged)
     return {
         "files": dict(sorted(staged.items())),
@@ -428,6 +428,27 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         "complete": complete,
         "run_id": info.get("run_id"),
     }
+
+
+def _tft_files_of_other_publishes(out_dir: str, staging: str) -> list[str]:
+    """The TFT files other runs' publish manifests list (runs of this output cut short inside their publish).
+
+    Such a run's TFT files may be in the output while its dataset.json, moved last, never got there: the
+    dataset.json there records none of them, yet they are a run's, not a user's, and must not stay beside this
+    run's dataset (a reader would apply another run's graph).
+    """
+    files: list[str] = []
+    for folder in resume.scratch_folders(out_dir):
+        if folder.rstrip("/") == staging.rstrip("/"):
+            continue
+        try:
+            manifest = _read_manifest(folder)
+        except ValueError:  # not a manifest of ours: it names nothing
+            continue
+        listed = (manifest or {}).get("files")
+        if isinstance(listed, dict):
+            files += [rel for rel in listed if isinstance(rel, str) and rel.split("/", 1)[0] in TFT_DIRS]
+    return files
 
 
 def _old_info(path: str) -> dict[str, Any]:

@@ -228,6 +228,9 @@ def load(
     from .analysis import raw_feature_spec
     from .metadata import is_multi_label
 
+    if not info.get("transform"):  # TFT folders there are not this dataset's (or there are none)
+        raise ValueError(f"{output_dir} was converted without a transform (--no-transform): transformed=True needs one")
+
     tft_output = tft.TFTransformOutput(output_dir)
     layer = tft_output.transform_features_layer()
     raw_spec = raw_feature_spec(info.get("labels") is not None, multi_label=is_multi_label(info))

@@ -596,3 +596,30 @@ def test_an_output_dataset_json_whose_transform_is_of_another_shape_does_not_sto
     (out / "dataset.json").write_text(json.dumps({**info, "transform": transform}))
     convert("--input", str(src), "--output", str(out), "--overwrite")
     assert _check_complete(out)["examples"] == 8
+
+
+def test_tft_files_of_a_publish_cut_short_do_not_stay_under_the_next_runs_success(tmp_path, monkeypatch):
+    """B publishes over A with a transform and is killed after moving its TFT folders in, before its dataset.json
+    (moved last). C, A's command again (no transform), used to leave B's transform_fn/ beside a dataset.json
+    that records no transform: reader.load(transformed=True) applied B's graph (another label vocabulary)."""
+    src = _photos(tmp_path / "src")
+    more = tmp_path / "more"
+    shutil.copytree(src, more)
+    write(str(more / "bird" / "b.png"), image_bytes("png", 30, 20, seed=9))
+    flags = ["--target-shard-mb", "0.001"]
+    out, probe = tmp_path / "out", tmp_path / "probe"
+    convert("--input", str(src), "--output", str(out), *flags)  # A
+    convert("--input", str(more), "--output", str(probe), *flags, transform=True)
+    moves = sum(1 for p in probe.rglob("*") if p.is_file() and p.name not in ("_SUCCESS", "dataset.json"))
+    monkeypatch.setenv(failpoints.ENV, f"publish.move:{moves + 1}:kill")  # B: every file in but dataset.json
+    killed = run_cli("convert", "--input", str(more), "--output", str(out), *flags, "--overwrite")
+    monkeypatch.delenv(failpoints.ENV)
+    assert killed.returncode == -signal.SIGKILL and (out / "transform_fn").is_dir()
+    convert("--input", str(src), "--output", str(out), *flags, "--overwrite")  # C
+    info = _check_complete(out)
+    assert "transform" not in info and info["labels"] == ["cat", "dog"]
+    assert not [d for d in finalize.TFT_DIRS if (out / d).exists()]
+    from beam_pipeline import reader
+
+    with pytest.raises(ValueError, match="converted without a transform"):
+        reader.load(str(out), "train", transformed=True)
