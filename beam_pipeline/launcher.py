@@ -308,12 +308,37 @@ def earlier_dated_folders(template: str, files: Iterable[str], before: str) -> l
     return [template.replace(DATE_FIELD, d) for d in sorted(dates, reverse=True)]
 
 
+def _complete_earlier_folders(template: str, pattern: str, before: str) -> list[str]:
+    """The folders of ``template`` for dates before ``before`` that have _SUCCESS, newest first (on gs://, the
+    newest only: the first found).
+
+    On gs:// a glob lists every object under the path before {date}: every night's shards (millions a year
+    without --keep-last). The dated folders are listed instead (a delimiter listing of the folder level that
+    holds {date}), and _SUCCESS is looked for newest first.
+    """
+    if not is_remote(template):
+        return earlier_dated_folders(template, [m.path for m in FileSystems.match([pattern])[0].metadata_list], before)
+    head, _, rest = template.partition(DATE_FIELD)
+    level = re.escape(head.rpartition("/")[2]) + r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})" + re.escape(rest.split("/")[0])
+    dates = set()
+    for folder in resume.gcs_folders(head):
+        found = re.fullmatch(level.replace(re.escape(DATE_FIELD), "(?P=date)"), folder.rpartition("/")[2])
+        if found and is_date(found["date"]) and found["date"] < before:
+            dates.add(found["date"])
+    for date in sorted(dates, reverse=True):
+        folder = template.replace(DATE_FIELD, date)
+        if FileSystems.exists(FileSystems.join(folder, metadata.SUCCESS)):
+            return [folder]
+    return []
+
+
 def _latest_previous(cfg: ConvertConfig, labelled: bool) -> tuple[str | None, tuple[str, ...] | None]:
     """--incremental-from latest: the newest earlier date's complete folder, with its labels; or (None, None).
 
-    One listing finds the earlier dates that have ``_SUCCESS``; the newest of
-    them is the previous output, whatever it holds: its label ids are the ones
-    a model trained last night knows. If its records cannot be reused (no
+    The earlier dates that have ``_SUCCESS`` are found by a listing (on gs://,
+    of the dated folders, not their files); the newest of them is the previous
+    output, whatever it holds: its label ids are the ones a model trained last
+    night knows. If its records cannot be reused (no
     index.jsonl, other code: ``_note_reuse``), everything is converted with its
     ids; if it has no labels.txt (and this run is labelled), with fresh ids. An
     older date is never taken instead: its ids may be other than the newest's.
@@ -322,10 +347,9 @@ def _latest_previous(cfg: ConvertConfig, labelled: bool) -> tuple[str | None, tu
     template = absolute(cfg.output_template)
     pattern = FileSystems.join(template.replace(DATE_FIELD, _DATE_GLOB), metadata.SUCCESS)
     try:
-        found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+        folders = _complete_earlier_folders(template, pattern, cfg.run_date)
     except Exception as e:  # noqa: BLE001 - a listing that fails must not pass for "no earlier dataset"
         raise UsageError(f"--incremental-from {LATEST}: cannot list {pattern}: {last_line(e)}") from None
-    folders = earlier_dated_folders(template, found, cfg.run_date)
     if not folders:
         note(f"--incremental-from {LATEST}: no earlier complete dataset for {template}; converting everything")
         return None, None

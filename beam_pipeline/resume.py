@@ -289,10 +289,16 @@ def scratch_folders(output: str) -> list[str]:
         except FileNotFoundError:
             return []
         return sorted(os.path.join(output, n) for n in names if n.startswith(metadata.TMP_PREFIX))
+    return gcs_folders(output.rstrip("/") + "/" + metadata.TMP_PREFIX)
+
+
+def gcs_folders(prefix: str) -> list[str]:
+    """The gs:// "folders" whose names start with ``prefix`` (gs://bucket/path/start), sorted: one listing with a
+    delimiter, so the objects inside them are not listed."""
     from apache_beam.io.gcp.gcsio import parse_gcs_path
 
-    bucket, prefix = parse_gcs_path(output.rstrip("/") + "/", object_optional=True)
-    blobs = _gcs_client().list_blobs(bucket, prefix=prefix + metadata.TMP_PREFIX, delimiter="/")
+    bucket, name = parse_gcs_path(prefix, object_optional=True)
+    blobs = _gcs_client().list_blobs(bucket, prefix=name, delimiter="/")
     for _ in blobs.pages:  # the prefixes are known once every page is read
         pass
     return sorted(f"gs://{bucket}/{p.rstrip('/')}" for p in blobs.prefixes)

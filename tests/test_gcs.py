@@ -251,3 +251,29 @@ def test_line_files_on_gcs_are_read_in_buffers_not_a_byte_per_call(gcs):
     assert len(calls) < 60, len(calls)  # 3 files of ~200 KB in 1 MB buffers, not ~600,000 one-byte reads
     written = gcs.bucket(BUCKET).blob("lines/index.jsonl").download_as_bytes().decode().splitlines()
     assert len(written) == 3000 and json.loads(written[-1])["record"] == 2999
+
+
+def test_latest_on_gcs_lists_the_dated_folders_not_every_nights_files(gcs, monkeypatch):
+    """A glob over gs://b/nightly/????-??-??/_SUCCESS lists every object under nightly/ (every night's shards:
+    millions a year without --keep-last). The dated folders are listed instead, and _SUCCESS looked for newest
+    first: a later date, a killed night and a folder that is no date are passed over."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_pipeline import launcher
+
+    launcher.use_anonymous_gcs_for_emulator()
+    bucket = gcs.bucket(BUCKET)
+    nights = {"2026-03-01": True, "2026-03-02": True, "2026-03-03": False, "2026-03-09": True, "notes": True}
+    for night, complete in nights.items():
+        names = [f"pets-train.tfrecord-{i:05d}-of-00040" for i in range(40)] + ["_SUCCESS"] * complete
+        for name in names:
+            bucket.blob(f"glob/nightly/{night}/photos/{name}").upload_from_string(b"")
+
+    def no_glob(patterns, *args, **kwargs):
+        raise AssertionError(f"a glob listing on gs://: {patterns}")
+
+    monkeypatch.setattr(FileSystems, "match", staticmethod(no_glob))
+    template = f"gs://{BUCKET}/glob/nightly/{{date}}/photos"
+    found = launcher._complete_earlier_folders(template, "unused", "2026-03-05")  # noqa: SLF001
+    assert found == [f"gs://{BUCKET}/glob/nightly/2026-03-02/photos"]
+    assert launcher._complete_earlier_folders(template, "unused", "2026-03-01") == []  # noqa: SLF001
