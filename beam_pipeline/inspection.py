@@ -9,9 +9,11 @@ Works on local folders and gs:// (Beam FileSystems).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import random
@@ -533,15 +535,18 @@ def _read_at(path: str, wanted: set[int]) -> dict[int, bytes]:
 
 
 def sample(output: str, info: dict[str, Any], n: int, seed: int, split: str | None) -> list[dict[str, list[Any]]]:
-    """n records chosen at random (seeded) over the split(s), read without scanning whole shards' contents."""
-    slots = [
-        (shard, i)
-        for name, s in info["splits"].items()
-        if not split or name == split
-        for shard in s["shards"]
-        for i in range(shard["records"])
-    ]
-    chosen = random.Random(seed).sample(slots, min(n, len(slots)))
+    """n records chosen at random (seeded) over the split(s), read without scanning whole shards' contents.
+
+    The records are numbered across the shards and n numbers drawn from that range (no list of every record:
+    10 M records would take ~1 GB before anything is drawn), each found in its shard by the shards' counts.
+    """
+    shards = [shard for name, s in info["splits"].items() if not split or name == split for shard in s["shards"]]
+    ends = list(itertools.accumulate(shard["records"] for shard in shards))  # records up to each shard's end
+    total = ends[-1] if ends else 0
+    chosen = []
+    for number in random.Random(seed).sample(range(total), min(n, total)):
+        at = bisect.bisect_right(ends, number)
+        chosen.append((shards[at], number - (ends[at - 1] if at else 0)))
     by_shard: dict[str, set[int]] = {}
     for shard, i in chosen:
         by_shard.setdefault(shard["file"], set()).add(i)

@@ -273,3 +273,29 @@ def test_a_reader_that_goes_away_is_no_error(dataset):
     finally:
         os.close(write_end)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_a_contact_sheet_draws_its_records_without_a_list_of_every_record(monkeypatch):
+    """sample() used to build one (shard, i) pair per record to draw 64: ~1 GB for 10 M records before
+    anything was read. It draws numbers from the records' range and finds each one's shard (same picks)."""
+    import random
+    import tracemalloc
+
+    from beam_pipeline import inspection
+
+    shards = [{"file": f"d-train.tfrecord-{i:05d}-of-00020", "records": 500_000} for i in range(20)]
+    info = {"splits": {"train": {"shards": shards}}}
+    asked: dict[str, set[int]] = {}
+    monkeypatch.setattr(inspection, "_read_at", lambda path, wanted: asked.setdefault(path, set(wanted)) and {})
+    tracemalloc.start()
+    try:
+        inspection.sample("out", info, 64, 7, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000, peak
+    drawn = random.Random(7).sample(range(10_000_000), 64)
+    want: dict[str, set[int]] = {}
+    for number in drawn:
+        want.setdefault(f"out/{shards[number // 500_000]['file']}", set()).add(number % 500_000)
+    assert asked == want
