@@ -41,7 +41,7 @@ from .annotations.coco import read_categories
 from .annotations.table import required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
-from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES
+from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
 from .runner import make_options
 from .storage import read_json, read_json_object
@@ -411,6 +411,10 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
             entries += [f"{index.IDX_DIR}/{n}" for n in os.listdir(os.path.join(out, index.IDX_DIR))]
     top = {e.split("/", 1)[0] for e in entries}
     foreign = sorted(e for e in top if not _is_own_file(e))
+    # The TFT folders are ours only beside a dataset of ours (or a run's scratch, a publish cut short): alone,
+    # metadata/ (the name is a common one) or transform_fn/ is someone else's, and a run would write into it.
+    ours = metadata.DATASET_JSON in top or any(e.startswith(metadata.TMP_PREFIX) for e in top)
+    foreign += [] if ours else sorted(e for e in top if e in TFT_DIRS)
     # idx/ is ours only as far as it holds shard indexes: publish would remove other names in it as stale
     foreign += sorted(e for e in entries if e.startswith(index.IDX_DIR + "/") and not metadata.is_idx_file(e))
     if foreign:

@@ -351,6 +351,18 @@ def test_foreign_files_in_idx_or_a_pattern_in_the_output_path_are_refused(folder
     assert result.returncode == 2 and "may not hold" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("folder_name", ["metadata", "transform_fn"])
+def test_a_tft_folder_name_alone_in_the_output_is_someone_elses(folder, tmp_path, folder_name):
+    """metadata/ (a common name) or transform_fn/ with no dataset of this tool beside it: a run would write its
+    TFT files into it and replace a user's schema.pbtxt. Refused, nothing touched."""
+    root, _ = folder
+    out = tmp_path / "theirs"
+    write(str(out / folder_name / "schema.pbtxt"), b"my schema")
+    result = run_cli("convert", "--input", str(root), "--output", str(out))
+    assert result.returncode == 2 and folder_name in result.stderr and "did not write" in result.stderr
+    assert [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()] == [f"{folder_name}/schema.pbtxt"]
+
+
 def test_foreign_files_in_output_are_refused(folder, tmp_path):
     root, _ = folder
     out = tmp_path / "busy"
