@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from beam_pipeline.cli import CONFIG_KEYS, main
+from beam_pipeline.flags import NEGATIONS
 
 
 def to_cli_args(params: Sequence[str]) -> list[str]:
@@ -25,7 +26,11 @@ def to_cli_args(params: Sequence[str]) -> list[str]:
             continue
         flag = "--" + name.replace("_", "-")
         if CONFIG_KEYS[name] is bool:
-            if value.strip().lower() in ("", "true", "1", "yes"):
+            on = value.strip().lower() in ("", "true", "1", "yes")
+            negating = [no for no, setting in NEGATIONS.items() if setting == name]
+            if negating:  # resume=false, split_folders=false: the --no-X flag; true is the default
+                out += [] if on else ["--" + negating[0].replace("_", "-")]
+            elif on:
                 out.append(flag)
             continue
         out.append(f"{flag}={value}" if sep else flag)

@@ -36,6 +36,7 @@ EXAMPLES = {
     "incremental_from": "latest",
     "keep_last": "7",
     "allow_split_names": "false",
+    "no_split_folders": "false",
     "split_ratios": "train=0.8,validation=0.1,test=0.1",
     "seed": "7",
     "target_shard_mb": "150",

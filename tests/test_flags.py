@@ -208,3 +208,13 @@ def test_the_parsers_are_built_from_the_tables():
     ]
     assert listed == [(group.title, flag.name) for group in CONVERT.groups for flag in group.flags]
     assert all(flag.help for flag in CONVERT.flags)
+
+
+def test_a_template_parameter_false_for_a_setting_on_by_default_becomes_its_no_flag():
+    """split_folders=false, resume=false, transform=false (a YAML-style false for a setting that a --no-X flag
+    turns off) were dropped silently on the way from the Flex Template to the command line."""
+    got = to_cli_args(["--split_folders=false", "--resume=false", "--transform=false", "--transform=true"])
+    assert got == ["--no-split-folders", "--no-resume", "--no-transform"]
+    assert to_cli_args(["--no_split_folders=true", "--no_resume=false"]) == ["--no-split-folders"]
+    cfg, _, _ = parse_convert(["--input", "in", "--output", "out", *to_cli_args(["--split_folders=false"])])
+    assert cfg.split_folders is False
