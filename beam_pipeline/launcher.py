@@ -806,7 +806,11 @@ def _remove_dead_run_folders(system: str, own: str) -> None:
     except OSError:
         return
     for path in entries:
-        if path != own and resume.run_state(path) == resume.DEAD:
+        try:
+            mine = os.stat(path).st_uid == os.getuid()  # another user's folder is theirs to clean
+        except (OSError, AttributeError):  # gone meanwhile; no uids (not POSIX)
+            continue
+        if mine and path != own and resume.run_state(path) == resume.DEAD:
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -50,6 +50,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -393,10 +394,14 @@ def run_state(scratch: str) -> str:
     if "://" in scratch:
         return UNKNOWN
     try:
-        fd = os.open(os.path.join(scratch, RUN_LOCK), os.O_RDWR)
+        # never blocking, never through a link, a regular file only: a FIFO or a device planted as the lock
+        # file in a shared folder must not stall the run that looks at it (write access: flock over NFS needs it)
+        fd = os.open(os.path.join(scratch, RUN_LOCK), os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return UNKNOWN
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return UNKNOWN
         if os.read(fd, 4096).decode("utf-8", "replace") != _host():
             return UNKNOWN
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

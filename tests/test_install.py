@@ -182,3 +182,27 @@ def test_runs_in_threads_share_one_temporary_folder_removed_after_the_last():
     second.__exit__(None, None, None)
     assert not os.path.exists(folder)
     assert tempfile.tempdir == before and tempfile.gettempdir() == system
+
+
+def test_a_lock_file_that_is_a_fifo_does_not_stall_the_next_run(tmp_path):
+    """Anyone can make a beam_pipeline-run-* folder in a shared /tmp: a FIFO planted as its _run.lock made the
+    look at dead runs' folders (at every run's start) block for ever on open/read. It is left alone, at once;
+    a dead run's folder beside it still goes."""
+    import os
+    import threading
+
+    from beam_pipeline import launcher, resume
+
+    planted = tmp_path / "beam_pipeline-run-planted"
+    planted.mkdir()
+    os.mkfifo(planted / resume.RUN_LOCK)
+    dead = tmp_path / "beam_pipeline-run-dead"
+    with resume.run_lock(str(dead)):
+        pass  # its lock is free now: the run is over
+    done = threading.Event()
+    threading.Thread(
+        target=lambda: (launcher._remove_dead_run_folders(str(tmp_path), ""), done.set()),
+        daemon=True,  # noqa: SLF001
+    ).start()
+    assert done.wait(10), "the look at run folders is stuck on the FIFO"
+    assert planted.is_dir() and not dead.exists()
