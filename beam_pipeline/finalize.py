@@ -68,7 +68,7 @@ BATCH = 100
 STALE_TMP_AGE_S = 3 * 24 * 3600
 
 
-def _sizes_under(path: str) -> dict[str, int]:
+def sizes_under(path: str) -> dict[str, int]:
     """{relative path: size} of every file under ``path`` (one listing; hidden folders not entered locally)."""
     prefix = path.rstrip("/") + "/"
     try:
@@ -80,7 +80,7 @@ def _sizes_under(path: str) -> dict[str, int]:
 
 def _files_under(path: str) -> list[str]:
     prefix = path.rstrip("/") + "/"
-    return sorted(prefix + rel for rel in _sizes_under(path))
+    return sorted(prefix + rel for rel in sizes_under(path))
 
 
 # --- batched file operations -------------------------------------------------
@@ -361,7 +361,7 @@ def _output_sizes(out_dir: str) -> dict[str, int]:
     """{relative path: size} in the output, scratch folders and the lease left out (GCS lists them)."""
     return {
         rel: size
-        for rel, size in _sizes_under(out_dir).items()
+        for rel, size in sizes_under(out_dir).items()
         if not rel.startswith(metadata.TMP_PREFIX) and rel != lease.LEASE
     }
 
@@ -409,7 +409,7 @@ def _check_staging(staging: str, staged: Mapping[str, int], info: Mapping[str, A
 def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]:
     staged = {
         rel: size
-        for rel, size in _sizes_under(staging).items()
+        for rel, size in sizes_under(staging).items()
         if not rel.startswith((PUBLISH_MANIFEST, REJECT_PARTS + "/", index.INDEX_PARTS + "/", *resume.SCRATCH_ONLY))
     }
     if metadata.DATASET_JSON not in staged:
@@ -418,8 +418,8 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     _check_staging(staging, staged, info)
     old = _output_sizes(out_dir)
     previous = FileSystems.join(out_dir, metadata.DATASET_JSON)
-    owned = recorded_tft_files(_old_info(previous)) if metadata.DATASET_JSON in old else []
-    owned = sorted({rel for rel in [*owned, *_tft_files_of_other_publishes(out_dir, staging)] if rel in old})
+    recorded = recorded_tft_files(_old_info(previous)) if metadata.DATASET_JSON in old else []
+    owned = runs_tft_files(out_dir, old, recorded, staging)
     stale = sorted(rel for rel in old if _is_published_name(rel, owned) and rel not in staged)
     return {
         "files": dict(sorted(staged.items())),
@@ -430,14 +430,23 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     }
 
 
-def _tft_files_of_other_publishes(out_dir: str, staging: str) -> list[str]:
-    """The TFT files other runs' publish manifests list (runs of this output cut short inside their publish).
+def runs_tft_files(out_dir: str, sizes: Mapping[str, int], recorded: Iterable[str], staging: str = "") -> list[str]:
+    """The files under the TFT folders of ``out_dir`` (``sizes``: its files) that are a run's: those its
+    dataset.json records (``recorded``), and those another run's publish plan lists, while they have the size
+    that run moved there (a user's file of the same name, a schema.pbtxt of their own, is not taken for it)."""
+    planned = _tft_files_of_other_publishes(out_dir, staging)
+    return sorted({rel for rel in recorded if rel in sizes} | {rel for rel, size in planned if sizes.get(rel) == size})
+
+
+def _tft_files_of_other_publishes(out_dir: str, staging: str) -> list[tuple[str, int]]:
+    """The TFT files (path, size) other runs' publish manifests list (runs of this output cut short inside their
+    publish).
 
     Such a run's TFT files may be in the output while its dataset.json, moved last, never got there: the
     dataset.json there records none of them, yet they are a run's, not a user's, and must not stay beside this
     run's dataset (a reader would apply another run's graph).
     """
-    files: list[str] = []
+    files: list[tuple[str, int]] = []
     for folder in resume.scratch_folders(out_dir):
         if folder.rstrip("/") == staging.rstrip("/"):
             continue
@@ -447,7 +456,7 @@ def _tft_files_of_other_publishes(out_dir: str, staging: str) -> list[str]:
             continue
         listed = (manifest or {}).get("files")
         if isinstance(listed, dict):
-            files += [rel for rel in listed if isinstance(rel, str) and rel.split("/", 1)[0] in TFT_DIRS]
+            files += [(rel, size) for rel, size in listed.items() if rel.split("/", 1)[0] in TFT_DIRS]
     return files
 
 
@@ -595,7 +604,7 @@ def _publish_under(
     src = staging.rstrip("/") + "/"
     dst = out_dir.rstrip("/") + "/"
 
-    in_staging = {src + rel for rel in _sizes_under(staging)}
+    in_staging = {src + rel for rel in sizes_under(staging)}
     output_now = _output_sizes(out_dir)
     in_output = {dst + rel for rel in output_now}
     existing = in_staging | in_output

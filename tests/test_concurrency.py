@@ -623,3 +623,23 @@ def test_tft_files_of_a_publish_cut_short_do_not_stay_under_the_next_runs_succes
 
     with pytest.raises(ValueError, match="converted without a transform"):
         reader.load(str(out), "train", transformed=True)
+
+
+def test_a_users_file_under_a_tft_folder_beside_a_dataset_is_never_written_over(tmp_path):
+    """Beside a --no-transform dataset (its dataset.json records no TFT file), a user's metadata/schema.pbtxt:
+    a run with a transform would move its own schema.pbtxt over it. Refused, naming the file, nothing touched.
+    A publish plan of a run killed inside its publish that lists the same path does not make it that run's
+    unless it has the size that run moved there."""
+    src, out = _photos(tmp_path / "src"), tmp_path / "out"
+    convert("--input", str(src), "--output", str(out))
+    write(str(out / "metadata" / "schema.pbtxt"), b"my schema")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    refused = run_cli("convert", "--input", str(src), "--output", str(out), "--overwrite")  # with a transform
+    assert refused.returncode == 2 and "metadata/schema.pbtxt" in refused.stderr and "did not write" in refused.stderr
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    plan = out / ".beam_pipeline-tmp-20260101-000000-deadbeef" / finalize.PUBLISH_MANIFEST
+    write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": 321}, "run_id": "x"}).encode())
+    sizes = finalize.sizes_under(str(out))
+    assert finalize.runs_tft_files(str(out), sizes, []) == []
+    write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": len(b"my schema")}, "run_id": "x"}).encode())
+    assert finalize.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == ["metadata/schema.pbtxt"]
