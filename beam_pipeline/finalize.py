@@ -417,9 +417,22 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     info = read_json(FileSystems.join(staging, metadata.DATASET_JSON))
     _check_staging(staging, staged, info)
     old = _output_sizes(out_dir)
-    previous = FileSystems.join(out_dir, metadata.DATASET_JSON)
-    recorded = recorded_tft_files(_old_info(previous)) if metadata.DATASET_JSON in old else []
+    old_info = _old_info(FileSystems.join(out_dir, metadata.DATASET_JSON)) if metadata.DATASET_JSON in old else None
+    in_tft = {rel for rel in old if rel.split("/", 1)[0] in TFT_DIRS}
+    transform = (old_info or {}).get("transform")
+    if isinstance(transform, dict) and "files" not in transform:
+        recorded = sorted(in_tft)  # a dataset.json of a version that did not list them: its TFT folders are its run's
+    else:
+        recorded = recorded_tft_files(old_info)
     owned = runs_tft_files(out_dir, old, recorded, staging)
+    if old_info != {}:  # a damaged dataset.json tells no file apart: this run's then replace what is there
+        theirs = sorted(rel for rel in staged if rel in in_tft and rel not in owned)
+        if theirs:
+            raise ForeignFileInTheWay(
+                f"publish into {out_dir}: {theirs[0]} is no run's of this tool (neither the dataset.json there nor "
+                f"a publish cut short lists it) and this run has a file of that name; move it away and run the "
+                f"same command again (nothing was changed; this run's files wait in {staging})"
+            )
     stale = sorted(rel for rel in old if _is_published_name(rel, owned) and rel not in staged)
     return {
         "files": dict(sorted(staged.items())),
@@ -428,6 +441,10 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         "complete": complete,
         "run_id": info.get("run_id"),
     }
+
+
+class ForeignFileInTheWay(ValueError):
+    """A file of this run would replace one in the output that no run of this tool wrote: nothing is published."""
 
 
 def runs_tft_files(out_dir: str, sizes: Mapping[str, int], recorded: Iterable[str], staging: str = "") -> list[str]:

@@ -415,8 +415,6 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     # metadata/ (the name is a common one) or transform_fn/ is someone else's, and a run would write into it.
     ours = metadata.DATASET_JSON in top or any(e.startswith(metadata.TMP_PREFIX) for e in top)
     foreign += [] if ours else sorted(e for e in top if e in TFT_DIRS)
-    if ours and top & set(TFT_DIRS):
-        foreign += _foreign_tft_files(out, top)
     # idx/ is ours only as far as it holds shard indexes: publish would remove other names in it as stale
     foreign += sorted(e for e in entries if e.startswith(index.IDX_DIR + "/") and not metadata.is_idx_file(e))
     if foreign:
@@ -432,27 +430,6 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     if metadata.SUCCESS in top and not cfg.overwrite:
         raise UsageError(f"--output {cfg.output}: holds a complete dataset; pass --overwrite to replace it")
     return out
-
-
-def _foreign_tft_files(out: str, top: set[str]) -> list[str]:
-    """Files under the TFT folders beside a dataset of ours that no run wrote (its dataset.json records them, or
-    a run's publish plan lists them): a run with a transform would write over them (a user's schema.pbtxt).
-    None is told apart when dataset.json is damaged, or is an older version's that recorded no TFT file."""
-    from .finalize import recorded_tft_files, runs_tft_files, sizes_under
-
-    recorded: list[str] = []
-    if metadata.DATASET_JSON in top:
-        try:
-            info = read_json_object(FileSystems.join(out, metadata.DATASET_JSON))
-        except ValueError:
-            return []
-        transform = info.get("transform")
-        if isinstance(transform, dict) and "files" not in transform:
-            return []
-        recorded = recorded_tft_files(info)
-    sizes = sizes_under(out)
-    tft = {rel for rel in sizes if rel.split("/", 1)[0] in TFT_DIRS}
-    return sorted(tft - set(runs_tft_files(out, sizes, recorded)))
 
 
 def _finish_cut_short_publish(output: str, run_id: str) -> None:

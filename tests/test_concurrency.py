@@ -627,19 +627,38 @@ def test_tft_files_of_a_publish_cut_short_do_not_stay_under_the_next_runs_succes
 
 def test_a_users_file_under_a_tft_folder_beside_a_dataset_is_never_written_over(tmp_path):
     """Beside a --no-transform dataset (its dataset.json records no TFT file), a user's metadata/schema.pbtxt:
-    a run with a transform would move its own schema.pbtxt over it. Refused, naming the file, nothing touched.
-    A publish plan of a run killed inside its publish that lists the same path does not make it that run's
-    unless it has the size that run moved there."""
+    a run with a transform moved its own schema.pbtxt over it. Its publish now stops before changing anything,
+    naming the file; a run without a transform writes nothing there and publishes, the file kept. A publish
+    plan of a run killed inside its publish that lists the same path makes it that run's only at the size that
+    run moved there."""
     src, out = _photos(tmp_path / "src"), tmp_path / "out"
     convert("--input", str(src), "--output", str(out))
     write(str(out / "metadata" / "schema.pbtxt"), b"my schema")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    refused = run_cli("convert", "--input", str(src), "--output", str(out), "--overwrite")  # with a transform
-    assert refused.returncode == 2 and "metadata/schema.pbtxt" in refused.stderr and "did not write" in refused.stderr
-    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    stopped = run_cli("convert", "--input", str(src), "--output", str(out), "--overwrite", "--seed", "3")  # TFT
+    assert stopped.returncode == 1 and "metadata/schema.pbtxt is no run's" in stopped.stderr, stopped.stderr
+    assert len(stopped.stderr.strip().splitlines()) == 1
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and ".beam_pipeline-tmp" not in
+            str(p)} == before  # fmt: skip
+    convert("--input", str(src), "--output", str(out), "--overwrite", "--seed", "5")  # no transform
+    assert _check_complete(out)["seed"] == 5 and (out / "metadata" / "schema.pbtxt").read_bytes() == b"my schema"
     plan = out / ".beam_pipeline-tmp-20260101-000000-deadbeef" / finalize.PUBLISH_MANIFEST
     write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": 321}, "run_id": "x"}).encode())
-    sizes = finalize.sizes_under(str(out))
-    assert finalize.runs_tft_files(str(out), sizes, []) == []
+    assert finalize.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == []
     write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": len(b"my schema")}, "run_id": "x"}).encode())
     assert finalize.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == ["metadata/schema.pbtxt"]
+
+
+def test_tft_files_of_a_version_that_did_not_list_them_go_with_its_dataset(tmp_path):
+    """A dataset with a transform whose dataset.json has no transform.files (versions before they were
+    listed): a --no-transform night removes its TFT folders as that run's, and the next night, with or without
+    a transform, publishes (was: kept, then every later night refused or stuck)."""
+    src, out = _photos(tmp_path / "src"), tmp_path / "out"
+    convert("--input", str(src), "--output", str(out), transform=True)
+    info = json.loads((out / "dataset.json").read_text())
+    del info["transform"]["files"]
+    (out / "dataset.json").write_text(json.dumps(info))
+    convert("--input", str(src), "--output", str(out), "--overwrite")
+    assert not [d for d in finalize.TFT_DIRS if (out / d).exists()]
+    convert("--input", str(src), "--output", str(out), "--overwrite", transform=True)
+    assert "transform" in _check_complete(out)
