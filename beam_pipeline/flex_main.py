@@ -26,10 +26,13 @@ def to_cli_args(params: Sequence[str]) -> list[str]:
             continue
         flag = "--" + name.replace("_", "-")
         if CONFIG_KEYS[name] is bool:
-            on = value.strip().lower() in ("", "true", "1", "yes")
+            word = value.strip().lower()
+            on, off = word in ("", "true", "1", "yes"), word in ("false", "0", "no")
             negating = [no for no, setting in NEGATIONS.items() if setting == name]
-            if negating:  # resume=false, split_folders=false: the --no-X flag; true is the default
-                out += [] if on else ["--" + negating[0].replace("_", "-")]
+            if not (on or off):
+                out.append(param)  # neither: convert refuses it, naming it (never read as one or the other)
+            elif negating:  # resume=false, split_folders=false: the --no-X flag; true is the default
+                out += ["--" + negating[0].replace("_", "-")] if off else []
             elif on:
                 out.append(flag)
             continue

@@ -218,3 +218,7 @@ def test_a_template_parameter_false_for_a_setting_on_by_default_becomes_its_no_f
     assert to_cli_args(["--no_split_folders=true", "--no_resume=false"]) == ["--no-split-folders"]
     cfg, _, _ = parse_convert(["--input", "in", "--output", "out", *to_cli_args(["--split_folders=false"])])
     assert cfg.split_folders is False
+    for odd in ("--transform=on", "--overwrite=enabled"):  # neither true nor false: refused, not guessed
+        assert to_cli_args([odd]) == [odd]
+        with pytest.raises(UsageError):
+            parse_convert(["--input", "in", "--output", "out", *to_cli_args([odd])])
