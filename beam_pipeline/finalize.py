@@ -430,8 +430,10 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         if theirs:
             raise ForeignFileInTheWay(
                 f"publish into {out_dir}: {theirs[0]} is no run's of this tool (neither the dataset.json there nor "
-                f"a publish cut short lists it) and this run has a file of that name; move it away and run the "
-                f"same command again (nothing was changed; this run's files wait in {staging})"
+                f"a publish cut short lists it: a file of yours, or one a killed run left after a damaged "
+                f"dataset.json or an older version) and this run has a file of that name; move it away (or delete "
+                f"the folder if it is no one's) and run the same command again (nothing was changed; this run's "
+                f"files wait in {staging})"
             )
     stale = sorted(rel for rel in old if _is_published_name(rel, owned) and rel not in staged)
     return {
