@@ -39,7 +39,7 @@ from apache_beam.runners.runner import PipelineState
 from . import failpoints, index, lease, metadata, resume
 from .annotations.coco import read_categories
 from .annotations.table import required_columns
-from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, is_date, names_only_source
+from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
@@ -296,16 +296,11 @@ def earlier_dated_folders(template: str, files: Iterable[str], before: str) -> l
     real calendar date strictly before ``before``: a folder of a later date, the
     run's own date, ``notes`` or ``2026-02-30`` does not.
     """
-    first, *rest = template.split(DATE_FIELD)
-    folder_re = re.compile(
-        re.escape(first) + "(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})" + "(?P=date)".join(re.escape(p) for p in rest)
-    )
-    dates: set[str] = set()
-    for path in files:
-        found = folder_re.fullmatch(path.rsplit("/", 1)[0])
-        if found and is_date(found["date"]) and found["date"] < before:  # YYYY-MM-DD sorts as dates do
-            dates.add(found["date"])
-    return [template.replace(DATE_FIELD, d) for d in sorted(dates, reverse=True)]
+    from .retention import date_of
+
+    dates = {date_of(template, path.rsplit("/", 1)[0]) for path in files}
+    earlier = [d for d in dates if d is not None and d < before]  # YYYY-MM-DD sorts as dates do
+    return [template.replace(DATE_FIELD, d) for d in sorted(earlier, reverse=True)]
 
 
 def _complete_earlier_folders(template: str, pattern: str, before: str) -> list[str]:
@@ -318,14 +313,12 @@ def _complete_earlier_folders(template: str, pattern: str, before: str) -> list[
     """
     if not is_remote(template):
         return earlier_dated_folders(template, [m.path for m in FileSystems.match([pattern])[0].metadata_list], before)
+    from .retention import date_of
+
     head, _, rest = template.partition(DATE_FIELD)
-    level = re.escape(head.rpartition("/")[2]) + r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})" + re.escape(rest.split("/")[0])
-    dates = set()
-    for folder in resume.gcs_folders(head):
-        found = re.fullmatch(level.replace(re.escape(DATE_FIELD), "(?P=date)"), folder.rpartition("/")[2])
-        if found and is_date(found["date"]) and found["date"] < before:
-            dates.add(found["date"])
-    for date in sorted(dates, reverse=True):
+    level = head.rpartition("/")[2] + DATE_FIELD + rest.split("/")[0]  # the folder name that holds {date}
+    dates = {date_of(level, folder.rpartition("/")[2]) for folder in resume.gcs_folders(head)}
+    for date in sorted((d for d in dates if d is not None and d < before), reverse=True):
         folder = template.replace(DATE_FIELD, date)
         if FileSystems.exists(FileSystems.join(folder, metadata.SUCCESS)):
             return [folder]
