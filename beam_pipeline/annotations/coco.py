@@ -322,6 +322,8 @@ class _JoinImageObjects(CountingDoFn):
                 continue
             kept.append(obj)
             segmentation = ann.get("segmentation")
+            if not obj.segmentation or len(obj.segmentation) == len(segmentation):
+                continue  # every polygon drawn (or an RLE, or none): no second look at them
             for place in objects.dropped_polygons(segmentation):
                 problem = objects.polygon_problem(segmentation[place])
                 left = Invalid(objects.POLYGON_DROPPED, f"polygon {place} left out of the mask ({problem})")
