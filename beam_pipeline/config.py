@@ -335,6 +335,8 @@ def _check_label_separator(cfg: ConvertConfig) -> None:
         raise UsageError(f"--label-separator {sep!r}: give one or more characters, not spaces or line breaks alone")
     if not cfg.manifest or cfg.labels_from not in (None, "manifest") or cfg.label_regex:
         raise UsageError("--label-separator splits a manifest's label column: it needs --manifest (labels from it)")
+    if cfg.manifest_objects:
+        raise UsageError("--label-separator is for multi-label images; an object of --manifest-objects has one class")
 
 
 def validate(cfg: ConvertConfig) -> None:

@@ -159,6 +159,8 @@ def test_a_multi_label_ref_holds_its_labels_as_a_tuple():
         (("--input", "photos", "--label-separator", "|"), "--label-separator"),
         (("--manifest", "list.csv", "--label-separator", " "), "--label-separator"),
         (("--manifest", "list.csv", "--label-separator", "|", "--labels-from", "none"), "--label-separator"),
+        # an object's label is one class: "cat | dog" must not become one class named so, silently
+        (("--manifest", "list.csv", "--label-separator", "|", "--manifest-objects", "rows"), "one class"),
     ],
 )
 def test_label_separator_usage_errors(tmp_path, args, message):
