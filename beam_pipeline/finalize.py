@@ -326,6 +326,7 @@ TFT_DIRS = ("transform_fn", "transformed_metadata", "metadata")
 PUBLISHED_DIRS = (*TFT_DIRS, index.IDX_DIR)
 
 OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects", "nothing_converted", "empty"
+NO_OBJECT_KEPT = "no_object_kept"  # annotations given, every one rejected: a mismatch, not a dataset of negatives
 
 
 def outcome(examples: int, rejects: int, max_reject_fraction: float) -> str:
@@ -886,7 +887,9 @@ class FinalizeFn(beam.DoFn):
         if self._layout.object_names:  # a names-only source: the run's label list names the ids
             categories = objects.categories_from_labels(labels, self._layout.prior_labels or ())
         if categories is not None:
-            info.update(detection_summary(categories, object_counts))
+            # the planned sink's writers counted the objects of the records they wrote, per shard
+            written = [kv for files in layout.values() for _, r in files for kv in r.get("objects", {}).items()]
+            info.update(detection_summary(categories, [*object_counts, *written]))
             info["features"] = dict(sorted({**info["features"], **objects.feature_spec()}.items()))
         if self._layout.masks:
             info["features"] = dict(sorted({**info["features"], **masks.feature_spec()}.items()))
@@ -902,6 +905,9 @@ class FinalizeFn(beam.DoFn):
         if resumed:
             info["resumed"] = resumed
         info["status"] = outcome(info["examples"], sum(rejects_by_reason.values()), cfg.max_reject_fraction)
+        objs = info.get("objects")
+        if info["status"] == OK and objs and not objs["kept"] and objs["rejects"]["total"]:
+            info["status"] = NO_OBJECT_KEPT
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
 

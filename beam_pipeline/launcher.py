@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import posixpath
@@ -38,7 +39,8 @@ from apache_beam.runners.runner import PipelineState
 
 from . import failpoints, index, lease, metadata, resume
 from .annotations.coco import read_categories
-from .annotations.table import required_columns
+from .annotations.objects import BACKGROUND
+from .annotations.table import PIXELS, looks_normalized, required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS
@@ -169,6 +171,19 @@ def _check_object_columns(cfg: ConvertConfig, fmt: str, columns: tuple[str, ...]
         raise UsageError(
             f"--manifest-objects {cfg.manifest_objects}: {cfg.manifest} has no {', '.join(repr(c) for c in missing)} "
             f"column{'s' if len(missing) > 1 else ''} (found: {', '.join(columns)})"
+        )
+
+
+def _note_normalized_looking_boxes(cfg: ConvertConfig, path: str, fmt: str) -> None:
+    """A note when the manifest's first rows give boxes only within [0, 1] while --box-units is pixels."""
+    if not cfg.manifest_objects or cfg.box_units != PIXELS:
+        return
+    with open_text(path) as stream:
+        first = list(itertools.islice(read_manifest_rows(stream, fmt), FIRST_LOOK_ROWS))
+    if looks_normalized(first, cfg.manifest_objects):
+        note(
+            f"--manifest {cfg.manifest}: its first boxes all lie within [0, 1], under a pixel each as --box-units "
+            "pixels reads them; normalized coordinates need --box-units normalized"
         )
 
 
@@ -473,6 +488,7 @@ def prepare(
             hint = f"; its columns look separated by {other!r}: a CSV manifest is separated by commas" if other else ""
             raise UsageError(f"--manifest {cfg.manifest}: no 'path' column (found: {found}){hint}")
         _check_object_columns(cfg, manifest_format, columns)
+        _note_normalized_looking_boxes(cfg, manifest, manifest_format)
         root = posixpath.dirname(manifest) if is_remote(manifest) else os.path.dirname(manifest)
         pattern = None
     else:
@@ -501,7 +517,13 @@ def prepare(
         coco = absolute(cfg.coco)
         if not FileSystems.exists(coco) or (not is_remote(coco) and os.path.isdir(coco)):
             raise UsageError(f"--coco {cfg.coco}: no such file")
-        categories = read_categories(coco)
+        found = read_categories(coco)
+        categories = found.pairs
+        if found.left_out is not None and found.left_out.strip("_").lower() != BACKGROUND:
+            note(
+                f"--coco {cfg.coco}: category 0 ({found.left_out!r}) names no object: left out of labels.txt and "
+                "label_map.pbtxt (id 0 is the background)"
+            )
     voc = None
     if cfg.voc:  # a detection dataset whose classes are named in the XML files (ids from the run's label list)
         label_source = "none"
@@ -986,7 +1008,7 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
 
 def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
     """Reads finalize's verdict; runs the post-steps on the staging folder and publishes, unless the job did."""
-    from .finalize import NOTHING_CONVERTED, OK, TOO_MANY_REJECTS
+    from .finalize import NO_OBJECT_KEPT, NOTHING_CONVERTED, OK, TOO_MANY_REJECTS
     from .images import NO_LABEL
     from .poststeps import run_post_steps
 
@@ -1010,15 +1032,20 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
         reasons = ", ".join(f"{k} {v}" for k, v in list(info["rejects"]["by_reason"].items())[:3])
         total = info["rejects"]["total"]
         listed = total + info["examples"]
+        kept_where = f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
         if status == TOO_MANY_REJECTS:
-            where = (
-                f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
-                if kept_old
-                else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
-            )
+            where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
             raise RejectsError(
                 f"{total} of {listed} inputs rejected ({reasons}), more than --max-reject-fraction "
                 f"{cfg.max_reject_fraction:g}; {where}"
+            )
+        if status == NO_OBJECT_KEPT:
+            objs = info["objects"]["rejects"]
+            reasons = ", ".join(f"{k} {v}" for k, v in list(objs["by_reason"].items())[:3])
+            where = kept_where if kept_old else "shards written without _SUCCESS"
+            raise RejectsError(
+                f"no object was kept: {objs['total']} annotations rejected ({reasons}; see "
+                f"{rejects_at}/object_rejects.jsonl); {where}"
             )
         if status == NOTHING_CONVERTED:
             hint = ""

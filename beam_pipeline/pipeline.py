@@ -127,7 +127,7 @@ def build_pipeline(
         split_label_counts=written["split_label_counts"],
         changes=listed["changes"],
         labelled=listed["labelled"],
-        objects=_object_parts(listed, layout),
+        objects=_object_parts(listed, layout, written.get(COUNTS)),
     )
     _after_finalize(finalized, cfg, layout)
     return p
@@ -192,12 +192,18 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
     }
 
 
-def _object_parts(listed: Mapping[str, Any], layout: Layout) -> dict[str, beam.PCollection] | None:
-    """Object rejects as part files (``_rejects/objects/``) and the object counts, for finalize; None without."""
+def _object_parts(
+    listed: Mapping[str, Any], layout: Layout, written: beam.PCollection | None
+) -> dict[str, beam.PCollection] | None:
+    """Object rejects as part files (``_rejects/objects/``) and the object counts, for finalize; None without.
+
+    ``written``: the WriteToTFRecord sink's counts of the objects it wrote (the planned sink's shard results
+    hold theirs)."""
     if listed[OBJECT_REJECTS] is None:
         return None
     parts = (listed[OBJECT_REJECTS],) | "ObjectRejects" >> RejectParts(layout, folder="objects")
-    return {"parts": parts["parts"], "counts": listed[COUNTS]}
+    counts = listed[COUNTS] if written is None else (listed[COUNTS], written) | "WrittenObjects" >> beam.Flatten()
+    return {"parts": parts["parts"], "counts": counts}
 
 
 class WritePlannedShards(beam.PTransform):
@@ -263,7 +269,7 @@ def _write_with_write_to_tfrecord(
     p = refs.pipeline
     decoded = refs | "Decode" >> beam.ParDo(
         DecodeFn(cfg.image_options), beam.pvalue.AsSingleton(labels), beam.pvalue.AsSingleton(extra_types)
-    ).with_outputs(REJECTS, main="records")
+    ).with_outputs(REJECTS, COUNTS, main="records")
     # (split, label, record)
     split_label_counts = (
         decoded.records
@@ -295,7 +301,12 @@ def _write_with_write_to_tfrecord(
         )
         per_split.append(files)
     results = tuple(per_split) | "AllShardFiles" >> beam.Flatten() if per_split else (p | "NoShards" >> beam.Create([]))
-    return {"results": results, REJECTS: decoded[REJECTS], "split_label_counts": split_label_counts}
+    return {
+        "results": results,
+        REJECTS: decoded[REJECTS],
+        "split_label_counts": split_label_counts,
+        COUNTS: decoded[COUNTS],  # objects of the records written (the planned sink's results hold them)
+    }
 
 
 class RejectParts(beam.PTransform):

@@ -310,7 +310,7 @@ def test_every_validation_reason_with_its_path(converted):
     }
     assert info["skipped"]["by_reason"] == {coco.NOT_IN_COCO: 1}
     assert info["objects"] == {
-        "kept": 2 + 2 + 1,  # a.jpg, c.jpg, wrong.jpg (its image is rejected later, by the writer)
+        "kept": 2 + 2,  # a.jpg, c.jpg: the objects in the records (not wrong.jpg's, whose image the writer rejects)
         "rejects": {
             "total": 7,
             "by_reason": {
@@ -382,7 +382,7 @@ def test_read_categories_refuses_a_bad_file_in_one_line(tmp_path):
         path.write_text(json.dumps({"images": [], "categories": cats}))
         return path
 
-    assert coco.read_categories(str(categories(CATEGORIES))) == (
+    assert coco.read_categories(str(categories(CATEGORIES))).pairs == (
         (1, "person"),
         (3, "car"),
         (7, "train"),
@@ -415,7 +415,7 @@ def test_read_categories_gives_what_a_full_parse_gives(tmp_path):
     }
     path = tmp_path / "c.json"
     path.write_text(json.dumps(doc))
-    assert coco.read_categories(str(path)) == ((1, "person"), (2, doc["categories"][1]["name"]))
+    assert coco.read_categories(str(path)).pairs == ((1, "person"), (2, doc["categories"][1]["name"]))
 
 
 def test_a_file_nested_too_deep_is_refused_in_one_line_with_flat_memory(tmp_path):
@@ -436,7 +436,7 @@ def test_a_file_nested_too_deep_is_refused_in_one_line_with_flat_memory(tmp_path
     fine = tmp_path / "fine.json"  # exactly the limit is fine
     nest = coco.MAX_JSON_DEPTH - 1
     fine.write_text('{"junk": ' + "[" * nest + "]" * nest + ', "categories": [{"id": 1, "name": "a"}]}')
-    assert coco.read_categories(str(fine)) == ((1, "a"),)
+    assert coco.read_categories(str(fine)).pairs == ((1, "a"),)
     (tmp_path / "img").mkdir()
     write(str(tmp_path / "img" / "a.jpg"), image_bytes("jpeg"))
     result = run_cli("convert", "--input", str(tmp_path / "img"), "--coco", str(path), "--output", str(tmp_path / "o"))
@@ -568,7 +568,7 @@ def test_the_code_digest_covers_subpackages(tmp_path, monkeypatch):
 
 def test_the_summary_counts_objects(converted):
     _, result = converted
-    assert "objects             5 kept, 2 images without any" in result.stdout
+    assert "objects             4 kept, 2 images without any" in result.stdout
     assert "objects out         7 (bad_box 2, " in result.stdout and "-> object_rejects.jsonl" in result.stdout
     assert "categories          4 -> label_map.pbtxt, labels.txt" in result.stdout
 
@@ -752,32 +752,26 @@ def test_a_mask_of_many_polygons_is_rasterized_in_one_layer():
 
 
 def test_counters_summed_per_bundle_are_exact_over_several_bundles():
-    """The object counters leave each bundle as a few sums (join.Counts), not one element per image: on a
+    """The object reject counters leave each bundle as a few sums (join.Counts), not one element per object: on a
     runner that splits the images over two workers there are several partial sums, and they add up exactly."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.util import assert_that
 
     from beam_pipeline.annotations import join
-    from beam_pipeline.annotations.objects import Annotations, Obj
-    from beam_pipeline.listing import REJECTS, SKIPPED, Ref
 
     def joined(i: int) -> tuple[str, list[Any]]:
-        ref = Ref(f"/d/{i}.jpg", f"{i}.jpg", 1, "train", None, i)
-        kept = tuple(Obj((0, 0, 1, 1), 1, "person") for _ in range(i % 4))
-        given = len(kept) + i % 3
-        image = coco.CocoImage(Annotations(str(i), 10, 10, kept), given, given - len(kept))
-        return (ref.relpath, [(join.REFS, ref), (coco.COCO, image)])
+        entry = {"id": i, "file_name": f"{i}.jpg", "width": 10, "height": 10}
+        good = [{"id": k, "image_id": i, "category_id": 1, "bbox": [0, 0, 1, 1]} for k in range(i % 4)]
+        bad = [{"id": 9, "image_id": i, "category_id": 999, "bbox": [0, 0, 1, 1]}] * (i % 3)
+        return (str(i), [(coco.IMAGES, entry), (coco.ANNOTATIONS, list(enumerate(good + bad)))])
 
     n = 200
-    want: dict[str, int] = {join.OBJECTS_KEPT: sum(i % 4 for i in range(n))}
-    for i in range(n):
-        for counter in join.image_counters(i % 4 + i % 3, i % 4):
-            want[counter] = want.get(counter, 0) + 1
+    want = {objects.UNKNOWN_CATEGORY: sum(i % 3 for i in range(n))}
 
     def check(partial: list[tuple[str, int]]) -> None:
-        assert sum(1 for name, _ in partial if name == join.OBJECTS_KEPT) >= 2, partial  # several bundles
-        assert len(partial) < n / 10, partial  # sums, not one element per image
+        assert len(partial) >= 2, partial  # several bundles
+        assert len(partial) < n / 10, partial  # sums, not one element per object
         total: dict[str, int] = {}
         for name, value in partial:
             total[name] = total.get(name, 0) + value
@@ -786,12 +780,13 @@ def test_counters_summed_per_bundle_are_exact_over_several_bundles():
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     options = PipelineOptions([], direct_running_mode="multi_threading", direct_num_workers=2)
+    join_fn = coco._JoinImageObjects("/d/instances.json", "/d", [(1, "person")])  # noqa: SLF001
     with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
         out = (
             p
             | beam.Create([joined(i) for i in range(n)])
             | beam.Reshuffle()
-            | beam.ParDo(coco._AttachAnnotations("/d")).with_outputs(REJECTS, SKIPPED, join.COUNTS, main="refs")  # noqa: SLF001
+            | beam.ParDo(join_fn).with_outputs(join.OBJECT_REJECTS, join.COUNTS, main="images")
         )
         assert_that(out[join.COUNTS] | beam.combiners.ToList(), lambda lists: check(lists[0]))
         summed = join.sum_counts(out[join.COUNTS]) | beam.combiners.ToDict()
@@ -806,7 +801,8 @@ def test_a_multi_worker_convert_counts_every_object_exactly(coco_set, converted,
     flags = ("--direct_running_mode", "multi_threading", "--direct_num_workers", "2", "--max-reject-fraction", "1")
     convert("--input", str(root), "--coco", str(path), "--output", str(out), *flags)
     assert load_info(out)["objects"] == load_info(converted[0])["objects"]
-    assert load_info(out)["objects"]["kept"] == 5 and load_info(out)["objects"]["rejects"]["total"] == 7
+    # 5 objects pass the checks; wrong.jpg's is not written (its size is not its entry's): 4 in the records
+    assert load_info(out)["objects"]["kept"] == 4 and load_info(out)["objects"]["rejects"]["total"] == 7
 
 
 def _orders(doc: dict[str, Any], seed: int) -> tuple[list[Any], list[Any]]:
@@ -849,7 +845,7 @@ def test_annotations_grouped_or_interleaved_give_the_same_shards(tmp_path):
         convert("--input", str(root), "--coco", str(path), "--output", str(out), "--max-reject-fraction", "1")
         outs.append(out)
     infos = [load_info(out) for out in outs]
-    assert infos[0]["objects"] == infos[1]["objects"] and infos[0]["objects"]["kept"] == 5 + many
+    assert infos[0]["objects"] == infos[1]["objects"] and infos[0]["objects"]["kept"] == 4 + many
     shards = [sorted(s["file"] for split in info["splits"].values() for s in split["shards"]) for info in infos]
     assert shards[0] == shards[1] and shards[0]
     for shard in shards[0]:
@@ -928,3 +924,119 @@ def test_masks_over_max_mask_pixels_reject_their_image_before_any_is_drawn(tmp_p
     # the default limit writes all three (3 x 64 x 48 is far under it)
     convert("--input", str(root), "--coco", str(path), "--output", str(tmp_path / "default"))
     assert len(parsed_records(tmp_path / "default", tf)["many.jpg"]["image/object/mask"]) == 3
+
+
+def test_labeling_tool_exports_convert_as_their_images_say(tmp_path, tf):
+    """Shapes labeling tools write: a UTF-8 byte order mark, sizes as 64.0, absolute file names under --input
+    (labelme2coco, FiftyOne), and Roboflow's dataset-wide category 0 that names no object. Each used to stop
+    the run or reject every image; category 0 went to line 0 of labels.txt, where the background belongs."""
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    write(str(root / "sub" / "b.jpg"), image_bytes("jpeg", height=40, width=50, seed=2))
+    doc = {
+        "images": [
+            {"id": 1, "file_name": str(root / "a.jpg"), "width": 64.0, "height": 48.0},
+            {"id": 2, "file_name": "sub/b.jpg", "width": 50, "height": 40},
+        ],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 4, 16, 12], "segmentation": []},
+            {"id": 2, "image_id": 2, "category_id": 2, "bbox": [5, 10, 20, 10], "segmentation": []},
+        ],
+        "categories": [{"id": 0, "name": "pets-xyz"}, {"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}],
+    }
+    path = tmp_path / "_annotations.coco.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(doc).encode())
+    out = tmp_path / "out"
+    result = convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    assert "category 0 ('pets-xyz') names no object" in result.stderr
+    rows = parsed_records(out, tf)
+    assert sorted(rows) == ["a.jpg", "sub/b.jpg"]
+    a = rows["a.jpg"]
+    assert list(a["image/object/class/label"]) == [1]
+    assert [list(a[f"image/object/bbox/{k}"]) for k in ("xmin", "ymin", "xmax", "ymax")] == [
+        [pytest.approx(8 / 64)], [pytest.approx(4 / 48)], [pytest.approx(24 / 64)], [pytest.approx(16 / 48)]
+    ]  # fmt: skip
+    assert (out / "labels.txt").read_text().splitlines() == ["background", "cat", "dog"]
+    assert "pets-xyz" not in (out / objects.LABEL_MAP_PBTXT).read_text()
+    assert load_info(out)["categories"] == [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
+
+
+def test_a_category_0_that_names_objects_is_refused_in_one_line(tmp_path):
+    """Label Studio numbers categories from 0: its objects would be written as class 0, the background a model
+    learns to ignore, and the OD API refuses such a label map."""
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    doc = {
+        "images": [{"id": 0, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [{"id": 0, "image_id": 0, "category_id": 0, "bbox": [8, 4, 16, 12]}],
+        "categories": [{"id": 0, "name": "Cat"}, {"id": 1, "name": "Dog"}],
+    }
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(doc))
+    result = run_cli("convert", "--input", str(root), "--coco", str(path), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2, result.stderr
+    assert "category 0 ('Cat') names objects" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_every_annotation_is_rejected_is_not_published_as_complete(tmp_path):
+    """Annotations whose image_id is "1" where images says 1 (files built with pandas) all miss their images:
+    the run used to exit 0 with a detection dataset of negatives only."""
+    root = tmp_path / "images"
+    for i in range(3):
+        write(str(root / f"{i}.jpg"), image_bytes("jpeg", height=48, width=64, seed=i))
+    doc = {
+        "images": [{"id": i, "file_name": f"{i}.jpg", "width": 64, "height": 48} for i in range(3)],
+        "annotations": [{"id": i, "image_id": str(i), "category_id": 1, "bbox": [8, 4, 16, 12]} for i in range(3)],
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    result = run_cli("convert", "--input", str(root), "--coco", str(path), "--output", str(out), "--no-transform")
+    assert result.returncode == 3, result.stderr
+    assert "no object was kept: 3 annotations rejected (unknown_image_id 3" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (out / "_SUCCESS").exists()
+    assert load_info(out)["status"] == "no_object_kept"
+    [row, *_] = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
+    assert 'image_id "0"' in row["detail"] and "the number 0" in row["detail"]
+
+
+NO_BUDGET = ("--max-reject-fraction", "1")
+
+
+@pytest.mark.parametrize("sink", ["planned", "write_to_tfrecord"])
+def test_objects_kept_count_only_the_records_written(tmp_path, tf, sink):
+    """dataset.json's objects.kept and image counters are the records': an image the writer rejects (its size
+    is not the entry's, its bytes do not decode) used to count its objects as kept, a negative among them."""
+    root = tmp_path / "images"
+    for i, name in enumerate(("a.jpg", "b.jpg", "wrong.jpg", "neg.jpg")):
+        write(str(root / name), image_bytes("jpeg", height=48, width=64, seed=i))
+    write(str(root / "negbad.jpg"), b"\xff\xd8 not a JPEG")
+    names = ["a.jpg", "b.jpg", "wrong.jpg", "neg.jpg", "negbad.jpg"]
+    doc = {
+        "images": [
+            {"id": i, "file_name": name, "width": 80 if name == "wrong.jpg" else 64, "height": 48}
+            for i, name in enumerate(names)
+        ],
+        "annotations": [
+            {"id": 10 * i + k, "image_id": i, "category_id": 1, "bbox": [4, 4, 10, 10]}
+            for i in range(3)
+            for k in (0, 1)
+        ]
+        + [{"id": 99, "image_id": 0, "category_id": 5, "bbox": [4, 4, 10, 10]}],  # unknown_category: a reject
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out), "--sink", sink, *NO_BUDGET)
+    written = sum(len(row["image/object/class/label"]) for row in parsed_records(out, tf).values())
+    info = load_info(out)
+    assert info["rejects"]["by_reason"] == {"annotation_size_mismatch": 1, "not_an_image": 1}
+    assert written == 4
+    assert info["objects"]["kept"] == written
+    assert info["objects"]["images_without_annotations"] == 1  # neg.jpg; negbad.jpg is no record
+    assert info["objects"]["rejects"] == {"total": 1, "by_reason": {objects.UNKNOWN_CATEGORY: 1}}

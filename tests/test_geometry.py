@@ -275,3 +275,13 @@ def test_dedupe_with_coco_stays_a_usage_error(tmp_path):
     result = run_cli("convert", "--input", str(tmp_path / "in"), "--coco", str(path), "--output",
                      str(tmp_path / "o"), "--dedupe")  # fmt: skip
     assert result.returncode == 2 and "--dedupe" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_size_mismatch_of_swapped_sides_names_the_likely_exif_turn():
+    """An annotation tool that showed an EXIF-rotated photo upright records its upright size: the reject says so."""
+    stored = Geometry(64, 48, 64, 48)
+    assert objects.size_mismatch(objects.Annotations("1", 64, 48), stored) is None
+    turned = objects.size_mismatch(objects.Annotations("1", 48, 64), stored)
+    assert turned is not None and "48x64" in turned and "EXIF orientation" in turned
+    other = objects.size_mismatch(objects.Annotations("1", 100, 100), stored)
+    assert other is not None and "EXIF" not in other

@@ -163,7 +163,7 @@ def test_every_reason_with_its_path(converted):
     assert "not a number" in details and "zero or negative size" in details and "'background'" in details
     info = load_info(out)
     assert info["objects"] == {
-        "kept": 3 + 1 + 1 + 1,  # a, b, sized, wrong (its image is rejected later, by the writer)
+        "kept": 3 + 1 + 1,  # a, b, sized (not wrong: the writer rejects its image, so its object is in no record)
         "rejects": {
             "total": 8,
             "by_reason": {
@@ -516,3 +516,31 @@ def test_incremental_from_a_names_only_dataset_whose_labels_txt_is_damaged_is_a_
     assert result.returncode == 2 and "Traceback" not in result.stderr, (result.stderr, result.stdout)
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: --incremental-from {first}: ") and "labels.txt" in line
+
+
+def test_boxes_all_within_0_and_1_read_as_pixels_get_a_note_naming_box_units(object_set, tmp_path, converted):
+    """YOLO- or Vertex-style normalized boxes under the default --box-units pixels became boxes of under a pixel
+    in every image's corner, silently."""
+    rows = [
+        ("a.jpg", "train", "0.25", "0.5", "0.75", "1.0", "dog", "", "", ""),
+        ("sub/b.png", "train", "0", "0.1", "0.5", "0.5", "cat", "", "", ""),
+        ("neg.jpg", "train", "", "", "", "", "", "", "", ""),
+    ]
+    manifest = write_csv(object_set / "looks-normalized.csv", rows)
+    args = ("--manifest", str(manifest), "--manifest-objects", "rows", "--max-reject-fraction", "1")
+    pixels = convert(*args, "--output", str(tmp_path / "px"))
+    assert "--box-units normalized" in pixels.stderr
+    normalized = convert(*args, "--box-units", "normalized", "--output", str(tmp_path / "norm"))
+    assert "--box-units" not in normalized.stderr
+    assert "--box-units" not in converted[1].stderr  # pixel boxes, one of them within [0, 1]: no note
+
+
+def test_an_object_of_other_keys_or_a_label_list_is_rejected_saying_so():
+    """A JSON object in x/y/width/height (COCO's box) said its box 'holds a value that is not a number' and a
+    label given as a list said the name 'is empty': neither said what was wrong."""
+    other = table.check_object({"x": 1, "y": 1, "width": 4, "height": 4, "label": "cat"}, 10, 8, "pixels")
+    assert isinstance(other, objects.Invalid) and other.reason == objects.BAD_BOX
+    assert "no xmin, ymin, xmax, ymax" in other.detail and "'width'" in other.detail
+    listed = table.check_object({"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": ["cat"]}, 10, 8, "pixels")
+    assert isinstance(listed, objects.Invalid) and listed.reason == objects.UNKNOWN_CATEGORY
+    assert "not text" in listed.detail

@@ -420,3 +420,22 @@ def test_the_write_to_tfrecord_sink_writes_the_label_maps_too(mask_set, tmp_path
     for name, values in expected.items():
         np.testing.assert_array_equal(decoded_mask(rows[name])[..., 0], values)
     assert load_info(out)["rejects"]["by_reason"][masks.MISSING_MASK] == 1
+
+
+def test_the_same_masks_read_from_another_folder_leave_every_record_reusable(mask_set, tmp_path):
+    """A night whose inputs lie under a new path (a per-night copy, a remount) reused every COCO or VOC record but
+    no --masks one: the mask file's absolute path was in the annotation digest."""
+    import shutil
+
+    root, mdir, _ = mask_set
+    first, second = tmp_path / "first", tmp_path / "second"
+    convert("--input", str(root), "--masks", str(mdir), "--output", str(first), "--max-reject-fraction", "1")
+    moved = tmp_path / "moved"
+    shutil.copytree(root, moved / "in", copy_function=shutil.copy2)  # sizes and mtimes kept
+    shutil.copytree(mdir, moved / "masks", copy_function=shutil.copy2)
+    convert("--input", str(moved / "in"), "--masks", str(moved / "masks"), "--output", str(second),
+            "--incremental-from", str(first), "--max-reject-fraction", "1")  # fmt: skip
+    inc = load_info(second)["incremental"]
+    assert inc["reused"] == load_info(first)["examples"] > 0 and inc["converted"] == 0, inc
+    assert masks.LabelMap("/m/a.png", 100, 1.0, "a.png").digest == masks.LabelMap("/n/a.png", 100, 1.0, "a.png").digest
+    assert masks.LabelMap("/m/a.png", 100, 1.0, "a.png").digest != masks.LabelMap("/m/b.png", 100, 1.0, "b.png").digest

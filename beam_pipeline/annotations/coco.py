@@ -66,8 +66,15 @@ NOT_IN_COCO = "not_in_coco"  # skip reason
 MAX_CATEGORY_ID = 100_000
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def _open(path: str) -> Any:
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    """The file, past a UTF-8 byte order mark if it starts with one (files saved on Windows do)."""
+    fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    if fh.read(len(_BOM)) != _BOM:
+        fh.seek(0)
+    return fh
 
 
 # MAX_JSON_DEPTH (listing's, as for manifests) is how deep the launcher lets the file nest (a COCO file needs
@@ -87,18 +94,27 @@ def _json_error(e: Exception) -> str:
     return f"{lines[0]}, near {near[0]!r}" if near else lines[0]
 
 
-def read_categories(path: str) -> tuple[tuple[int, str], ...]:
-    """The (id, name) pairs of a COCO file's ``categories``, streamed; UsageError naming the file otherwise.
+class Categories(NamedTuple):
+    """A COCO file's categories as the dataset numbers them, and the category 0 it left out (or None)."""
+
+    pairs: tuple[tuple[int, str], ...]  # (id, name), by id
+    left_out: str | None  # the name of a category 0 that no annotation names
+
+
+def read_categories(path: str) -> Categories:
+    """A COCO file's ``categories``, streamed; UsageError naming the file otherwise.
 
     One pass over the whole file on ijson's unprefixed events (flat memory at any depth), which also proves
     it is JSON and nests at most MAX_JSON_DEPTH levels: the workers' prefixed parse of the sections is then
-    bounded.
+    bounded. Id 0 is the background in the TF Object Detection API: a category 0 that no annotation names
+    (Roboflow's dataset-wide entry) is left out, one that annotations name is refused (their objects would
+    be trained as background, and the OD API refuses such a label map).
     """
     import ijson
 
     try:
         with _open(path) as fh:
-            raw = _categories_of(ijson.basic_parse(fh, use_float=True), path)
+            raw, zero_named = _categories_of(ijson.basic_parse(fh, use_float=True), path)
     except ijson.JSONError as e:
         raise UsageError(f"--coco {path}: not valid JSON ({_json_error(e)})") from None
     if not raw:
@@ -116,16 +132,28 @@ def read_categories(path: str) -> tuple[tuple[int, str], ...]:
         if cid in seen:
             raise UsageError(f"--coco {path}: category id {cid} is given twice ({seen[cid]!r}, {name!r})")
         seen[cid] = name
-    return tuple(sorted(seen.items()))
+    left_out = seen.pop(0) if 0 in seen and not zero_named else None
+    if 0 in seen:
+        raise UsageError(
+            f"--coco {path}: category 0 ({seen[0]!r}) names objects, but id 0 is the background in the TF Object "
+            "Detection API and Model Garden (a model trains them as background); number the categories from 1 "
+            "(add 1 to every categories id and annotations category_id)"
+        )
+    return Categories(tuple(sorted(seen.items())), left_out)
 
 
-def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> list[Any]:
-    """The items of the top-level ``categories`` array, built from the parse events of the whole file."""
+def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> tuple[list[Any], bool]:
+    """The items of the top-level ``categories`` array, built from the parse events of the whole file, and
+    whether an annotation names category 0."""
     import ijson
 
     depth, key, inside, items = 0, None, False, []
     builder: Any = None
+    zero_named, category_key = False, False  # the last event was an annotation's "category_id" key
     for event, value in events:
+        if category_key:
+            category_key = False
+            zero_named = zero_named or (event == "number" and value == 0)
         if event in _OPENS:
             depth += 1
             if depth > MAX_JSON_DEPTH:
@@ -138,9 +166,11 @@ def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> list[Any]:
             if inside and depth == 1:
                 inside = False
                 continue
-        elif event == "map_key" and depth == 1:
-            key = value
-            continue
+        elif event == "map_key":
+            if depth == 1:
+                key = value
+                continue
+            category_key = depth == 3 and value == "category_id" and key == ANNOTATIONS
         if not inside:
             continue
         if builder is None:
@@ -152,7 +182,7 @@ def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> list[Any]:
         if depth == 2:  # the item's own object or array closed
             items.append(builder.value)
             builder = None
-    return items
+    return items, zero_named
 
 
 def _id_key(value: Any) -> str:
@@ -160,9 +190,22 @@ def _id_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def file_key(file_name: str) -> str:
-    """A COCO ``file_name`` as the relative path a listed file has (``./a/b.jpg`` → ``a/b.jpg``)."""
-    return posixpath.normpath(file_name.replace("\\", "/")).lstrip("/")
+def file_key(file_name: str, root: str = "") -> str:
+    """A COCO ``file_name`` as the relative path a listed file has (``./a/b.jpg`` → ``a/b.jpg``; an absolute
+    path under the input folder ``root``, as labelme2coco and FiftyOne may write it, → its path below it)."""
+    name, top = file_name.replace("\\", "/"), root.rstrip("/") + "/"
+    if root and name.startswith(top):
+        name = name[len(top) :]
+    return posixpath.normpath(name).lstrip("/")
+
+
+def _unknown_id_detail(key: str) -> str:
+    """Why an annotation's image_id (as JSON text) joins no images entry; a hint if it is a number in quotes."""
+    raw = json.loads(key)
+    hint = ""
+    if isinstance(raw, str) and raw.strip().isdigit():
+        hint = f" (a string: an images id written as the number {int(raw)} is another image; write both alike)"
+    return f"image_id {key} is not in the file's images{hint}"
 
 
 class CocoImage(NamedTuple):
@@ -264,7 +307,8 @@ def _entry_problem(entry: Any) -> str | None:
         return f"image id {entry.get('id')!r} has no file_name"
     for key in ("width", "height"):
         value = entry.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 64.0 as some tools write
+        if isinstance(value, bool) or not whole or value <= 0:
             return f"image id {entry.get('id')!r}: {key} {value!r} is not a positive whole number"
     return None
 
@@ -297,23 +341,23 @@ class _JoinImageObjects(CountingDoFn):
         tagged = beam.pvalue.TaggedOutput
         if not entries:
             for ann in anns:
-                invalid = Invalid(UNKNOWN_IMAGE_ID, f"image_id {key} is not in the file's images")
+                invalid = Invalid(UNKNOWN_IMAGE_ID, _unknown_id_detail(key))
                 yield tagged(OBJECT_REJECTS, _object_reject(self._coco_path, ann, invalid, None))
             return
         if len(entries) > 1:
             for entry in entries:
                 name = entry.get("file_name") if isinstance(entry, dict) else None
                 row = reject(self._where(name), DUPLICATE_IMAGE_ID, f"image id {key} names {len(entries)} images")
-                yield (file_key(name) if isinstance(name, str) else "", (COCO, row))
+                yield (file_key(name, self._root) if isinstance(name, str) else "", (COCO, row))
             return
         entry = entries[0]
         problem = _entry_problem(entry)
         if problem:
             name = entry.get("file_name") if isinstance(entry, dict) else None
-            key = file_key(name) if isinstance(name, str) and name else ""
+            key = file_key(name, self._root) if isinstance(name, str) and name else ""
             yield (key, (COCO, reject(self._where(name), BAD_IMAGE_ENTRY, problem)))
             return
-        width, height, where = entry["width"], entry["height"], self._where(entry["file_name"])
+        width, height, where = int(entry["width"]), int(entry["height"]), self._where(entry["file_name"])
         kept: list[Obj] = []
         for position, ann in enumerate(anns):
             obj = check_annotation(ann, self._names, width, height)
@@ -330,21 +374,22 @@ class _JoinImageObjects(CountingDoFn):
                 row = _object_reject(where, ann, left, position)
                 row["polygon"] = place
                 yield tagged(OBJECT_REJECTS, row)
-        annotations = Annotations(str(entry["id"]), width, height, tuple(kept))
-        yield (file_key(entry["file_name"]), (COCO, CocoImage(annotations, len(anns), len(anns) - len(kept))))
+        annotations = Annotations(str(entry["id"]), width, height, tuple(kept), given=len(anns))
+        found = CocoImage(annotations, len(anns), len(anns) - len(kept))
+        yield (file_key(entry["file_name"], self._root), (COCO, found))
 
     def _where(self, file_name: Any) -> str:
         """Where a reject points: the image file the entry names, or the COCO file itself."""
         if isinstance(file_name, str) and file_name:
-            return FileSystems.join(self._root, file_key(file_name))
+            return FileSystems.join(self._root, file_key(file_name, self._root))
         return self._coco_path
 
 
-class _AttachAnnotations(CountingDoFn):
+class _AttachAnnotations(beam.DoFn):
     """(relative path, [(REFS, Ref) | (COCO, CocoImage | reject)]) → Ref with its annotations, or why not.
 
-    Tagged: REJECTS (image rejects), SKIPPED (a listed file the JSON does not name), COUNTS ((counter, n) per
-    bundle: objects kept, image counters).
+    Tagged: REJECTS (image rejects), SKIPPED (a listed file the JSON does not name). The objects kept and the
+    image counters are counted by the writer, for the records it writes.
     Image rejects found here carry no size or mtime: an incremental run checks them again (the JSON may
     have been fixed while the image stayed the same).
     """
@@ -361,7 +406,10 @@ class _AttachAnnotations(CountingDoFn):
         if not refs:
             yield from (tagged(REJECTS, row) for row in rows)
             for image in images:
-                detail = f"COCO image id {image.annotations.source_id} ({image.total} annotations): no such file"
+                detail = (
+                    f"COCO image id {image.annotations.source_id} ({image.total} annotations): no such file "
+                    "(a file_name is taken relative to --input)"
+                )
                 yield tagged(REJECTS, reject(self._missing_path(element[0]), MISSING_IMAGE, detail))
             return
         # A listed file is one reject however many entries name it (merged files repeat them).
@@ -376,11 +424,9 @@ class _AttachAnnotations(CountingDoFn):
             return
         image = images[0]
         for ref in refs:
-            self._counts.image(image.total, len(image.annotations.objects))
             yield dataclasses.replace(ref, annotations=image.annotations)
 
     def __init__(self, root: str) -> None:
-        super().__init__()
         self._root = root
 
     def _missing_path(self, relpath: str) -> str:
@@ -417,9 +463,9 @@ class JoinCoco(beam.PTransform):
         attached = (
             # (relative path, [(REFS, Ref), (COCO, CocoImage | reject), ...])
             join_tagged("JoinByFileName", refs | "RefByPath" >> beam.Map(keyed_ref), by_image.images)
-            | "Attach" >> beam.ParDo(_AttachAnnotations(self._root)).with_outputs(REJECTS, SKIPPED, COUNTS, main="refs")
+            | "Attach" >> beam.ParDo(_AttachAnnotations(self._root)).with_outputs(REJECTS, SKIPPED, main="refs")
         )
-        counts = sum_counts(by_image[COUNTS], attached[COUNTS])
+        counts = sum_counts(by_image[COUNTS])
         return {
             "refs": attached.refs,
             REJECTS: attached[REJECTS],

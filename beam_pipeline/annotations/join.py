@@ -44,6 +44,17 @@ def image_counters(given: int, kept: int) -> list[str]:
     return [IMAGES_ALL_REJECTED] if kept == 0 else []
 
 
+def record_counts(annotations: Any) -> list[tuple[str, int]]:
+    """The counters a written record adds: its objects kept, and its image counter. Counted where records are
+    written, so an image the writer rejects (its size, its decode, its masks) counts neither."""
+    objects = getattr(annotations, "objects", None)
+    if objects is None:  # no annotations, or a semantic mask
+        return []
+    kept = len(objects)
+    given = annotations.given if annotations.given is not None else kept
+    return [(OBJECTS_KEPT, kept), *((counter, 1) for counter in image_counters(given, kept))]
+
+
 def keyed_ref(ref: Any) -> tuple[str, tuple[str, Any]]:
     """A listed image keyed by its path relative to --input (the key annotation files are joined on), tagged REFS."""
     return (ref.relpath, (REFS, ref))
@@ -77,12 +88,6 @@ class Counts:
 
     def add(self, counter: str, n: int = 1) -> None:
         self._sums[counter] += n
-
-    def image(self, given: int, kept: int) -> None:
-        """An image written with ``kept`` of its ``given`` objects: the kept objects and its image counter."""
-        self._sums[OBJECTS_KEPT] += kept
-        for counter in image_counters(given, kept):
-            self._sums[counter] += 1
 
     def emit(self) -> Iterator[beam.pvalue.TaggedOutput]:
         """The sums as COUNTS outputs of finish_bundle (which needs WindowedValues; the job is globally windowed)."""

@@ -34,6 +34,7 @@ import apache_beam as beam
 
 from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
 from ..listing import FILES, REJECTS, SKIPPED, ListFolder, Ref, reject, relative_path
+from . import objects
 from .join import REFS, join_tagged, untag
 
 SEGMENTATION_ENCODED = "image/segmentation/class/encoded"
@@ -57,12 +58,19 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @dataclass(frozen=True)
 class LabelMap:
-    """An image's label map file, as listed: its size and mtime go into the record's annotation digest, so a
-    record is reused (or a shard resumed) only while the mask file is unchanged too."""
+    """An image's label map file, as listed: its path below --masks, size and mtime go into the record's
+    annotation digest, so a record is reused (or a shard resumed) only while the mask file is unchanged too."""
 
     path: str
     size: int
     mtime: float
+    relpath: str = ""  # below --masks; "": the digest names the path as given
+
+    @property
+    def digest(self) -> str:
+        """As an image's own identity: where it lies below its folder, not the folder (the same masks read from
+        another folder, a copy or a bucket, leave every record reusable)."""
+        return objects.json_digest({"path": self.relpath or self.path, "size": self.size, "mtime": self.mtime})
 
 
 def mask_key(relpath: str) -> str:
@@ -95,7 +103,7 @@ class _KeyMasks(beam.DoFn):
             yield beam.pvalue.TaggedOutput(SKIPPED, NOT_A_MASK)
             return
         mtime = float(getattr(meta, "last_updated_in_seconds", 0.0) or 0.0)
-        yield (mask_key(rel), (MASKS, LabelMap(meta.path, int(meta.size_in_bytes), mtime)))
+        yield (mask_key(rel), (MASKS, LabelMap(meta.path, int(meta.size_in_bytes), mtime, rel)))
 
 
 class _KeyRefs(beam.DoFn):

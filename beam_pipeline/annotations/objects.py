@@ -96,18 +96,22 @@ class Annotations:
     width: int
     height: int
     objects: tuple[Obj, ...] = ()
+    # How many objects the source gave the image, rejected ones included (None: as many as were kept). Counted
+    # by the writer for the records it writes (images_with_every_object_rejected); not in the digest: a record
+    # stays the same whatever was rejected beside its objects.
+    given: int | None = None
 
     @functools.cached_property
     def digest(self) -> str:
         """``digest(self)``, computed once: the writer needs it twice per image (the shard's resume digest and
         the index line), and with polygons it costs more than the rest of the object keys."""
-        payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "given"}
         payload["objects"] = [{name: getattr(o, name) for name in _OBJ_FIELDS} for o in self.objects]
         # the JSON dataclasses.asdict gave (earlier runs' index.jsonl holds it) without its deep copy
-        return _json_digest(payload)
+        return json_digest(payload)
 
 
-def _json_digest(payload: Any) -> str:
+def json_digest(payload: Any) -> str:
     text = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
@@ -349,6 +353,8 @@ def mask_pngs(objs: Sequence[Obj], geometry: Geometry) -> list[bytes]:
 
 def check_class_name(name: Any) -> Invalid | None:
     """Why a names-only source's class name cannot name a class (a labels.txt line), or None."""
+    if name is not None and not isinstance(name, str):
+        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is not text (one class per object)")
     if not isinstance(name, str) or not name.strip():
         return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is empty")
     if "\n" in name or "\r" in name:
@@ -439,9 +445,11 @@ def size_mismatch(annotations: Annotations, geometry: Geometry) -> str | None:
     """Why the stored image (before EXIF orientation or resizing) is not the frame the boxes are in, or None."""
     if (annotations.width, annotations.height) == (geometry.stored_width, geometry.stored_height):
         return None
+    turned = (annotations.width, annotations.height) == (geometry.stored_height, geometry.stored_width)
+    hint = " (turned: an EXIF orientation the annotating tool applied? boxes must be in stored pixels)"
     return (
         f"the annotations describe a {annotations.width}x{annotations.height} image, "
-        f"the file decodes to {geometry.stored_width}x{geometry.stored_height}"
+        f"the file decodes to {geometry.stored_width}x{geometry.stored_height}{hint if turned else ''}"
     )
 
 
@@ -462,14 +470,12 @@ def feature_spec() -> dict[str, dict[str, Any]]:
 def digest(annotations: Any) -> str:
     """A short digest of an image's annotations: a record is reused (or a shard resumed) only if it is unchanged.
 
-    ``Annotations`` keep theirs (computed once); another annotation value (``masks.LabelMap``: a mask file's
-    path, size and mtime) is digested as its fields' JSON.
+    ``Annotations`` keep theirs (computed once), and so does a ``masks.LabelMap`` (its file's path below --masks,
+    size and mtime).
     """
     if annotations is None:
         return ""
-    if isinstance(annotations, Annotations):
-        return annotations.digest
-    return _json_digest(dataclasses.asdict(annotations))
+    return annotations.digest
 
 
 # ---- the category list: labels.txt and label_map.pbtxt ---------------------------------------

@@ -48,7 +48,7 @@ from ..listing import (
     value_type,
 )
 from . import objects
-from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, CountingDoFn, sum_counts
+from .join import COUNTS, OBJECT_REJECTS, CountingDoFn, sum_counts
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
 
 ROWS, COLUMN = MANIFEST_OBJECTS
@@ -56,7 +56,7 @@ BOX_COLUMNS = ("xmin", "ymin", "xmax", "ymax")
 OBJECTS_COLUMN = "objects"
 WIDTH_COLUMN, HEIGHT_COLUMN = "width", "height"
 FRAME_COLUMNS = (WIDTH_COLUMN, HEIGHT_COLUMN)
-NORMALIZED = "normalized"
+PIXELS, NORMALIZED = "pixels", "normalized"
 
 # Image rejects (rejects.jsonl).
 CONFLICTING_ROWS = "conflicting_rows"  # rows of one file disagree on split, an extra column, width or height
@@ -164,6 +164,22 @@ def _coordinate(value: Any) -> float | None:
     return None
 
 
+def looks_normalized(rows: Iterable[Mapping[str, Any]], form: str) -> bool:
+    """Whether the rows give boxes and every corner of every one lies in [0, 1]: normalized coordinates
+    read as pixels would make boxes of under a pixel in the image's corner."""
+    boxes = 0
+    for row in rows:
+        found = _row_objects(row, form)
+        for raw in found if isinstance(found, list) else ():
+            corners = [_coordinate(raw.get(c)) for c in BOX_COLUMNS] if isinstance(raw, dict) else [None]
+            if any(c is None for c in corners):
+                continue
+            if not all(0 <= c <= 1 for c in corners):  # type: ignore[operator]
+                return False
+            boxes += 1
+    return boxes > 0
+
+
 def _whole(value: Any) -> int | None:
     """A positive whole number from a JSON number or a CSV cell, else None."""
     if isinstance(value, bool):
@@ -186,6 +202,10 @@ def check_object(raw: Any, width: int, height: int, units: str) -> Obj | Invalid
         return invalid
     corners = [_coordinate(raw.get(c)) for c in BOX_COLUMNS]
     given = {c: raw.get(c) for c in BOX_COLUMNS}
+    absent = [c for c in BOX_COLUMNS if c not in raw]
+    if absent:
+        keys = ", ".join(map(repr, raw)) or "none"
+        return Invalid(objects.BAD_BOX, f"the object has no {', '.join(absent)} (its keys: {keys})")
     if any(v is None for v in corners):
         return Invalid(objects.BAD_BOX, f"box {given} holds a value that is not a number")
     xmin, ymin, xmax, ymax = corners  # type: ignore[misc]
@@ -222,7 +242,6 @@ class _CheckObjects(CountingDoFn):
         tagged = beam.pvalue.TaggedOutput
         raw = ref.annotations
         if not isinstance(raw, RawObjects):
-            self._counts.add(OBJECTS_KEPT, len(ref.annotations.objects))
             yield ref
             return
         frame = self._frame(ref, raw)
@@ -244,8 +263,8 @@ class _CheckObjects(CountingDoFn):
                 yield tagged(OBJECT_REJECTS, _object_reject(ref, invalid, position))
             else:
                 kept.append(invalid)
-        self._counts.image(len(raw.objects), len(kept))
-        yield dataclasses.replace(ref, annotations=Annotations(ref.relpath, width, height, tuple(kept)))
+        annotations = Annotations(ref.relpath, width, height, tuple(kept), given=len(raw.objects))
+        yield dataclasses.replace(ref, annotations=annotations)
 
     def _frame(self, ref: Ref, raw: RawObjects) -> tuple[int, int] | dict[str, Any]:
         """The frame the boxes are in, or the image's reject (no size or mtime: checked again next run)."""

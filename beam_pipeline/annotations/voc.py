@@ -41,7 +41,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..listing import REJECTS, SKIPPED, is_transient, reject
 from . import objects
-from .join import COUNTS, OBJECT_REJECTS, OBJECTS_KEPT, REFS, CountingDoFn, join_tagged, keyed_ref, sum_counts, untag
+from .join import COUNTS, OBJECT_REJECTS, REFS, CountingDoFn, join_tagged, keyed_ref, sum_counts, untag
 from .objects import Annotations, Invalid, Obj
 
 VOC = "voc"  # the parsed XML files' tag in the join by file name
@@ -240,7 +240,6 @@ class _Attach(CountingDoFn):
         for ref in refs:
             width, height = (voc.width, voc.height) if voc.width else _header_size(ref.path)
             if not width:  # no <size> and no readable header: not an image (the writer rejects it with why)
-                self._counts.add(OBJECTS_KEPT, 0)
                 yield dataclasses.replace(ref, annotations=Annotations(voc.source_id, 0, 0))
                 continue
             kept: list[Obj] = []
@@ -254,8 +253,8 @@ class _Attach(CountingDoFn):
                     yield tagged(OBJECT_REJECTS, {**row, "annotation_id": voc.xml, "object": position})
                 else:
                     kept.append(obj)
-            self._counts.image(len(voc.objects), len(kept))
-            yield dataclasses.replace(ref, annotations=Annotations(voc.source_id, width, height, tuple(kept)))
+            annotations = Annotations(voc.source_id, width, height, tuple(kept), given=len(voc.objects))
+            yield dataclasses.replace(ref, annotations=annotations)
 
 
 class JoinVoc(beam.PTransform):

@@ -45,6 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from .. import failpoints, index, resume
+from ..annotations.join import CountingDoFn, record_counts
 from ..images import ImageOptions, Prepared, Rejected
 from ..listing import REJECTS, Ref, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
@@ -275,6 +276,7 @@ class ShardWrite:
         self.retried = False  # a reject that says nothing of the file's bytes: no marker (resume.py)
         self.label_counts: collections.Counter[str] = collections.Counter()
         self.converted: collections.Counter[str] = collections.Counter()
+        self.objects: collections.Counter[str] = collections.Counter()  # objects kept, image counters (detection)
         self.reconverted: list[str] = []  # unchanged files whose previous record was gone or damaged (read threads)
         self._rejects_out: Any = None  # made at the first reject: most shards have none
         self._unreported = 0  # records not yet in PROGRESS (updated every PROGRESS_EVERY)
@@ -379,6 +381,8 @@ class ShardWrite:
         self.offset += len(record) + index.FRAME_OVERHEAD
         self.records += 1
         self.label_counts.update(label_names(ref.label))  # a multi-label image counts under each of its labels
+        for counter, n in record_counts(ref.annotations):
+            self.objects[counter] += n
         if prepared is not None and prepared.converted_from:
             self.converted[prepared.converted_from] += 1
 
@@ -427,16 +431,19 @@ class ShardWrite:
             "bytes": size,
             "labels": dict(sorted(self.label_counts.items())),
             "converted": dict(sorted(self.converted.items())),
+            "objects": dict(sorted(self.objects.items())),
             "reused": self.reused,
             "reconverted": len(self.reconverted),
             "rejects_kept": self.kept,
         }
 
 
-class DecodeFn(beam.DoFn):
-    """Ref → (split, label, record) for the WriteToTFRecord sink; rejects tagged."""
+class DecodeFn(CountingDoFn):
+    """Ref → (split, label, record) for the WriteToTFRecord sink; tagged: rejects, and COUNTS (the objects of
+    the records decoded, per bundle, as the planned sink's shard results hold them)."""
 
     def __init__(self, image_options: ImageOptions | None = None) -> None:
+        super().__init__()
         self._rejected = beam.metrics.Metrics.counter(NAMESPACE, "images_rejected")
         self._image_options = image_options or ImageOptions()
         self._label_ids: tuple[Sequence[str] | None, dict[str, int]] = (None, {})
@@ -452,6 +459,8 @@ class DecodeFn(beam.DoFn):
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTS, reject_row(ref, result))
         else:
+            for counter, n in record_counts(ref.annotations):
+                self._counts.add(counter, n)
             yield ref.split, ref.label, result[0]
 
 
