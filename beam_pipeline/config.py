@@ -205,8 +205,11 @@ def _validate_annotation_sources(cfg: ConvertConfig) -> None:
     for flag, _, classes, needs in given:
         if needs and not cfg.input:
             raise UsageError(f"{flag} needs {needs}")
-        if classes and (cfg.labels_from not in (None, "none") or cfg.label_regex or cfg.labels_file):
-            raise UsageError(f"{flag} takes its classes from {classes}: drop --labels-from/--label-regex/--labels-file")
+        # a names-only source's ids may be fixed by a --labels-file; COCO's come with their names
+        fixed = cfg.labels_file and flag == "--coco"
+        if classes and (cfg.labels_from not in (None, "none") or cfg.label_regex or fixed):
+            what = "--labels-from/--label-regex/--labels-file" if flag == "--coco" else "--labels-from/--label-regex"
+            raise UsageError(f"{flag} takes its classes from {classes}: drop {what}")
         if cfg.dedupe:
             raise UsageError(
                 f"{flag} with --dedupe: one record per distinct content would merge copies of an image that carry "

@@ -229,7 +229,11 @@ CONVERT = Command(
                     choices=LABEL_SOURCES,
                 ),
                 Flag("--label-regex", "label = first group of RE searched in the file name", metavar="RE"),
-                Flag("--labels-file", "fixed label order, one per line (line k = id k)", metavar="FILE"),
+                Flag(
+                    "--labels-file",
+                    "fixed label order, one per line (line k = id k; objects of --voc/--manifest-objects: ids 1…N)",
+                    metavar="FILE",
+                ),
                 Flag(
                     "--label-separator",
                     "multi-label: a manifest's label cell holds several labels split on SEP (e.g. 'cat|dog'; a "

@@ -39,7 +39,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import failpoints, index, lease, metadata, resume
 from .annotations.coco import read_categories
-from .annotations.objects import BACKGROUND
+from .annotations.objects import BACKGROUND, fixed_object_labels
 from .annotations.table import PIXELS, looks_normalized, required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
@@ -524,6 +524,12 @@ def prepare(
                 f"--coco {cfg.coco}: category 0 ({found.left_out!r}) names no object: left out of labels.txt and "
                 "label_map.pbtxt (id 0 is the background)"
             )
+        shared = found.shared_name()
+        if shared is not None:
+            note(
+                f"--coco {cfg.coco}: categories {', '.join(map(str, shared[1]))} share the name {shared[0]!r}: kept "
+                "as separate classes (a reader that looks classes up by name sees one)"
+            )
     voc = None
     if cfg.voc:  # a detection dataset whose classes are named in the XML files (ids from the run's label list)
         label_source = "none"
@@ -545,6 +551,11 @@ def prepare(
         raise UsageError(f"--input {cfg.input}: {flat_folder_hint(root)} for an unlabelled dataset")
 
     labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None
+    if labels is not None and names_only_source(cfg):  # the objects' class ids, fixed: 0 background, then 1…N
+        fixed = fixed_object_labels(labels)
+        if isinstance(fixed, str):
+            raise UsageError(f"--labels-file {cfg.labels_file}: {fixed}")
+        labels = fixed
     labelled = label_source != "none"
     output = _check_output(cfg, None if manifest else root) if check_output else absolute(cfg.output)
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
@@ -576,6 +587,10 @@ def prepare(
                 raise UsageError(f"--incremental-from {previous}: {problem}")
             where = f"--incremental-from {LATEST}: the newest earlier dataset, {previous}"
             note(f"{where}: {problem}; converting everything")
+            previous, prior_labels = None, None
+        elif labels is not None and tuple(labels[: len(prior_labels or ())]) != tuple(prior_labels or ()):
+            # its records hold its ids (an object's id is not compared on reuse): none may be copied
+            note(f"--labels-file {cfg.labels_file}: other ids than {previous}'s labels.txt; converting everything")
             previous, prior_labels = None, None
     elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.

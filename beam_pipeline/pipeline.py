@@ -155,13 +155,13 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
     elif layout.voc:  # as --coco: before the previous run's join
-        joined = refs | "Voc" >> JoinVoc(layout.voc, layout.root)
+        joined = refs | "Voc" >> JoinVoc(layout.voc, layout.root, _known_classes(layout))
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()
     elif cfg.manifest_objects:
         # the objects grouped with their image's rows are checked here, before the previous run's join
-        joined = refs | "ManifestObjects" >> CheckManifestObjects(cfg.box_units)
+        joined = refs | "ManifestObjects" >> CheckManifestObjects(cfg.box_units, _known_classes(layout))
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithObjectRowRejects" >> beam.Flatten()
     elif layout.masks:
@@ -190,6 +190,11 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         OBJECT_REJECTS: object_rejects,
         COUNTS: object_counts,
     }
+
+
+def _known_classes(layout: Layout) -> tuple[str, ...] | None:
+    """The classes a names-only source's objects may name: a --labels-file's (its line 0 is the background)."""
+    return None if layout.labels is None else tuple(layout.labels[1:])
 
 
 def _object_parts(

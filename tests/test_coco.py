@@ -949,6 +949,7 @@ def test_labeling_tool_exports_convert_as_their_images_say(tmp_path, tf):
     out = tmp_path / "out"
     result = convert("--input", str(root), "--coco", str(path), "--output", str(out))
     assert "category 0 ('pets-xyz') names no object" in result.stderr
+    assert "share the name" not in result.stderr
     rows = parsed_records(out, tf)
     assert sorted(rows) == ["a.jpg", "sub/b.jpg"]
     a = rows["a.jpg"]
@@ -978,6 +979,18 @@ def test_a_category_0_that_names_objects_is_refused_in_one_line(tmp_path):
     assert "category 0 ('Cat') names objects" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_categories_sharing_a_name_are_kept_apart_with_a_note(tmp_path):
+    """Merged label sets repeat a name under two ids: the OD API's name-to-id map would fold them, silently."""
+    path = tmp_path / "c.json"
+    path.write_text(
+        json.dumps({"categories": [{"id": 1, "name": "car"}, {"id": 2, "name": "bus"}, {"id": 5, "name": "car"}]})
+    )
+    found = coco.read_categories(str(path))
+    assert found.pairs == ((1, "car"), (2, "bus"), (5, "car")) and found.shared_name() == ("car", [1, 5])
+    path.write_text(json.dumps({"categories": CATEGORIES}))
+    assert coco.read_categories(str(path)).shared_name() is None
 
 
 def test_a_run_whose_every_annotation_is_rejected_is_not_published_as_complete(tmp_path):

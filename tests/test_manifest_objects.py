@@ -301,13 +301,11 @@ def test_a_classification_manifest_with_box_named_columns_is_unchanged(object_se
 def test_cli_errors_name_the_flag(object_set, tmp_path):
     manifest = write_csv(tmp_path / "m.csv", ROWS[:1])
     no_boxes = write_csv(tmp_path / "nb.csv", [("a.jpg", "cat")], ["path", "label"])
-    labels = tmp_path / "labels.txt"
-    labels.write_text("cat\n")
     cases = [
         (["--input", str(object_set), "--manifest-objects", "rows"], "--manifest-objects needs --manifest"),
         (["--manifest", str(no_boxes), "--manifest-objects", "rows"], "'xmin', 'ymin', 'xmax', 'ymax'"),
         (["--manifest", str(no_boxes), "--manifest-objects", "column"], "no 'objects' column"),
-        (["--manifest", str(manifest), "--manifest-objects", "rows", "--labels-file", str(labels)], "--labels-file"),
+        (["--manifest", str(manifest), "--manifest-objects", "rows", "--label-regex", "x"], "--label-regex"),
         (["--manifest", str(manifest), "--box-units", "normalized"], "--box-units needs --manifest-objects"),
         (["--manifest", str(manifest), "--manifest-objects", "rows", "--dedupe"], "--dedupe"),
     ]
@@ -544,3 +542,24 @@ def test_an_object_of_other_keys_or_a_label_list_is_rejected_saying_so():
     listed = table.check_object({"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": ["cat"]}, 10, 8, "pixels")
     assert isinstance(listed, objects.Invalid) and listed.reason == objects.UNKNOWN_CATEGORY
     assert "not text" in listed.detail
+
+
+def test_a_labels_file_fixes_the_ids_of_manifest_objects(object_set, tmp_path, tf):
+    """--labels-file with --manifest-objects: ids in the file's order, a name not in it an unknown_category."""
+    manifest = write_csv(
+        object_set / "fixed.csv",
+        [
+            ("a.jpg", "train", "10", "5", "30", "25", "dog", "", "", ""),
+            ("a.jpg", "train", "1", "1", "9", "9", "cat", "", "", ""),
+            ("sub/b.png", "train", "1", "1", "10", "10", "emu", "", "", ""),  # not in the file
+        ],
+    )
+    labels = tmp_path / "labels.txt"
+    labels.write_text("dog\ncat\n")
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--manifest-objects", "rows", "--labels-file", str(labels),
+            "--output", str(out), "--max-reject-fraction", "1")  # fmt: skip
+    assert [(t, c) for t, c, _, _ in objects_of(parsed_records(out, tf)["a.jpg"])] == [("cat", 2), ("dog", 1)]
+    assert (out / "labels.txt").read_text().splitlines() == ["background", "dog", "cat"]
+    [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
+    assert row["reason"] == objects.UNKNOWN_CATEGORY and "not in --labels-file" in row["detail"]

@@ -349,10 +349,11 @@ def test_cli_errors_name_the_flag(tmp_path, voc_set):
     images, annotations = voc_set
     empty = tmp_path / "empty"
     empty.mkdir()
+    (tmp_path / "bg.txt").write_text("cat\nbackground\n")
     cases = [
         (["--voc", str(tmp_path / "nope")], "--voc"),
         (["--voc", str(empty)], "no .xml files"),
-        (["--voc", str(annotations), "--labels-file", str(tmp_path / "l.txt")], "--labels-file"),
+        (["--voc", str(annotations), "--labels-file", str(tmp_path / "bg.txt")], "'background' is id 0"),
         (["--voc", str(annotations), "--coco", str(tmp_path / "i.json")], "--coco"),
         (["--voc", str(annotations), "--dedupe"], "--dedupe"),
     ]
@@ -544,3 +545,46 @@ def test_a_voc_run_from_a_coco_dataset_keeps_its_ids_and_lists_no_unused_class(t
         {"id": 4, "name": "dog"},
     ]
     assert "unused" not in (second / "label_map.pbtxt").read_text()
+
+
+def test_a_labels_file_gives_split_by_split_runs_the_same_ids(tmp_path, tf):
+    """A Roboflow-style export converted one split folder at a time numbered each run's names 1…N by themselves:
+    zebra was 3 in train and 2 in valid. A --labels-file fixes the ids (line 0 background or not); a name not in
+    it is an unknown_category object reject, and ids that disagree with the run built on reuse nothing."""
+
+    def split_set(name: str, classes: list[str]) -> Path:
+        base = tmp_path / name
+        for i, cls in enumerate(classes):
+            write(str(base / f"{cls}{i}.jpg"), image_bytes("jpeg", height=40, width=50, seed=i))
+            (base / f"{cls}{i}.xml").write_text(xml(f"{cls}{i}.jpg", (50, 40), obj(cls, (2, 3, 20, 30))))
+        return base
+
+    train = split_set("train", ["ant", "bee", "zebra"])
+    valid = split_set("valid", ["ant", "zebra", "yak"])
+    plain, with_bg = tmp_path / "plain.txt", tmp_path / "bg.txt"
+    plain.write_text("zebra\nant\nbee\n")
+    with_bg.write_text("background\nzebra\nant\nbee\n")
+    ids = {}
+    for name, folder, labels in (("train", train, plain), ("valid", valid, with_bg)):
+        out = tmp_path / f"out-{name}"
+        convert("--input", str(folder), "--voc", str(folder), "--output", str(out), "--labels-file", str(labels),
+                "--max-reject-fraction", "1")  # fmt: skip
+        assert (out / "labels.txt").read_text().splitlines() == ["background", "zebra", "ant", "bee"]
+        for row in parsed_records(out, tf).values():
+            for text, label in zip(texts(row, "image/object/class/text"), row["image/object/class/label"], strict=True):
+                ids.setdefault(text, set()).add(int(label))
+        rows = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
+        assert [(r["reason"], "not in --labels-file" in r["detail"]) for r in rows] == (
+            [(objects.UNKNOWN_CATEGORY, True)] if name == "valid" else []
+        )  # yak
+    assert ids == {"zebra": {1}, "ant": {2}, "bee": {3}}
+    # built on a run whose ids were sorted names: no record of it may be copied with its ids
+    sorted_run, fixed_run = tmp_path / "sorted", tmp_path / "fixed"
+    convert("--input", str(train), "--voc", str(train), "--output", str(sorted_run))
+    result = convert("--input", str(train), "--voc", str(train), "--output", str(fixed_run), "--labels-file",
+                     str(plain), "--incremental-from", str(sorted_run))  # fmt: skip
+    assert "other ids than" in result.stderr
+    assert "incremental" not in load_info(fixed_run)
+    assert {int(v) for row in parsed_records(fixed_run, tf).values() for v in row["image/object/class/label"]} == {
+        1, 2, 3
+    }  # fmt: skip

@@ -100,6 +100,13 @@ class Categories(NamedTuple):
     pairs: tuple[tuple[int, str], ...]  # (id, name), by id
     left_out: str | None  # the name of a category 0 that no annotation names
 
+    def shared_name(self) -> tuple[str, list[int]] | None:
+        """A name several ids have (kept apart here; a reader that maps names to ids folds them), or None."""
+        ids: dict[str, list[int]] = {}
+        for cid, name in self.pairs:
+            ids.setdefault(name, []).append(cid)
+        return next(((name, cids) for name, cids in ids.items() if len(cids) > 1), None)
+
 
 def read_categories(path: str) -> Categories:
     """A COCO file's ``categories``, streamed; UsageError naming the file otherwise.

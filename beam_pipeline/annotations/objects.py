@@ -19,7 +19,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -351,8 +351,9 @@ def mask_pngs(objs: Sequence[Obj], geometry: Geometry) -> list[bytes]:
     return out
 
 
-def check_class_name(name: Any) -> Invalid | None:
-    """Why a names-only source's class name cannot name a class (a labels.txt line), or None."""
+def check_class_name(name: Any, known: Collection[str] | None = None) -> Invalid | None:
+    """Why a names-only source's class name cannot name a class (a labels.txt line), or None. ``known``: the
+    classes of a --labels-file (None: any name)."""
     if name is not None and not isinstance(name, str):
         return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is not text (one class per object)")
     if not isinstance(name, str) or not name.strip():
@@ -361,7 +362,19 @@ def check_class_name(name: Any) -> Invalid | None:
         return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} holds a line break (labels.txt has one per line)")
     if name == BACKGROUND:
         return Invalid(UNKNOWN_CATEGORY, f"class name {BACKGROUND!r} is id 0, kept for the background")
+    if known is not None and name not in known:
+        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is not in --labels-file")
     return None
+
+
+def fixed_object_labels(lines: Sequence[str]) -> tuple[str, ...] | str:
+    """A names-only source's label list from a --labels-file (line k of labels.txt = id k): the file as it is
+    when its line 0 is ``background`` (a labels.txt this tool wrote), else ``background`` then the file's
+    names, ids 1…N in its order; or why the file cannot be one."""
+    names = lines[1:] if lines[0] == BACKGROUND else lines
+    if BACKGROUND in names:
+        return f"{BACKGROUND!r} is id 0: give it on the first line or not at all"
+    return (BACKGROUND, *names)
 
 
 def object_names(annotations: Annotations | None) -> Iterator[str]:

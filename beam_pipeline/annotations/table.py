@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -191,13 +191,14 @@ def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def check_object(raw: Any, width: int, height: int, units: str) -> Obj | Invalid:
-    """One manifest object as a checked names-only Obj (box clipped within one pixel), or why not."""
+def check_object(raw: Any, width: int, height: int, units: str, known: Collection[str] | None = None) -> Obj | Invalid:
+    """One manifest object as a checked names-only Obj (box clipped within one pixel), or why not. ``known``: the
+    classes of a --labels-file (None: any name)."""
     if not isinstance(raw, dict):
         return Invalid(objects.BAD_ANNOTATION, f"{raw!r} is not an object with xmin, ymin, xmax, ymax and label")
     name = raw.get(LABEL_COLUMN)
     name = name.strip() if isinstance(name, str) else name
-    invalid = objects.check_class_name(name)
+    invalid = objects.check_class_name(name, known)
     if invalid is not None:
         return invalid
     corners = [_coordinate(raw.get(c)) for c in BOX_COLUMNS]
@@ -234,9 +235,10 @@ class _CheckObjects(CountingDoFn):
     """Ref with RawObjects → Ref with checked Annotations. Tagged: REJECTS (the image's), OBJECT_REJECTS,
     COUNTS ((counter, n) per bundle, as join.sum_counts takes them)."""
 
-    def __init__(self, units: str) -> None:
+    def __init__(self, units: str, known: Collection[str] | None = None) -> None:
         super().__init__()
         self._units = units
+        self._known = None if known is None else frozenset(known)
 
     def process(self, ref: Ref) -> Iterator[Any]:
         tagged = beam.pvalue.TaggedOutput
@@ -257,7 +259,7 @@ class _CheckObjects(CountingDoFn):
                 invalid: Obj | Invalid = Invalid(DUPLICATE_OBJECT, f"{text} is given twice for this image")
             else:
                 seen.add(text)
-                invalid = check_object(value, width, height, self._units)
+                invalid = check_object(value, width, height, self._units, self._known)
             if isinstance(invalid, Invalid):
                 self._counts.add(invalid.reason)
                 yield tagged(OBJECT_REJECTS, _object_reject(ref, invalid, position))
@@ -286,12 +288,13 @@ class CheckManifestObjects(beam.PTransform):
     """refs (with RawObjects) → {"refs", REJECTS, OBJECT_REJECTS, COUNTS: (counter, n)}: JoinCoco's shape,
     so the rest of the pipeline and finalize's object accounting work unchanged."""
 
-    def __init__(self, units: str) -> None:
+    def __init__(self, units: str, known: Collection[str] | None = None) -> None:
         super().__init__()
         self._units = units
+        self._known = known  # a --labels-file's classes: other names are unknown_category
 
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
-        checked = refs | "CheckObjects" >> beam.ParDo(_CheckObjects(self._units)).with_outputs(
+        checked = refs | "CheckObjects" >> beam.ParDo(_CheckObjects(self._units, self._known)).with_outputs(
             REJECTS, OBJECT_REJECTS, COUNTS, main="refs"
         )
         counts = sum_counts(checked[COUNTS])

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -159,10 +159,13 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def check_object(raw: Mapping[str, Any], width: int, height: int) -> Obj | Invalid:
-    """One <object> as a checked Obj: a names-only class (its id is the run's), the box as the TF OD API reads it."""
+def check_object(
+    raw: Mapping[str, Any], width: int, height: int, known: Collection[str] | None = None
+) -> Obj | Invalid:
+    """One <object> as a checked Obj: a names-only class (its id is the run's), the box as the TF OD API reads it.
+    ``known``: the classes of a --labels-file (None: any name)."""
     name = raw.get("name")
-    invalid = objects.check_class_name(name)
+    invalid = objects.check_class_name(name, known)
     if invalid is not None:
         return invalid
     corners = raw.get("bndbox")
@@ -213,9 +216,10 @@ class _Attach(CountingDoFn):
     Tagged: REJECTS, OBJECT_REJECTS, SKIPPED (a listed image no XML names), COUNTS ((counter, n) per bundle).
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, known: Collection[str] | None = None) -> None:
         super().__init__()
         self._root = root
+        self._known = None if known is None else frozenset(known)
 
     def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
         key, values = element
@@ -244,7 +248,7 @@ class _Attach(CountingDoFn):
                 continue
             kept: list[Obj] = []
             for position, raw in enumerate(voc.objects):
-                obj = check_object(raw, width, height)
+                obj = check_object(raw, width, height, self._known)
                 if isinstance(obj, Invalid):
                     row = reject(
                         ref.path, obj.reason, f"{voc.xml}: object {position} ({raw.get('name')!r}): {obj.detail}"
@@ -261,10 +265,11 @@ class JoinVoc(beam.PTransform):
     """refs → {"refs", REJECTS, OBJECT_REJECTS, SKIPPED, COUNTS: (counter, n)}: each listed image with the
     objects of the VOC XML that names it, read and joined inside the pipeline."""
 
-    def __init__(self, voc_dir: str, root: str) -> None:
+    def __init__(self, voc_dir: str, root: str, known: Collection[str] | None = None) -> None:
         super().__init__()
         self._dir = voc_dir
         self._root = root
+        self._known = known  # a --labels-file's classes: other names are unknown_category
 
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         parsed = (
@@ -277,7 +282,9 @@ class JoinVoc(beam.PTransform):
             # (relative path, [(REFS, Ref), (VOC, VocFile), ...])
             join_tagged("JoinByFileName", refs | "RefByPath" >> beam.Map(keyed_ref), parsed.files)
             | "Attach"
-            >> beam.ParDo(_Attach(self._root)).with_outputs(REJECTS, OBJECT_REJECTS, SKIPPED, COUNTS, main="refs")
+            >> beam.ParDo(_Attach(self._root, self._known)).with_outputs(
+                REJECTS, OBJECT_REJECTS, SKIPPED, COUNTS, main="refs"
+            )
         )
         rejects = (parsed[REJECTS], attached[REJECTS]) | "VocRejects" >> beam.Flatten()
         return {
