@@ -3,8 +3,8 @@
 Flags override ``--config FILE.yaml``, which overrides the defaults.  Flags
 this tool does not define go to Beam's PipelineOptions; a flag neither knows
 is an error.  Exit codes: 0 done, 1 the pipeline (or a read or write around it) failed, 2 a usage, config or
-input mistake (one line; ``-v`` adds the traceback), 3 too many rejects, 130
-interrupted (Ctrl-C; the same command resumes).
+input mistake (one line; ``-v`` adds the traceback), 3 too many rejects (or no image converted, or no object
+kept), 130 interrupted (Ctrl-C; the same command resumes).
 """
 
 from __future__ import annotations

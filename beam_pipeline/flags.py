@@ -155,7 +155,8 @@ exit codes:
   1  the pipeline failed, or a read or write around it (the error line says where;
      -v shows the traceback); nothing published is touched: run it again
   2  usage, config or input mistake, found before anything ran (one line)
-  3  too many rejects (--max-reject-fraction) or nothing converted: no _SUCCESS
+  3  too many rejects (--max-reject-fraction), nothing converted, or every object of
+     the annotations rejected: no _SUCCESS
   130  interrupted (Ctrl-C): run the same command again to resume
 """
 

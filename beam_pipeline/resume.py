@@ -121,6 +121,8 @@ def shard_digest(
         fields = [ref.path, ref.relpath, ref.size, ref.mtime, ref.split, ref.label, ref.key, ref.extras, previous]
         if ref.annotations is not None:  # an annotated image: its objects decide its record too
             fields.append(annotations_digest(ref.annotations))
+            # and its objects' count given by the source decides the shard's image counters (the marker keeps them)
+            fields.append(getattr(ref.annotations, "given", None))
         h.update(_text(fields))
     return h.hexdigest()
 

@@ -548,6 +548,14 @@ def test_the_shard_digest_covers_annotations():
 
     assert digest(ref) != digest(moved)
     assert digest(ref) == digest(Ref("/in/a.jpg", "a.jpg", 10, "train", None, 1, annotations=ref.annotations))
+    # the source's object count is not in the record, but in the shard's image counters (its marker keeps them):
+    # an image's rejected annotations deleted from the file change the shard, not the record's digest
+    none_left = objects.Annotations("1", 8, 8, (), given=0)
+    all_rejected = objects.Annotations("1", 8, 8, (), given=2)
+    assert none_left.digest == all_rejected.digest
+    assert digest(Ref("/in/a.jpg", "a.jpg", 10, "train", None, 1, annotations=none_left)) != digest(
+        Ref("/in/a.jpg", "a.jpg", 10, "train", None, 1, annotations=all_rejected)
+    )
 
 
 def test_the_code_digest_covers_subpackages(tmp_path, monkeypatch):
@@ -933,10 +941,12 @@ def test_labeling_tool_exports_convert_as_their_images_say(tmp_path, tf):
     root = tmp_path / "images"
     write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
     write(str(root / "sub" / "b.jpg"), image_bytes("jpeg", height=40, width=50, seed=2))
+    (tmp_path / "link").symlink_to(root)  # --input through a link, file_names under the folder it leads to
     doc = {
         "images": [
             {"id": 1, "file_name": str(root / "a.jpg"), "width": 64.0, "height": 48.0},
             {"id": 2, "file_name": "sub/b.jpg", "width": 50, "height": 40},
+            {"id": 3, "file_name": "C:\\Users\\me\\c.jpg", "width": 50, "height": 40},
         ],
         "annotations": [
             {"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 4, 16, 12], "segmentation": []},
@@ -947,7 +957,7 @@ def test_labeling_tool_exports_convert_as_their_images_say(tmp_path, tf):
     path = tmp_path / "_annotations.coco.json"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(doc).encode())
     out = tmp_path / "out"
-    result = convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    result = convert("--input", str(tmp_path / "link"), "--coco", str(path), "--output", str(out), *NO_BUDGET)
     assert "category 0 ('pets-xyz') names no object" in result.stderr
     assert "share the name" not in result.stderr
     rows = parsed_records(out, tf)
@@ -960,6 +970,8 @@ def test_labeling_tool_exports_convert_as_their_images_say(tmp_path, tf):
     assert (out / "labels.txt").read_text().splitlines() == ["background", "cat", "dog"]
     assert "pets-xyz" not in (out / objects.LABEL_MAP_PBTXT).read_text()
     assert load_info(out)["categories"] == [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
+    [missing] = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert "'C:\\\\Users\\\\me\\\\c.jpg' is absolute and not under --input" in missing["detail"]
 
 
 def test_a_category_0_that_names_objects_is_refused_in_one_line(tmp_path):
@@ -1015,6 +1027,8 @@ def test_a_run_whose_every_annotation_is_rejected_is_not_published_as_complete(t
     assert load_info(out)["status"] == "no_object_kept"
     [row, *_] = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     assert 'image_id "0"' in row["detail"] and "the number 0" in row["detail"]
+    shown = run_cli("inspect", str(out))
+    assert "INCOMPLETE: no _SUCCESS (no object kept: 3 annotations rejected" in shown.stdout, shown.stdout
 
 
 NO_BUDGET = ("--max-reject-fraction", "1")

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import posixpath
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -197,13 +199,25 @@ def _id_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def file_key(file_name: str, root: str = "") -> str:
+def input_roots(root: str) -> tuple[str, ...]:
+    """The prefixes an absolute file_name under the input folder ``root`` may start with: the folder, and for a
+    local one the folder its links lead to (each ending in "/")."""
+    tops = [root] if "://" in root else [root, os.path.realpath(root)]
+    return tuple(dict.fromkeys(top.rstrip("/") + "/" for top in tops))
+
+
+def file_key(file_name: str, roots: Sequence[str] = ()) -> str:
     """A COCO ``file_name`` as the relative path a listed file has (``./a/b.jpg`` → ``a/b.jpg``; an absolute
-    path under the input folder ``root``, as labelme2coco and FiftyOne may write it, → its path below it)."""
-    name, top = file_name.replace("\\", "/"), root.rstrip("/") + "/"
-    if root and name.startswith(top):
-        name = name[len(top) :]
-    return posixpath.normpath(name).lstrip("/")
+    path under the input folder (``roots``: ``input_roots``), as labelme2coco and FiftyOne may write it, → its
+    path below it)."""
+    name = file_name.replace("\\", "/")
+    top = next((top for top in roots if name.startswith(top)), "")
+    return posixpath.normpath(name[len(top) :]).lstrip("/")
+
+
+def _absolute(file_name: str) -> bool:
+    """A file_name that names a place of its own: ``/x``, ``C:/x`` or ``C:\\x``, ``gs://b/x``."""
+    return file_name.startswith(("/", "\\")) or "://" in file_name or re.match(r"[A-Za-z]:[/\\]", file_name) is not None
 
 
 def _unknown_id_detail(key: str) -> str:
@@ -221,6 +235,7 @@ class CocoImage(NamedTuple):
     annotations: Annotations
     total: int  # annotations naming it
     rejected: int  # of those, rejected
+    file_name: str = ""  # as the entry gives it
 
 
 class _ReadSection(beam.DoFn):
@@ -334,6 +349,7 @@ class _JoinImageObjects(CountingDoFn):
         super().__init__()
         self._coco_path = coco_path
         self._root = root
+        self._roots = input_roots(root)  # here, on the launcher: a worker may not see a local root's links
         self._names = dict(categories)
 
     def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
@@ -355,13 +371,13 @@ class _JoinImageObjects(CountingDoFn):
             for entry in entries:
                 name = entry.get("file_name") if isinstance(entry, dict) else None
                 row = reject(self._where(name), DUPLICATE_IMAGE_ID, f"image id {key} names {len(entries)} images")
-                yield (file_key(name, self._root) if isinstance(name, str) else "", (COCO, row))
+                yield (file_key(name, self._roots) if isinstance(name, str) else "", (COCO, row))
             return
         entry = entries[0]
         problem = _entry_problem(entry)
         if problem:
             name = entry.get("file_name") if isinstance(entry, dict) else None
-            key = file_key(name, self._root) if isinstance(name, str) and name else ""
+            key = file_key(name, self._roots) if isinstance(name, str) and name else ""
             yield (key, (COCO, reject(self._where(name), BAD_IMAGE_ENTRY, problem)))
             return
         width, height, where = int(entry["width"]), int(entry["height"]), self._where(entry["file_name"])
@@ -382,13 +398,13 @@ class _JoinImageObjects(CountingDoFn):
                 row["polygon"] = place
                 yield tagged(OBJECT_REJECTS, row)
         annotations = Annotations(str(entry["id"]), width, height, tuple(kept), given=len(anns))
-        found = CocoImage(annotations, len(anns), len(anns) - len(kept))
-        yield (file_key(entry["file_name"], self._root), (COCO, found))
+        found = CocoImage(annotations, len(anns), len(anns) - len(kept), entry["file_name"])
+        yield (file_key(entry["file_name"], self._roots), (COCO, found))
 
     def _where(self, file_name: Any) -> str:
         """Where a reject points: the image file the entry names, or the COCO file itself."""
         if isinstance(file_name, str) and file_name:
-            return FileSystems.join(self._root, file_key(file_name, self._root))
+            return FileSystems.join(self._root, file_key(file_name, self._roots))
         return self._coco_path
 
 
@@ -413,9 +429,14 @@ class _AttachAnnotations(beam.DoFn):
         if not refs:
             yield from (tagged(REJECTS, row) for row in rows)
             for image in images:
+                name = image.file_name
+                why = (
+                    f"its file_name {name!r} is absolute and not under --input"
+                    if _absolute(name)
+                    else "a file_name is taken relative to --input"
+                )
                 detail = (
-                    f"COCO image id {image.annotations.source_id} ({image.total} annotations): no such file "
-                    "(a file_name is taken relative to --input)"
+                    f"COCO image id {image.annotations.source_id} ({image.total} annotations): no such file ({why})"
                 )
                 yield tagged(REJECTS, reject(self._missing_path(element[0]), MISSING_IMAGE, detail))
             return
