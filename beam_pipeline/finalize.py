@@ -885,7 +885,9 @@ class FinalizeFn(beam.DoFn):
         )
         categories = self._layout.categories
         if self._layout.object_names:  # a names-only source: the run's label list names the ids
-            categories = objects.categories_from_labels(labels, self._layout.prior_labels or ())
+            # a --labels-file (the fixed list) is the prior list of its own gaps, as an earlier run's labels.txt
+            prior = self._layout.labels or self._layout.prior_labels or ()
+            categories = objects.categories_from_labels(labels, prior)
         if categories is not None:
             # the planned sink's writers counted the objects of the records they wrote, per shard
             written = [kv for files in layout.values() for _, r in files for kv in r.get("objects", {}).items()]

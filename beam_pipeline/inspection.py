@@ -63,7 +63,9 @@ def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
         status += f" (more rejects than --max-reject-fraction {fraction:g})" if fraction is not None else ""
     elif not complete and info.get("status") == "no_object_kept":
         total = ((info.get("objects") or {}).get("rejects") or {}).get("total")
-        status += f" (no object kept: {total} annotations rejected, see object_rejects.jsonl)"
+        status += f" (no object kept: {total} rejected)"
+    elif not complete and info.get("status") == "nothing_converted":
+        status += " (no image converted)"
     lines = [f"{info['name']}  ({output})", f"status: {status}"]
     lines.append(
         f"{info['examples']:,} examples, {_mb(info['bytes'])}, compression {info['compression']}, seed {info['seed']}"

@@ -20,7 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
 from .annotations.masks import JoinMasks
-from .annotations.objects import name_labels, object_names
+from .annotations.objects import is_gap, name_labels, object_names
 from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
@@ -194,7 +194,9 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
 
 def _known_classes(layout: Layout) -> tuple[str, ...] | None:
     """The classes a names-only source's objects may name: a --labels-file's (its line 0 is the background)."""
-    return None if layout.labels is None else tuple(layout.labels[1:])
+    if layout.labels is None:
+        return None
+    return tuple(name for k, name in enumerate(layout.labels) if k > 0 and not is_gap(k, name))
 
 
 def _object_parts(

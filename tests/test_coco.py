@@ -1028,7 +1028,7 @@ def test_a_run_whose_every_annotation_is_rejected_is_not_published_as_complete(t
     [row, *_] = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     assert 'image_id "0"' in row["detail"] and "the number 0" in row["detail"]
     shown = run_cli("inspect", str(out))
-    assert "INCOMPLETE: no _SUCCESS (no object kept: 3 annotations rejected" in shown.stdout, shown.stdout
+    assert "INCOMPLETE: no _SUCCESS (no object kept: 3 rejected)" in shown.stdout, shown.stdout
 
 
 NO_BUDGET = ("--max-reject-fraction", "1")
@@ -1067,3 +1067,20 @@ def test_objects_kept_count_only_the_records_written(tmp_path, tf, sink):
     assert info["objects"]["kept"] == written
     assert info["objects"]["images_without_annotations"] == 1  # neg.jpg; negbad.jpg is no record
     assert info["objects"]["rejects"] == {"total": 1, "by_reason": {objects.UNKNOWN_CATEGORY: 1}}
+
+
+def test_an_absolute_file_name_through_a_link_to_the_input_folder_is_found(tmp_path):
+    """--input the real folder, file_names written through a link to it (a mount seen under two names)."""
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    (tmp_path / "link").symlink_to(root)
+    doc = {
+        "images": [{"id": 1, "file_name": str(tmp_path / "link" / "a.jpg"), "width": 64, "height": 48}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 4, 16, 12]}],
+        "categories": CATEGORIES,
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    assert load_info(out)["examples"] == 1 and load_info(out)["objects"]["kept"] == 1

@@ -299,3 +299,14 @@ def test_a_contact_sheet_draws_its_records_without_a_list_of_every_record(monkey
     for number in drawn:
         want.setdefault(f"out/{shards[number // 500_000]['file']}", set()).add(number % 500_000)
     assert asked == want
+
+
+def test_an_output_whose_every_image_was_rejected_says_so(tmp_path):
+    """A run that converted no image leaves dataset.json without _SUCCESS; inspect says why, as for too many rejects."""
+    (tmp_path / "in" / "cat").mkdir(parents=True)
+    (tmp_path / "in" / "cat" / "a.jpg").write_bytes(b"not a JPEG")
+    out = tmp_path / "out"
+    result = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(out), "--no-transform")
+    assert result.returncode == 3, result.stderr
+    shown = run_cli("inspect", str(out))
+    assert "INCOMPLETE: no _SUCCESS (no image converted)" in shown.stdout, shown.stdout

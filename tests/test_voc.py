@@ -350,10 +350,15 @@ def test_cli_errors_name_the_flag(tmp_path, voc_set):
     empty = tmp_path / "empty"
     empty.mkdir()
     (tmp_path / "bg.txt").write_text("cat\nbackground\n")
+    (tmp_path / "spaced.txt").write_text("dog \ncat\n")
+    (tmp_path / "onlybg.txt").write_text("background\n")
     cases = [
         (["--voc", str(tmp_path / "nope")], "--voc"),
         (["--voc", str(empty)], "no .xml files"),
         (["--voc", str(annotations), "--labels-file", str(tmp_path / "bg.txt")], "'background' is id 0"),
+        # a line no stripped class name can match would take an id and drop every object of that class
+        (["--voc", str(annotations), "--labels-file", str(tmp_path / "spaced.txt")], "'dog ' has spaces around it"),
+        (["--voc", str(annotations), "--labels-file", str(tmp_path / "onlybg.txt")], "no class names in it"),
         (["--voc", str(annotations), "--coco", str(tmp_path / "i.json")], "--coco"),
         (["--voc", str(annotations), "--dedupe"], "--dedupe"),
     ]
@@ -563,7 +568,7 @@ def test_a_labels_file_gives_split_by_split_runs_the_same_ids(tmp_path, tf):
     valid = split_set("valid", ["ant", "zebra", "yak"])
     plain, with_bg = tmp_path / "plain.txt", tmp_path / "bg.txt"
     plain.write_text("zebra\nant\nbee\n")
-    with_bg.write_text("background\nzebra\nant\nbee\n")
+    with_bg.write_text("__background__\nzebra\nant\nbee\n")  # torchvision's and detectron2's line 0
     ids = {}
     for name, folder, labels in (("train", train, plain), ("valid", valid, with_bg)):
         out = tmp_path / f"out-{name}"
@@ -588,3 +593,20 @@ def test_a_labels_file_gives_split_by_split_runs_the_same_ids(tmp_path, tf):
     assert {int(v) for row in parsed_records(fixed_run, tf).values() for v in row["image/object/class/label"]} == {
         1, 2, 3
     }  # fmt: skip
+
+
+def test_a_coco_runs_labels_txt_as_labels_file_keeps_its_gaps_out_of_the_categories(tmp_path):
+    """The labels.txt of a --coco run (ids 1 and 3: line 2 is unused_2) as a --labels-file: unused_2 stays a gap,
+    as it does when the same list comes from --incremental-from, never a class of label_map.pbtxt."""
+    write(str(tmp_path / "in" / "a.jpg"), image_bytes("jpeg", height=40, width=50, seed=1))
+    (tmp_path / "in" / "a.xml").write_text(
+        xml("a.jpg", (50, 40), obj("dog", (2, 3, 20, 30)), obj("unused_2", (1, 1, 9, 9)))
+    )
+    labels = tmp_path / "labels.txt"
+    labels.write_text("background\ncat\nunused_2\ndog\n")
+    out = tmp_path / "out"
+    convert("--input", str(tmp_path / "in"), "--voc", str(tmp_path / "in"), "--output", str(out), "--labels-file",
+            str(labels))  # fmt: skip
+    assert load_info(out)["categories"] == [{"id": 1, "name": "cat"}, {"id": 3, "name": "dog"}]
+    assert "unused_2" not in (out / objects.LABEL_MAP_PBTXT).read_text()
+    assert load_info(out)["objects"]["rejects"]["by_reason"] == {objects.UNKNOWN_CATEGORY: 1}

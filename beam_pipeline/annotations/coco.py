@@ -371,13 +371,13 @@ class _JoinImageObjects(CountingDoFn):
             for entry in entries:
                 name = entry.get("file_name") if isinstance(entry, dict) else None
                 row = reject(self._where(name), DUPLICATE_IMAGE_ID, f"image id {key} names {len(entries)} images")
-                yield (file_key(name, self._roots) if isinstance(name, str) else "", (COCO, row))
+                yield (self._file_key(name) if isinstance(name, str) else "", (COCO, row))
             return
         entry = entries[0]
         problem = _entry_problem(entry)
         if problem:
             name = entry.get("file_name") if isinstance(entry, dict) else None
-            key = file_key(name, self._roots) if isinstance(name, str) and name else ""
+            key = self._file_key(name) if isinstance(name, str) and name else ""
             yield (key, (COCO, reject(self._where(name), BAD_IMAGE_ENTRY, problem)))
             return
         width, height, where = int(entry["width"]), int(entry["height"]), self._where(entry["file_name"])
@@ -399,12 +399,18 @@ class _JoinImageObjects(CountingDoFn):
                 yield tagged(OBJECT_REJECTS, row)
         annotations = Annotations(str(entry["id"]), width, height, tuple(kept), given=len(anns))
         found = CocoImage(annotations, len(anns), len(anns) - len(kept), entry["file_name"])
-        yield (file_key(entry["file_name"], self._roots), (COCO, found))
+        yield (self._file_key(entry["file_name"]), (COCO, found))
+
+    def _file_key(self, file_name: str) -> str:
+        """``file_key`` under this input; a local absolute name outside it may reach it through a link."""
+        if file_name.startswith("/") and "://" not in self._root and not file_name.startswith(self._roots):
+            file_name = os.path.realpath(file_name)
+        return file_key(file_name, self._roots)
 
     def _where(self, file_name: Any) -> str:
         """Where a reject points: the image file the entry names, or the COCO file itself."""
         if isinstance(file_name, str) and file_name:
-            return FileSystems.join(self._root, file_key(file_name, self._roots))
+            return FileSystems.join(self._root, self._file_key(file_name))
         return self._coco_path
 
 

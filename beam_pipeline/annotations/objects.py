@@ -371,10 +371,27 @@ def fixed_object_labels(lines: Sequence[str]) -> tuple[str, ...] | str:
     """A names-only source's label list from a --labels-file (line k of labels.txt = id k): the file as it is
     when its line 0 is ``background`` (a labels.txt this tool wrote), else ``background`` then the file's
     names, ids 1…N in its order; or why the file cannot be one."""
-    names = lines[1:] if lines[0] == BACKGROUND else lines
-    if BACKGROUND in names:
-        return f"{BACKGROUND!r} is id 0: give it on the first line or not at all"
+    names = lines[1:] if is_background(lines[0]) else lines
+    if not names:
+        return "no class names in it"
+    for name in names:
+        if is_background(name):
+            return f"{name!r} is id 0, the background: give it on the first line or not at all"
+        if name != name.strip():
+            # the sources' names are stripped: such a line would name no object, and its id would be lost
+            return f"class name {name!r} has spaces around it (the annotations' class names are read stripped)"
     return (BACKGROUND, *names)
+
+
+def is_background(name: str) -> bool:
+    """A class list's name for id 0: ``background``, as the OD API, ``__background__`` or ``Background`` as
+    torchvision and detectron2 lists have it."""
+    return name.strip("_").lower() == BACKGROUND
+
+
+def is_gap(k: int, name: str) -> bool:
+    """Line k of a labels.txt holds an id without a category (an earlier COCO run's ``unused_<k>``)."""
+    return name == _unused(k)
 
 
 def object_names(annotations: Annotations | None) -> Iterator[str]:
@@ -399,7 +416,7 @@ def categories_from_labels(labels: Sequence[str], prior: Sequence[str] = ()) -> 
     return tuple(
         (k, name)
         for k, name in enumerate(labels)
-        if k > 0 and name != BACKGROUND and not (k < len(prior) and name == _unused(k))
+        if k > 0 and name != BACKGROUND and not (k < len(prior) and is_gap(k, name))
     )
 
 
