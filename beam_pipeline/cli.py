@@ -319,7 +319,14 @@ def _object_lines(info: dict[str, Any]) -> list[str]:
         lines.append(
             f"  polygons out {objs['polygons_dropped']:>8} (under 3 points; their objects kept) -> object_rejects.jsonl"
         )
-    lines.append(f"  categories   {len(info.get('categories') or []):>8} -> label_map.pbtxt, labels.txt")
+    names = [c["name"] for c in info.get("categories") or []]
+    lines.append(f"  categories   {len(names):>8} -> label_map.pbtxt, labels.txt")
+    folded: dict[str, str] = {}
+    for name in names:
+        other = folded.setdefault(name.casefold(), name)
+        if other != name:  # two classes a reader that ignores case (or a person) takes for one
+            lines.append(f"  note: classes {other!r} and {name!r} differ only in case: two classes")
+            break
     return lines
 
 

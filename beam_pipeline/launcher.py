@@ -548,6 +548,11 @@ def prepare(
             label_source = "none"  # the classes are the label maps' pixel values
 
     if label_source == "folder" and pattern is not None and _only_files_directly_in(root, pattern):
+        if masks and cfg.labels_file:  # --labels-from none would conflict with it: say what it is for
+            raise UsageError(
+                f"--labels-file {cfg.labels_file}: with --masks it names the images' class folders, and the files "
+                f"directly in {root} have none (a label map's classes are its pixel values: drop --labels-file)"
+            )
         raise UsageError(f"--input {cfg.input}: {flat_folder_hint(root)} for an unlabelled dataset")
 
     labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None

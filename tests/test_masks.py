@@ -439,3 +439,15 @@ def test_the_same_masks_read_from_another_folder_leave_every_record_reusable(mas
     assert inc["reused"] == load_info(first)["examples"] > 0 and inc["converted"] == 0, inc
     assert masks.LabelMap("/m/a.png", 100, 1.0, "a.png").digest == masks.LabelMap("/n/a.png", 100, 1.0, "a.png").digest
     assert masks.LabelMap("/m/a.png", 100, 1.0, "a.png").digest != masks.LabelMap("/m/b.png", 100, 1.0, "b.png").digest
+
+
+def test_a_labels_file_with_masks_over_a_flat_folder_says_what_it_is_for(tmp_path):
+    """The flat-folder hint said "pass --labels-from none", which then conflicts with --labels-file."""
+    write(str(tmp_path / "in" / "a.jpg"), image_bytes("jpeg", 24, 32, 0))
+    write(str(tmp_path / "masks" / "a.png"), grey_png(label_array(24, 32, 0)))
+    (tmp_path / "labels.txt").write_text("road\ncar\n")
+    result = run_cli("convert", "--input", str(tmp_path / "in"), "--masks", str(tmp_path / "masks"),
+                     "--labels-file", str(tmp_path / "labels.txt"), "--output", str(tmp_path / "o"))  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "drop --labels-file" in result.stderr and "--labels-from none" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

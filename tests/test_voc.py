@@ -610,3 +610,13 @@ def test_a_coco_runs_labels_txt_as_labels_file_keeps_its_gaps_out_of_the_categor
     assert load_info(out)["categories"] == [{"id": 1, "name": "cat"}, {"id": 3, "name": "dog"}]
     assert "unused_2" not in (out / objects.LABEL_MAP_PBTXT).read_text()
     assert load_info(out)["objects"]["rejects"]["by_reason"] == {objects.UNKNOWN_CATEGORY: 1}
+
+
+def test_class_names_that_differ_only_in_case_get_a_note(tmp_path):
+    """VOC names Dog and dog are two classes (kept exactly); the summary says so, as a person reading it may not."""
+    for i, name in enumerate(("Dog", "dog")):
+        write(str(tmp_path / "in" / f"{i}.jpg"), image_bytes("jpeg", height=40, width=50, seed=i))
+        (tmp_path / "in" / f"{i}.xml").write_text(xml(f"{i}.jpg", (50, 40), obj(name, (2, 3, 20, 30))))
+    result = convert("--input", str(tmp_path / "in"), "--voc", str(tmp_path / "in"), "--output", str(tmp_path / "o"))
+    assert "classes 'Dog' and 'dog' differ only in case" in result.stdout
+    assert load_info(tmp_path / "o")["categories"] == [{"id": 1, "name": "Dog"}, {"id": 2, "name": "dog"}]
