@@ -39,7 +39,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import failpoints, index, lease, metadata, resume
 from .annotations.coco import read_categories
-from .annotations.objects import BACKGROUND, fixed_object_labels
+from .annotations.objects import fixed_object_labels, is_background
 from .annotations.table import PIXELS, looks_normalized, required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
@@ -519,7 +519,7 @@ def prepare(
             raise UsageError(f"--coco {cfg.coco}: no such file")
         found = read_categories(coco)
         categories = found.pairs
-        if found.left_out is not None and found.left_out.strip("_").lower() != BACKGROUND:
+        if found.left_out is not None and not is_background(found.left_out):
             note(
                 f"--coco {cfg.coco}: category 0 ({found.left_out!r}) names no object: left out of labels.txt and "
                 "label_map.pbtxt (id 0 is the background)"

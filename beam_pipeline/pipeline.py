@@ -192,11 +192,11 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
     }
 
 
-def _known_classes(layout: Layout) -> tuple[str, ...] | None:
+def _known_classes(layout: Layout) -> frozenset[str] | None:
     """The classes a names-only source's objects may name: a --labels-file's (its line 0 is the background)."""
     if layout.labels is None:
         return None
-    return tuple(name for k, name in enumerate(layout.labels) if k > 0 and not is_gap(k, name))
+    return frozenset(name for k, name in enumerate(layout.labels) if k > 0 and not is_gap(k, name))
 
 
 def _object_parts(

@@ -33,7 +33,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from ..config import MANIFEST_OBJECTS
+from ..config import BOX_UNITS, MANIFEST_OBJECTS
 from ..images import UNREADABLE
 from ..listing import (
     LABEL_COLUMN,
@@ -56,7 +56,7 @@ BOX_COLUMNS = ("xmin", "ymin", "xmax", "ymax")
 OBJECTS_COLUMN = "objects"
 WIDTH_COLUMN, HEIGHT_COLUMN = "width", "height"
 FRAME_COLUMNS = (WIDTH_COLUMN, HEIGHT_COLUMN)
-PIXELS, NORMALIZED = "pixels", "normalized"
+PIXELS, NORMALIZED = BOX_UNITS
 
 # Image rejects (rejects.jsonl).
 CONFLICTING_ROWS = "conflicting_rows"  # rows of one file disagree on split, an extra column, width or height
@@ -238,7 +238,7 @@ class _CheckObjects(CountingDoFn):
     def __init__(self, units: str, known: Collection[str] | None = None) -> None:
         super().__init__()
         self._units = units
-        self._known = None if known is None else frozenset(known)
+        self._known = known
 
     def process(self, ref: Ref) -> Iterator[Any]:
         tagged = beam.pvalue.TaggedOutput

@@ -219,7 +219,7 @@ class _Attach(CountingDoFn):
     def __init__(self, root: str, known: Collection[str] | None = None) -> None:
         super().__init__()
         self._root = root
-        self._known = None if known is None else frozenset(known)
+        self._known = known
 
     def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
         key, values = element
