@@ -329,12 +329,15 @@ OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects
 NO_OBJECT_KEPT = "no_object_kept"  # annotations given, every one rejected: a mismatch, not a dataset of negatives
 
 
-def outcome(examples: int, rejects: int, max_reject_fraction: float) -> str:
-    """ok, or why the run must not publish (the launcher maps it to an exit code)."""
+def outcome(examples: int, rejects: int, max_reject_fraction: float, objs: Mapping[str, Any] | None = None) -> str:
+    """ok, or why the run must not publish (the launcher maps it to an exit code). ``objs``: a detection
+    dataset's ``objects`` block (annotations given and every object rejected is a mismatch, not negatives)."""
     if examples == 0:
         return NOTHING_CONVERTED if rejects else EMPTY_LISTING
     if rejects / (examples + rejects) > max_reject_fraction:
         return TOO_MANY_REJECTS
+    if objs and not objs["kept"] and objs["rejects"]["total"]:
+        return NO_OBJECT_KEPT
     return OK
 
 
@@ -906,10 +909,8 @@ class FinalizeFn(beam.DoFn):
         resumed = resumed_summary(layout, staging)
         if resumed:
             info["resumed"] = resumed
-        info["status"] = outcome(info["examples"], sum(rejects_by_reason.values()), cfg.max_reject_fraction)
-        objs = info.get("objects")
-        if info["status"] == OK and objs and not objs["kept"] and objs["rejects"]["total"]:
-            info["status"] = NO_OBJECT_KEPT
+        total_rejects = sum(rejects_by_reason.values())
+        info["status"] = outcome(info["examples"], total_rejects, cfg.max_reject_fraction, info.get("objects"))
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
 
