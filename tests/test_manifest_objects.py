@@ -563,3 +563,25 @@ def test_a_labels_file_fixes_the_ids_of_manifest_objects(object_set, tmp_path, t
     assert (out / "labels.txt").read_text().splitlines() == ["background", "dog", "cat"]
     [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
     assert row["reason"] == objects.UNKNOWN_CATEGORY and "not in --labels-file" in row["detail"]
+
+
+@pytest.mark.parametrize("form", ["rows", "column"])
+def test_an_integer_coordinate_beyond_a_floats_range_is_a_bad_box_not_a_failed_job(object_set, tmp_path, form):
+    """JSON reads 1 followed by 400 zeros as an exact integer, and float() of it raised OverflowError in the
+    object check: the whole job failed (exit 1) for one coordinate. It is a bad_box, the image and the other
+    objects stay."""
+    huge = int("1" + "0" * 400)
+    good = {"xmin": 10, "ymin": 5, "xmax": 30, "ymax": 25, "label": "dog"}
+    bad = {**good, "xmin": huge}
+    if form == "rows":
+        lines = [{"path": "a.jpg", **bad}, {"path": "a.jpg", **good}]
+    else:
+        lines = [{"path": "a.jpg", "objects": [bad, good]}]
+    manifest = object_set / f"huge-{form}.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    result = convert("--manifest", str(manifest), "--manifest-objects", form, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
+    assert row["reason"] == objects.BAD_BOX and "not a finite number" in row["detail"]
+    assert load_info(out)["objects"]["kept"] == 1

@@ -130,7 +130,10 @@ def _number(value: Any) -> float | None:
     """A finite JSON number as float (bools and text are not numbers), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an integer beyond a float's range
+        return None
     return out if math.isfinite(out) else None
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -158,7 +159,10 @@ def _coordinate(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer beyond a float's range: no finite coordinate (check_box says so)
+            return math.inf
     if isinstance(value, str) and value_type(value) != "string":  # plain decimals: "nan", "1_000" are text
         return float(value)
     return None
