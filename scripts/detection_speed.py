@@ -20,6 +20,15 @@ but hardly the CPU a run needs. Start-up (imports, pipeline construction,
 finalize) is cancelled by differencing a run on all images and a run on the
 first ``--small`` of them; the rounds interleave the three modes so load
 changes hit each alike. Each row prints ``uptime``'s load averages.
+
+``--parts`` then times, in this process on one thread, each piece of work a
+``--coco`` boxes run does per image beyond classification, whatever the code
+around it: the launcher's scan of the file, streaming its two sections, the
+join and checks, pickling the annotations as the pipeline's shuffles carry them
+(the raw JSON by image id, the checked image by file name, the ref with its
+annotations to its shard), the object keys and the longer Example, the
+annotation digest. Their sum over classification's CPU per image (same run) is
+the least a streamed join of boxes could cost with no Beam overhead at all.
 """
 
 from __future__ import annotations
@@ -126,6 +135,110 @@ def convert(folder: Path, out: Path, coco: Path | None, extra: list[str]) -> dic
     return {"cpu": cpu, "wall": wall, "records": records}
 
 
+def _best_ms(work: Any, count: int, repeat: int = 3) -> float:
+    """The least CPU ms per item of ``work()`` (this thread) over ``repeat`` tries."""
+    best = math.inf
+    for _ in range(repeat):
+        started = time.thread_time()
+        work()
+        best = min(best, time.thread_time() - started)
+    return best / count * 1e3
+
+
+def time_parts(folder: Path, coco_path: Path) -> dict[str, float]:
+    """CPU ms per image of each piece of work a --coco boxes run adds to classification (see the docstring)."""
+    import dataclasses
+    import pickle
+
+    from beam_pipeline import index
+    from beam_pipeline.annotations import coco, objects
+    from beam_pipeline.examples import build_example
+    from beam_pipeline.hashing import shuffle_key
+    from beam_pipeline.images import Geometry
+    from beam_pipeline.listing import Ref
+
+    path = str(coco_path)
+    categories = coco.read_categories(path).pairs
+    reader = coco._ReadSection()  # noqa: SLF001 - the real reader, timed alone
+    sections = [*reader.process((coco.IMAGES, path)), *reader.process((coco.ANNOTATIONS, path))]
+    grouped: dict[str, list[Any]] = {}
+    for key, tagged in sections:
+        grouped.setdefault(key, []).append(tagged)
+    joiner = coco._JoinImageObjects(path, str(folder), categories)  # noqa: SLF001
+    joined = [out for key, values in grouped.items() for out in joiner._join(key, values)]  # noqa: SLF001
+    found = [out[1][1] for out in joined if isinstance(out, tuple)]  # (file key, (COCO, CocoImage)); no rejects here
+    n = len(found)
+    refs = []
+    for image in found:
+        relpath = image.file_name
+        plain = Ref(str(folder / relpath), relpath, 95_000, "train", None, shuffle_key(relpath, 0), (), 1.0)
+        refs.append((plain, dataclasses.replace(plain, annotations=image.annotations)))
+
+    def carried() -> None:  # through JoinById, JoinByFileName, and to the shard with the ref (less the plain ref)
+        for element in sections:
+            pickle.loads(pickle.dumps(element))
+        for image in found:
+            pickle.loads(pickle.dumps(image))
+        for _, annotated in refs:
+            pickle.loads(pickle.dumps(annotated))
+
+    def plain_refs() -> None:
+        for plain, _ in refs:
+            pickle.loads(pickle.dumps(plain))
+
+    width, height = found[0].annotations.width, found[0].annotations.height
+    geometry = Geometry(width, height, width, height)  # recorded as stored: no orientation, no resize
+    base = {"image/encoded": b"\xff" * 95_000, "image/format": "jpeg", "image/height": height, "image/width": width,
+            "image/channels": 3, "image/filename": "circle/circle_00000.jpg", "image/key/sha256": "0" * 64}  # fmt: skip
+
+    def with_objects() -> None:
+        for image in found:
+            build_example({**base, **objects.object_features(image.annotations, geometry)})
+
+    def without() -> None:
+        for _ in found:
+            build_example(base)
+
+    def digests() -> None:
+        for _, annotated in refs:
+            fresh = dataclasses.replace(annotated, annotations=dataclasses.replace(annotated.annotations))
+            index.extras_digest(fresh)
+
+    return {
+        "the launcher's scan of the file (categories, depth, category 0)": _best_ms(
+            lambda: coco.read_categories(path), n
+        ),
+        "streaming its images and annotations sections": _best_ms(
+            lambda: [*reader.process((coco.IMAGES, path)), *reader.process((coco.ANNOTATIONS, path))], n
+        ),
+        "the join by image id and the checks": _best_ms(
+            lambda: [out for key, values in grouped.items() for out in joiner._join(key, values)],
+            n,  # noqa: SLF001
+        ),
+        "pickling what the shuffles carry, beyond a plain ref": _best_ms(carried, n) - _best_ms(plain_refs, n),
+        "the object keys and the longer Example": _best_ms(with_objects, n) - _best_ms(without, n),
+        "the annotation digest (resume digest, index line)": _best_ms(digests, n),
+    }
+
+
+def print_parts(folder: Path, coco_path: Path, classification: float | None, measured: float | None) -> None:
+    parts = time_parts(folder, coco_path)
+    total = sum(parts.values())
+    print()
+    print("| part of a --coco boxes run's extra work (this process, one thread) | CPU ms / image |")
+    print("|---|---:|")
+    for name, ms in parts.items():
+        print(f"| {name} | {ms:.3f} |")
+    print(f"| **sum: the least a streamed join of boxes adds** | **{total:.3f}** |")
+    if classification:
+        print(f"\nfloor with no Beam overhead: {(classification + total) / classification:.2f}x classification "
+              f"({classification:.2f} + {total:.2f} ms)")  # fmt: skip
+        if measured:
+            rest = measured - classification - total
+            print(f"measured: {measured / classification:.2f}x; the rest, {rest:.2f} ms per image, is Beam's "
+                  "(the join's steps and shuffles, and the larger refs through the shard shuffle)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=2000, help="images in the big run")
@@ -134,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="rounds (each: small and big run of every mode)")
     p.add_argument("--work", default="", help="scratch folder, kept (default: a temp dir, removed)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
+    p.add_argument("--parts", action="store_true", help="also time each part of a boxes run's extra work (above)")
     p.add_argument("extra", nargs="*", help="more convert flags, after --")
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -188,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(per_image[mode])
         ratio = f"{med / base:.2f}" if base else "-"
         print(f"| {mode} | {med:.2f} | {min(per_image[mode]):.2f} | {statistics.median(walls[mode]):.2f} | {ratio} |")
+    if args.parts:
+        measured = statistics.median(per_image["coco-boxes"]) if "coco-boxes" in per_image else None
+        print_parts(sets["big"][0], coco[("big", "coco-boxes")], base, measured)  # type: ignore[arg-type]
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -107,3 +107,31 @@ def test_masks_are_0_1_pngs_at_image_size_deflated_as_runs() -> None:
     Image.fromarray(expected).save(runs, format="PNG", compress_type=zlib.Z_RLE)
     assert png == runs.getvalue()
     assert len(png) <= len(default.getvalue())
+
+
+def test_the_parts_the_benchmark_times_run_the_real_reader_join_and_writer_code(tmp_path) -> None:
+    """scripts/detection_speed.py --parts times the tool's own COCO reader, join, object keys and digest on a
+    generated set (the floor a boxes run cannot go below): each part is timed on every image of it."""
+    import importlib.util
+    import math
+    from pathlib import Path
+
+    from tests.imagegen import image_bytes
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "detection_speed.py"
+    spec = importlib.util.spec_from_file_location("detection_speed_under_test", script)
+    assert spec is not None and spec.loader is not None
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    folder = tmp_path / "images"
+    files = []
+    for i in range(30):
+        path = folder / ("cats", "dogs")[i % 2] / f"{i}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(image_bytes("jpeg", 48, 64, seed=i))
+        files.append(path)
+    coco_path = tmp_path / "instances.json"
+    coco_path.write_text(json.dumps(speed.make_coco(folder, files, 64, 48, masks=False)))
+    parts = speed.time_parts(folder, coco_path)
+    assert len(parts) == 6 and all(math.isfinite(ms) for ms in parts.values()), parts
+    assert parts["the join by image id and the checks"] > 0  # timed directly (the others are differences)

@@ -380,11 +380,12 @@ class _JoinImageObjects(CountingDoFn):
             key = self._file_key(name) if isinstance(name, str) and name else ""
             yield (key, (COCO, reject(self._where(name), BAD_IMAGE_ENTRY, problem)))
             return
-        width, height, where = int(entry["width"]), int(entry["height"]), self._where(entry["file_name"])
+        width, height, where = int(entry["width"]), int(entry["height"]), ""  # where: made at the first reject
         kept: list[Obj] = []
         for position, ann in enumerate(anns):
             obj = check_annotation(ann, self._names, width, height)
             if isinstance(obj, Invalid):
+                where = where or self._where(entry["file_name"])
                 yield tagged(OBJECT_REJECTS, _object_reject(where, ann, obj, position))
                 continue
             kept.append(obj)
@@ -394,6 +395,7 @@ class _JoinImageObjects(CountingDoFn):
             for place in objects.dropped_polygons(segmentation):
                 problem = objects.polygon_problem(segmentation[place])
                 left = Invalid(objects.POLYGON_DROPPED, f"polygon {place} left out of the mask ({problem})")
+                where = where or self._where(entry["file_name"])
                 row = _object_reject(where, ann, left, position)
                 row["polygon"] = place
                 yield tagged(OBJECT_REJECTS, row)

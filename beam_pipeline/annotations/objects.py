@@ -146,10 +146,15 @@ def check_box(xywh: Any, width: int, height: int) -> tuple[float, float, float, 
     """
     if not isinstance(xywh, (list, tuple)) or len(xywh) != 4:
         return Invalid(BAD_BOX, f"bbox {xywh!r} is not four numbers [x, y, width, height]")
-    values = [_number(v) for v in xywh]
-    if any(v is None for v in values):
-        return Invalid(BAD_BOX, f"bbox {list(xywh)!r} holds a value that is not a finite number")
-    x, y, w, h = (float(v) for v in values)  # type: ignore[arg-type]
+    x, y, w, h = xywh
+    if type(x) is float and type(y) is float and type(w) is float and type(h) is float:  # most boxes: no copies
+        if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(w) and math.isfinite(h)):
+            return Invalid(BAD_BOX, f"bbox {list(xywh)!r} holds a value that is not a finite number")
+    else:
+        values = [_number(v) for v in xywh]
+        if any(v is None for v in values):
+            return Invalid(BAD_BOX, f"bbox {list(xywh)!r} holds a value that is not a finite number")
+        x, y, w, h = values  # type: ignore[assignment]
     if w <= 0 or h <= 0:
         return Invalid(BAD_BOX, f"bbox {list(xywh)!r} has zero or negative size")
     xmin, ymin, xmax, ymax = x, y, x + w, y + h
