@@ -993,6 +993,31 @@ def test_a_category_0_that_names_objects_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_ids_beyond_64_bits_are_refused_saying_so_and_convert_as_text(tmp_path, tf):
+    """A uint64 id (a hash some tools use) is valid JSON that the C parser cannot read: it said "not valid JSON".
+    It says what is wrong and what to do, and the same ids written as text convert."""
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    big = 18446744073709551615
+    doc = {
+        "images": [{"id": big, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [{"id": 1, "image_id": big, "category_id": 1, "bbox": [8, 4, 16, 12]}],
+        "categories": [{"id": 1, "name": "cat"}],
+    }
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    result = run_cli("convert", "--input", str(root), "--coco", str(path), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "integer beyond 64 bits" in result.stderr and "not valid JSON" not in result.stderr
+    assert not (tmp_path / "out").exists()
+    doc["images"][0]["id"] = doc["annotations"][0]["image_id"] = str(big)
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "text"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    [row] = parsed_records(out, tf).values()
+    assert row["image/source_id"] == str(big).encode() and list(row["image/object/class/label"]) == [1]
+
+
 def test_categories_sharing_a_name_are_kept_apart_with_a_note(tmp_path):
     """Merged label sets repeat a name under two ids: the OD API's name-to-id map would fold them, silently."""
     path = tmp_path / "c.json"

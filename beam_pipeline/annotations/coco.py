@@ -125,7 +125,13 @@ def read_categories(path: str) -> Categories:
         with _open(path) as fh:
             raw, zero_named = _categories_of(ijson.basic_parse(fh, use_float=True), path)
     except ijson.JSONError as e:
-        raise UsageError(f"--coco {path}: not valid JSON ({_json_error(e)})") from None
+        detail = _json_error(e)
+        if "integer overflow" in detail:  # valid JSON, beyond the C parser's 64-bit integers
+            raise UsageError(
+                f"--coco {path}: an integer beyond 64 bits, which the streaming JSON parser cannot read ({detail}); "
+                'write such ids as text (e.g. "18446744073709551615" in both images and annotations) or renumber'
+            ) from None
+        raise UsageError(f"--coco {path}: not valid JSON ({detail})") from None
     if not raw:
         raise UsageError(f"--coco {path}: no 'categories' (a COCO instances file lists them)")
     seen: dict[int, str] = {}
