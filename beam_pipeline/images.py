@@ -246,7 +246,7 @@ def _tf_reading(img: Image.Image, data: bytes, gif: _GifLayout | None) -> _TfRea
         if mode in ("RGB", "YCbCr"):
             return _TfReading(3)
     elif fmt == "PNG":
-        problem = _png_problem(data)
+        problem = png_problem(data)
         if problem:
             return _TfReading(None, f"PNG with {problem}")
         if mode == "P":
@@ -305,7 +305,7 @@ def _any_fourth_byte(data: bytes, offset: int, size: int) -> bool:
 _PNG_CRITICAL_CHUNKS = {b"IHDR", b"PLTE", b"IDAT", b"IEND"}
 
 
-def _png_problem(data: bytes) -> str:
+def png_problem(data: bytes) -> str:
     """What in a PNG's chunks libpng (TensorFlow) refuses or reads differently from Pillow; "" if nothing.
 
     Pillow checks CRCs only of the chunks before the image data and stops at the first broken chunk after

@@ -28,6 +28,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples, index, metadata, storage
 from .annotations import objects
+from .annotations.masks import SEGMENTATION_ENCODED
 from .errors import UsageError, last_line
 from .examples import parse_example
 from .index import FRAME_OVERHEAD
@@ -307,6 +308,9 @@ def _verify_shard(
                     problem = check_objects(ex, categories, tf)
                     if problem:
                         raise VerifyError(f"{where}: {problem}")
+                problem = check_label_map(ex, tf)
+                if problem:
+                    raise VerifyError(f"{where}: {problem}")
                 if lines is not None:
                     lines.check(file, split, count - 1, offset, len(record), ex)
                 if idx is not None:
@@ -344,6 +348,22 @@ def _check_record(record: bytes, where: str, tf: Any) -> dict[str, list[Any]]:
     if tuple(decoded.shape) != recorded:
         raise VerifyError(f"{where}: decodes to {tuple(decoded.shape)}, recorded {recorded}")
     return ex
+
+
+def check_label_map(ex: dict[str, list[Any]], tf: Any) -> str | None:
+    """What is wrong with one parsed record's semantic label map (``--masks``), or None (also: none there): it
+    must decode, as TensorFlow reads it, to the record's height x width with one channel."""
+    stored = ex.get(SEGMENTATION_ENCODED)
+    if not stored:
+        return None
+    try:
+        shape = tuple(tf.io.decode_png(stored[0]).shape)
+    except Exception as e:  # noqa: BLE001 - any failure is the finding
+        return f"label map: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    height, width = ex[examples.HEIGHT][0], ex[examples.WIDTH][0]
+    if shape != (height, width, 1):
+        return f"label map decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
+    return None
 
 
 # Lists with one value per object beside the four box lists; difficult/truncated/view are checked where present.

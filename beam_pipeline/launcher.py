@@ -13,6 +13,7 @@ A program may call ``run_convert`` itself, from several threads at once.
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import itertools
 import logging
@@ -139,8 +140,6 @@ def _manifest_columns(path: str, fmt: str) -> tuple[str, ...]:
     try:
         with open_text(path) as stream:
             if fmt == "csv":
-                import csv
-
                 for row in csv.reader(stream):
                     if any(cell.strip() for cell in row):
                         header = tuple(cell.strip() for cell in row)
@@ -159,6 +158,8 @@ def _manifest_columns(path: str, fmt: str) -> tuple[str, ...]:
         raise UsageError(f"--manifest {path}: not UTF-8 text") from None
     except ValueError as e:
         raise UsageError(f"--manifest {path}: {e}") from None
+    except csv.Error as e:  # the header: a field over listing.MAX_CSV_FIELD, a NUL byte
+        raise UsageError(f"--manifest {path}: its header is not CSV the reader can take ({e})") from None
 
 
 def _check_object_columns(cfg: ConvertConfig, fmt: str, columns: tuple[str, ...]) -> None:

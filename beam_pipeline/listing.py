@@ -366,7 +366,13 @@ def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[st
             yield row
         return
     reader = csv.DictReader(text_stream)
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:  # a field over MAX_CSV_FIELD, a NUL byte: name the line, as for JSONL
+            raise ValueError(f"manifest line {reader.line_num}: not CSV the reader can take ({e})") from None
         if not any((v or "").strip() for k, v in row.items() if k is not None):
             continue
         yield {k.strip(): (v if v is not None else "") for k, v in row.items() if k is not None}
@@ -910,6 +916,10 @@ class ListInputs(beam.PTransform):
 
 _TYPE_ORDER = {"int": 0, "float": 1, "string": 2}
 _INT_RE = re.compile(r"^[+-]?\d+$")
+# The longest CSV field read (csv's default, 128 KB, failed a run on one long label or objects cell that a
+# JSONL line holds): set for this process when the module loads (the launcher and every worker import it).
+MAX_CSV_FIELD = 64 << 20
+csv.field_size_limit(MAX_CSV_FIELD)
 # Plain decimal notation only: "nan", "inf" or "1_000" stay text.
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
@@ -924,7 +934,8 @@ def value_type(value: Any) -> str:
         return "float"
     if isinstance(value, str):
         text = value.strip()
-        if _INT_RE.match(text) and -(2**63) <= int(text) < 2**63:
+        # len first: int() of text over 4,300 digits raises (and a 20-digit one is beyond int64 anyway)
+        if _INT_RE.match(text) and len(text.lstrip("+-")) <= 19 and -(2**63) <= int(text) < 2**63:
             return "int"
         if _FLOAT_RE.match(text):
             return "float"

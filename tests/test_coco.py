@@ -1109,3 +1109,27 @@ def test_an_absolute_file_name_through_a_link_to_the_input_folder_is_found(tmp_p
     out = tmp_path / "out"
     convert("--input", str(root), "--coco", str(path), "--output", str(out))
     assert load_info(out)["examples"] == 1 and load_info(out)["objects"]["kept"] == 1
+
+
+def test_odd_image_id_text_and_an_area_beyond_float32_are_object_rejects_not_a_failed_job(tmp_path, tf):
+    """An image_id "²" (a digit to str.isdigit, not to int()) or of 5,000 digits naming no image failed the whole
+    job while its reject's hint was written; an area of 1e39 was written as inf (image/object/area is float32)."""
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    good = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 4, 16, 12]}
+    doc = {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [good, {**good, "id": 2, "image_id": "²"}, {**good, "id": 3, "image_id": "1" * 5000},
+                        {**good, "id": 4, "area": 1e39}],
+        "categories": [{"id": 1, "name": "cat"}],
+    }  # fmt: skip
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    convert("--input", str(root), "--coco", str(path), "--output", str(out))
+    rows = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
+    assert sorted((r["annotation_id"], r["reason"]) for r in rows) == [
+        (2, coco.UNKNOWN_IMAGE_ID), (3, coco.UNKNOWN_IMAGE_ID), (4, objects.BAD_ANNOTATION)
+    ]  # fmt: skip
+    [record] = parsed_records(out, tf).values()
+    assert list(record["image/object/area"]) == [pytest.approx(16 * 12)]

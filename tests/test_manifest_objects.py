@@ -585,3 +585,62 @@ def test_an_integer_coordinate_beyond_a_floats_range_is_a_bad_box_not_a_failed_j
     [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
     assert row["reason"] == objects.BAD_BOX and "not a finite number" in row["detail"]
     assert load_info(out)["objects"]["kept"] == 1
+
+
+@pytest.mark.parametrize(
+    "width",
+    [int("1" + "0" * 400), "1" + "0" * 400, "²", "1" * 5000],
+    ids=["json-int-beyond-float", "text-beyond-float", "superscript-two", "5000-digits"],
+)
+def test_a_frame_size_no_image_can_have_is_the_images_bad_image_size_not_a_failed_job(object_set, tmp_path, width):
+    """A width of 10**400 made the box check overflow a float; "²" passed str.isdigit() and int() refused it;
+    5,000 digits are beyond what int() reads: each failed the whole job (exit 1). Now the image's reject."""
+    box = {"xmin": 1, "ymin": 2, "xmax": 20, "ymax": 10, "label": "cat"}
+    lines = [{"path": "a.jpg", **box, "width": width, "height": 48}, {"path": "neg.jpg", **box}]
+    manifest = object_set / f"frame-{abs(hash(str(width))) % 10**8}.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--manifest-objects", "rows", "--output", str(out),
+            "--max-reject-fraction", "1")  # fmt: skip
+    [row] = jsonl_lines(out / "rejects.jsonl")
+    assert row["path"] == "a.jpg" and row["reason"] == table.BAD_IMAGE_SIZE
+    assert load_info(out)["objects"]["kept"] == 1
+
+
+def test_over_4300_digit_numbers_and_half_surrogates_in_csv_cells_are_rejects_not_a_failed_job(object_set, tmp_path):
+    """Python's int() refuses text of over 4,300 digits, and a CSV cell's JSON may escape half a surrogate
+    pair: a 5,000-digit coordinate (in the launcher's first look and in the job), a 5,000-digit number in
+    an objects cell and a class named "\\ud800" each failed the whole job. Now: a bad_box, the image's
+    bad_objects, an unknown_category."""
+    digits = "1" * 5000
+    rows = [
+        ("a.jpg", "train", digits, "5", "30", "25", "dog", "", "", ""),
+        ("a.jpg", "train", "10", "5", "30", "25", "dog", "", "", ""),
+    ]
+    out = tmp_path / "rows"
+    convert("--manifest", str(write_csv(object_set / "digits.csv", rows)), "--manifest-objects", "rows",
+            "--output", str(out), "--max-reject-fraction", "1")  # fmt: skip
+    [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
+    assert row["reason"] == objects.BAD_BOX and "not a finite number" in row["detail"]
+    big = '[{"xmin": ' + digits + ', "ymin": 1, "xmax": 5, "ymax": 5, "label": "dog"}]'
+    half = '[{"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": "\\ud800"}, ' \
+        '{"xmin": 1, "ymin": 1, "xmax": 6, "ymax": 6, "label": "cat"}]'  # fmt: skip
+    cells = write_csv(object_set / "cells.csv", [("a.jpg", big), ("neg.jpg", half)], ["path", "objects"])
+    out = tmp_path / "cells"
+    convert("--manifest", str(cells), "--manifest-objects", "column", "--output", str(out),
+            "--max-reject-fraction", "1")  # fmt: skip
+    assert [(r["path"], r["reason"]) for r in jsonl_lines(out / "rejects.jsonl")] == [("a.jpg", table.BAD_OBJECTS)]
+    [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
+    assert row["reason"] == objects.UNKNOWN_CATEGORY and "surrogate" in row["detail"]
+    assert (out / "labels.txt").read_text().splitlines() == ["background", "cat"]
+
+
+def test_a_csv_cell_longer_than_csvs_default_limit_converts(object_set, tmp_path):
+    """csv's default field limit (128 KB) failed a run on one long label, which a JSONL line holds; an extra
+    column of 5,000 digits failed the column-type inference (int() refuses it): it is a float column now."""
+    rows = [("a.jpg", "x" * 200_000, "1" * 5000), ("neg.jpg", "short", "3")]
+    manifest = write_csv(object_set / "long.csv", rows, ["path", "label", "score"])
+    out = tmp_path / "out"
+    convert("--manifest", str(manifest), "--output", str(out), "--max-reject-fraction", "1")
+    assert sorted(len(line) for line in (out / "labels.txt").read_text().splitlines()) == [5, 200_000]
+    assert load_info(out)["features"]["score"]["dtype"] == "float32"

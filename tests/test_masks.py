@@ -451,3 +451,51 @@ def test_a_labels_file_with_masks_over_a_flat_folder_says_what_it_is_for(tmp_pat
     assert result.returncode == 2, result.stderr
     assert "drop --labels-file" in result.stderr and "--labels-from none" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("damage", ["idat-crc", "unknown-critical-chunk"])
+def test_an_8_bit_grey_mask_tensorflow_cannot_read_as_stored_is_re_encoded(damage, tf):
+    """An 8-bit grey label map was stored byte for byte once Pillow read it; with a bad IDAT CRC or an unknown
+    critical chunk (which Pillow passes and libpng refuses) TensorFlow could not decode the record's mask, and
+    inspect --verify did not see it. Such a mask is re-encoded: TF reads the same class ids."""
+    from .hostile import _png
+
+    ids = np.array([[0, 1, 2, 3], [3, 2, 1, 255]], np.uint8)
+    raw = zlib.compress(b"".join(b"\x00" + row.tobytes() for row in ids))
+    header = struct.pack(">IIBBBBB", 4, 2, 8, 0, 0, 0, 0)
+    data = _png(header, raw)
+    if damage == "idat-crc":
+        at = data.index(b"IDAT") + 4 + len(raw)
+        data = data[:at] + bytes(4) + data[at + 4 :]
+    else:
+        chunk = b"ABCD" + b"x"
+        extra = struct.pack(">I", 1) + chunk + struct.pack(">I", zlib.crc32(chunk))
+        at = data.index(b"IDAT") - 4
+        data = data[:at] + extra + data[at:]
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(data))), ids)  # Pillow reads it
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.decode_png(data, channels=1)  # libpng does not
+    out = masks.label_map_png(data, (4, 2), 1, (4, 2))
+    np.testing.assert_array_equal(tf.io.decode_png(out, channels=1).numpy()[:, :, 0], ids)
+    plain = _png(header, raw)
+    assert masks.label_map_png(plain, (4, 2), 1, (4, 2)) == plain  # a sound one is still kept byte for byte
+
+
+def test_verify_decodes_each_label_map_as_tensorflow_reads_it(tf):
+    """inspect --verify decoded the instance masks of a detection record but not a --masks record's label map:
+    one TensorFlow cannot read, or of another size than its image, passed."""
+    from beam_pipeline import inspection
+    from beam_pipeline.examples import HEIGHT, WIDTH
+
+    from .hostile import _png
+
+    header = struct.pack(">IIBBBBB", 4, 2, 8, 0, 0, 0, 0)
+    raw = zlib.compress(b"".join(b"\x00" + bytes(4) for _ in range(2)))
+    good = _png(header, raw)
+    bad_crc = good.replace(raw + struct.pack(">I", zlib.crc32(b"IDAT" + raw)), raw + bytes(4))
+    record = {HEIGHT: [2], WIDTH: [4]}
+    assert inspection.check_label_map({**record, masks.SEGMENTATION_ENCODED: [good]}, tf) is None
+    assert inspection.check_label_map(record, tf) is None  # no label map: nothing to check
+    assert "InvalidArgumentError" in inspection.check_label_map({**record, masks.SEGMENTATION_ENCODED: [bad_crc]}, tf)
+    other = {HEIGHT: [4], WIDTH: [4], masks.SEGMENTATION_ENCODED: [good]}
+    assert "decodes to 2x4x1, the image is 4x4" in inspection.check_label_map(other, tf)

@@ -620,3 +620,19 @@ def test_class_names_that_differ_only_in_case_get_a_note(tmp_path):
     result = convert("--input", str(tmp_path / "in"), "--voc", str(tmp_path / "in"), "--output", str(tmp_path / "o"))
     assert "classes 'Dog' and 'dog' differ only in case" in result.stdout
     assert load_info(tmp_path / "o")["categories"] == [{"id": 1, "name": "Dog"}, {"id": 2, "name": "dog"}]
+
+
+def test_a_size_beyond_a_float_or_an_unknown_encoding_is_one_files_problem_not_a_failed_job(tmp_path):
+    """A <width> of 10**400 made the box check overflow a float, and a prolog naming an encoding Python does not
+    know raised LookupError: either failed the whole job (exit 1). Now the image's own size is the frame (as for
+    any unusable <size>), and the XML is a bad_annotation reject."""
+    images, annotations = small_voc(tmp_path, n=3)
+    huge = "1" + "0" * 400
+    (annotations / "000.xml").write_text(xml("000.jpg", (huge, 32), obj("dog", (1, 1, 10, 12))))  # type: ignore[arg-type]
+    (annotations / "001.xml").write_text('<?xml version="1.0" encoding="x-bogus"?>\n' + xml("001.jpg", (32, 32)))
+    out = tmp_path / "out"
+    convert("--input", str(images), "--voc", str(annotations), "--output", str(out), "--max-reject-fraction", "1")
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(Path(r["path"]).name, r["reason"]) for r in rejects] == [("001.xml", objects.BAD_ANNOTATION)]
+    assert "x-bogus" in rejects[0]["detail"]
+    assert load_info(out)["objects"]["kept"] == 2  # 000's box kept in its image's own 32x32 frame, and 002's

@@ -230,7 +230,7 @@ def _unknown_id_detail(key: str) -> str:
     """Why an annotation's image_id (as JSON text) joins no images entry; a hint if it is a number in quotes."""
     raw = json.loads(key)
     hint = ""
-    if isinstance(raw, str) and raw.strip().isdigit():
+    if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit() and len(raw.strip()) <= 19:
         hint = f" (a string: an images id written as the number {int(raw)} is another image; write both alike)"
     return f"image_id {key} is not in the file's images{hint}"
 
@@ -307,8 +307,8 @@ def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int
     area = ann.get("area")
     if area is None:
         area = (box[2] - box[0]) * (box[3] - box[1])  # no mask area given: the box's
-    elif objects._number(area) is None or area < 0:  # noqa: SLF001 - same module family
-        return Invalid(objects.BAD_ANNOTATION, f"area {area!r} is not a non-negative number")
+    elif objects._number(area) is None or not 0 <= area <= objects.MAX_FLOAT32:  # noqa: SLF001 - same module family
+        return Invalid(objects.BAD_ANNOTATION, f"area {area!r} is not a non-negative number (of float32 range)")
     return Obj(
         bbox=box,
         label=cid,

@@ -32,7 +32,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
+from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected, png_problem
 from ..listing import FILES, REJECTS, SKIPPED, ListFolder, Ref, reject, relative_path
 from . import objects
 from .join import REFS, join_tagged, untag
@@ -222,8 +222,9 @@ def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, re
     must match; ``orientation`` turns it as the image was turned; ``recorded``:
     the stored image's size after that and ``--resize-max-side`` (nearest
     neighbour: no new class ids). An 8-bit grey PNG needing neither is kept
-    byte for byte; anything else (palette, 16-bit, 1-, 2- or 4-bit) is re-encoded as 8-bit
-    grey holding the indices — TF's decode_png turns a palette PNG into RGB colours.
+    byte for byte, if libpng (TensorFlow) reads its chunks as Pillow does (``images.png_problem``: a bad
+    CRC, an unknown critical chunk); anything else (palette, 16-bit, 1-, 2- or 4-bit, such chunks) is
+    re-encoded as 8-bit grey holding the indices — TF's decode_png turns a palette PNG into RGB colours.
     """
     import numpy as np
     from PIL import Image, UnidentifiedImageError
@@ -255,7 +256,7 @@ def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, re
             raise Rejected(BAD_MASK, f"class id {top} is above 255 (label maps are decoded as uint8)")
         values = values.astype(np.uint8)
     turn = ORIENTATION_TRANSPOSE.get(orientation)  # as the image was turned (images.py)
-    if plain and turn is None and image_size == recorded:
+    if plain and turn is None and image_size == recorded and not png_problem(data):
         return data
     out = Image.fromarray(values, "L")
     if turn is not None:

@@ -64,6 +64,11 @@ BACKGROUND = "background"
 
 # A box edge at most this many pixels outside the image is clipped to it; farther is a reject.
 EDGE_TOLERANCE = 1.0
+# A frame side a source may give (no image is this large): beyond it the source's size is no size at all, and
+# a box compared with it could overflow a float.
+MAX_FRAME_SIDE = 1 << 31
+# The largest finite float32 (image/object/area is a float32 feature): a larger area would be written as inf.
+MAX_FLOAT32 = 3.4028234663852886e38
 LABEL_MAP_PBTXT = "label_map.pbtxt"
 OBJECT_REJECTS_JSONL = "object_rejects.jsonl"
 
@@ -368,6 +373,11 @@ def check_class_name(name: Any, known: Collection[str] | None = None) -> Invalid
         return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is empty")
     if "\n" in name or "\r" in name:
         return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} holds a line break (labels.txt has one per line)")
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's \ud800 escape: half a surrogate pair, which no text file can hold
+            return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} holds half a surrogate pair (not valid Unicode)")
     if name == BACKGROUND:
         return Invalid(UNKNOWN_CATEGORY, f"class name {BACKGROUND!r} is id 0, kept for the background")
     if known is not None and name not in known:

@@ -102,6 +102,8 @@ def _row_objects(row: Mapping[str, Any], form: str) -> list[Any] | str:
             parsed = json.loads(cell)
         except json.JSONDecodeError as e:
             return f"the '{OBJECTS_COLUMN}' cell is not JSON ({e.msg})"
+        except ValueError as e:  # an integer of over 4,300 digits, which Python's int() refuses
+            return f"the '{OBJECTS_COLUMN}' cell is JSON Python cannot read ({e})"
         except RecursionError:
             return f"the '{OBJECTS_COLUMN}' cell is JSON nested deeper than Python's reader goes"
         # the row holds the cell: one level less (a deep one failed the job while Beam pickled the row)
@@ -185,14 +187,16 @@ def looks_normalized(rows: Iterable[Mapping[str, Any]], form: str) -> bool:
 
 
 def _whole(value: Any) -> int | None:
-    """A positive whole number from a JSON number or a CSV cell, else None."""
+    """A positive whole number below objects.MAX_FRAME_SIDE from a JSON number or a CSV cell, else None."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    if isinstance(value, str):
+        text = value.strip()
+        # ASCII digits only ("²" is a digit to str.isdigit, not to int()), and few: int() refuses 4,300
+        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return value if isinstance(value, int) and value > 0 else None
+    return value if isinstance(value, int) and 0 < value < objects.MAX_FRAME_SIDE else None
 
 
 def check_object(raw: Any, width: int, height: int, units: str, known: Collection[str] | None = None) -> Obj | Invalid:
@@ -277,7 +281,7 @@ class _CheckObjects(CountingDoFn):
         if raw.frame is not None:
             width, height = (_whole(v) for v in raw.frame)
             if width is None or height is None:
-                detail = f"width {raw.frame[0]!r}, height {raw.frame[1]!r}: not positive whole numbers"
+                detail = f"width {raw.frame[0]!r}, height {raw.frame[1]!r}: not positive whole numbers (below 2**31)"
                 return reject(ref.path, BAD_IMAGE_SIZE, detail)
             return width, height
         try:

@@ -89,7 +89,8 @@ def _size(root: ET.Element) -> tuple[int, int]:
         width, height = int(_text(size, "width") or 0), int(_text(size, "height") or 0)
     except ValueError:
         return 0, 0
-    return (width, height) if width > 0 and height > 0 else (0, 0)
+    ok = 0 < width < objects.MAX_FRAME_SIDE and 0 < height < objects.MAX_FRAME_SIDE
+    return (width, height) if ok else (0, 0)
 
 
 def _object(node: ET.Element) -> dict[str, Any]:
@@ -139,7 +140,7 @@ class _ParseXml(beam.DoFn):
             return
         try:
             root = parse_xml(data)
-        except (ET.ParseError, ValueError) as e:
+        except (ET.ParseError, ValueError, LookupError) as e:  # LookupError: an encoding Python does not know
             yield beam.pvalue.TaggedOutput(REJECTS, reject(path, objects.BAD_ANNOTATION, f"not a VOC XML file: {e}"))
             return
         key = image_key(root, relpath) if root.tag == "annotation" else None
