@@ -158,7 +158,7 @@ def _manifest_columns(path: str, fmt: str) -> tuple[str, ...]:
         raise UsageError(f"--manifest {path}: not UTF-8 text") from None
     except ValueError as e:
         raise UsageError(f"--manifest {path}: {e}") from None
-    except csv.Error as e:  # the header: a field over listing.MAX_CSV_FIELD, a NUL byte
+    except csv.Error as e:  # a header field over listing.MAX_CSV_FIELD
         raise UsageError(f"--manifest {path}: its header is not CSV the reader can take ({e})") from None
 
 

@@ -371,8 +371,8 @@ def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[st
             row = next(reader)
         except StopIteration:
             return
-        except csv.Error as e:  # a field over MAX_CSV_FIELD, a NUL byte: name the line, as for JSONL
-            raise ValueError(f"manifest line {reader.line_num}: not CSV the reader can take ({e})") from None
+        except csv.Error as e:  # a field over MAX_CSV_FIELD: name the line, as for JSONL
+            raise ValueError(f"manifest line {reader.line_num + 1}: not CSV the reader can take ({e})") from None
         if not any((v or "").strip() for k, v in row.items() if k is not None):
             continue
         yield {k.strip(): (v if v is not None else "") for k, v in row.items() if k is not None}

@@ -465,3 +465,21 @@ def test_gcs_jsonl_manifest_labels_and_duplicate_rows_over_every_row(gcs, tmp_pa
         expected = [(f"{i:03d}.jpg", "no_label") for i in range(101)] + [("102.jpg", "duplicate_row")]
         assert_that(reasons, equal_to(expected), label="Rejects")
         assert_that(listed["sources"], equal_to([("default", "manifest")]), label="Sources")
+
+
+def test_a_csv_field_over_the_limit_names_its_line_and_the_limit_is_far_above_csvs_default():
+    """csv's default field limit (128 KB) failed runs on one long caption with csv.Error, naming no line; the
+    limit is now MAX_CSV_FIELD, and a field beyond it is a ValueError naming the line (a one-line error)."""
+    import csv
+
+    from beam_pipeline import listing
+
+    assert csv.field_size_limit() == listing.MAX_CSV_FIELD >= 64 << 20
+    text = "path,label\na.jpg,cat\nb.jpg," + "x" * 2000 + "\n"
+    assert [len(r["label"]) for r in read_manifest_rows(io.StringIO(text), "csv")] == [3, 2000]
+    try:
+        csv.field_size_limit(1000)  # a field over the limit, without a 64 MB file
+        with pytest.raises(ValueError, match="manifest line 3: "):
+            list(read_manifest_rows(io.StringIO(text), "csv"))
+    finally:
+        csv.field_size_limit(listing.MAX_CSV_FIELD)
