@@ -644,3 +644,13 @@ def test_a_csv_cell_longer_than_csvs_default_limit_converts(object_set, tmp_path
     convert("--manifest", str(manifest), "--output", str(out), "--max-reject-fraction", "1")
     assert sorted(len(line) for line in (out / "labels.txt").read_text().splitlines()) == [5, 200_000]
     assert load_info(out)["features"]["score"]["dtype"] == "float32"
+
+
+def test_a_csv_width_written_as_64_point_0_is_the_frame_as_in_json(object_set, tmp_path):
+    """A JSONL width 64.0 (and COCO's) is read as 64, as some tools write it; the same text in a CSV cell was a
+    bad_image_size reject."""
+    rows = [("a.jpg", "train", "10", "5", "30", "25", "dog", "64.0", "48.0", "")]
+    out = tmp_path / "out"
+    convert("--manifest", str(write_csv(object_set / "point-zero.csv", rows)), "--manifest-objects", "rows",
+            "--output", str(out))  # fmt: skip
+    assert not jsonl_lines(out / "rejects.jsonl") and load_info(out)["objects"]["kept"] == 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -186,14 +187,18 @@ def looks_normalized(rows: Iterable[Mapping[str, Any]], form: str) -> bool:
     return boxes > 0
 
 
+_WHOLE_TEXT = re.compile(r"([0-9]{1,18})(?:\.0*)?")
+
+
 def _whole(value: Any) -> int | None:
     """A positive whole number below objects.MAX_FRAME_SIDE from a JSON number or a CSV cell, else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
-        text = value.strip()
-        # ASCII digits only ("²" is a digit to str.isdigit, not to int()), and few: int() refuses 4,300
-        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+        # ASCII digits only ("²" is a digit to str.isdigit, not to int()), and few: int() refuses 4,300; "64.0"
+        # as some tools write (COCO and JSONL numbers are read so too)
+        whole = _WHOLE_TEXT.fullmatch(value.strip())
+        value = int(whole[1]) if whole else None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return value if isinstance(value, int) and 0 < value < objects.MAX_FRAME_SIDE else None
