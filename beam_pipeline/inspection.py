@@ -17,6 +17,7 @@ import itertools
 import json
 import math
 import random
+import re
 import struct
 import sys
 from collections.abc import Iterator
@@ -350,16 +351,25 @@ def _check_record(record: bytes, where: str, tf: Any) -> dict[str, list[Any]]:
     return ex
 
 
+def _tf_error(e: Exception) -> str:
+    """A TensorFlow op's error in a few words: its type and first line, without the ``{{function_node ...}}``
+    prefix eager ops put in front of the message."""
+    lines = re.sub(r"^\{\{[^}]*\}\}\s*", "", str(e)).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:120]}" if lines else type(e).__name__
+
+
 def check_label_map(ex: dict[str, list[Any]], tf: Any) -> str | None:
     """What is wrong with one parsed record's semantic label map (``--masks``), or None (also: none there): it
     must decode, as TensorFlow reads it, to the record's height x width with one channel."""
     stored = ex.get(SEGMENTATION_ENCODED)
     if not stored:
         return None
+    if not stored[0].startswith(b"\x89PNG\r\n\x1a\n"):  # decode_png reads other formats too
+        return "label map is not a PNG"
     try:
         shape = tuple(tf.io.decode_png(stored[0]).shape)
     except Exception as e:  # noqa: BLE001 - any failure is the finding
-        return f"label map: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        return f"label map: {_tf_error(e)}"
     height, width = ex[examples.HEIGHT][0], ex[examples.WIDTH][0]
     if shape != (height, width, 1):
         return f"label map decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
@@ -412,7 +422,7 @@ def check_objects(ex: dict[str, list[Any]], categories: dict[int, str], tf: Any)
         try:
             shape = tuple(tf.io.decode_png(png).shape)
         except Exception as e:  # noqa: BLE001 - any failure is the finding
-            return f"mask {i}: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            return f"mask {i}: {_tf_error(e)}"
         if shape != (height, width, 1):
             return f"mask {i} decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
     return None

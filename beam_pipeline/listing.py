@@ -934,8 +934,8 @@ def value_type(value: Any) -> str:
         return "float"
     if isinstance(value, str):
         text = value.strip()
-        # len first: int() of text over 4,300 digits raises (and a 20-digit one is beyond int64 anyway)
-        if _INT_RE.match(text) and len(text.lstrip("+-")) <= 19 and -(2**63) <= int(text) < 2**63:
+        # the digits' count first: int() of text over 4,300 digits raises (and 20 are beyond int64 anyway)
+        if _INT_RE.match(text) and len(text.lstrip("+-").lstrip("0")) <= 19 and -(2**63) <= int(text) < 2**63:
             return "int"
         if _FLOAT_RE.match(text):
             return "float"

@@ -1133,3 +1133,14 @@ def test_odd_image_id_text_and_an_area_beyond_float32_are_object_rejects_not_a_f
     ]  # fmt: skip
     [record] = parsed_records(out, tf).values()
     assert list(record["image/object/area"]) == [pytest.approx(16 * 12)]
+
+
+def test_an_images_entry_side_of_2_to_the_31_or_more_is_a_bad_image_entry():
+    """The frame sizes a source may give stop below 2**31 (as for VOC and manifests): a width of 1e300 gave an
+    annotation_size_mismatch whose detail held a 301-digit number."""
+    entry = {"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}
+    assert coco._entry_problem(entry) is None  # noqa: SLF001
+    for width in (2**31, 1e300, 0, -64, 64.5, True):
+        problem = coco._entry_problem({**entry, "width": width})  # noqa: SLF001
+        assert problem is not None and "below 2**31" in problem, (width, problem)
+    assert coco._entry_problem({**entry, "width": 2**31 - 1, "height": 64.0}) is None  # noqa: SLF001

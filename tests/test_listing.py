@@ -483,3 +483,15 @@ def test_a_csv_field_over_the_limit_names_its_line_and_the_limit_is_far_above_cs
             list(read_manifest_rows(io.StringIO(text), "csv"))
     finally:
         csv.field_size_limit(listing.MAX_CSV_FIELD)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("00000000000000000001", "int"), ("+0000000000000000000001", "int"), ("-9223372036854775808", "int"),
+     ("9223372036854775808", "float"), ("1" * 5000, "float"), ("12a", "string")],
+)  # fmt: skip
+def test_value_type_counts_digits_without_leading_zeros_and_never_calls_int_on_thousands(text, want):
+    """Zero-padded codes stay an int column; 5,000 digits (beyond what int() reads) are a float column, not a crash."""
+    from beam_pipeline.listing import value_type
+
+    assert value_type(text) == want

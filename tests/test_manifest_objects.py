@@ -654,3 +654,14 @@ def test_a_csv_width_written_as_64_point_0_is_the_frame_as_in_json(object_set, t
     convert("--manifest", str(write_csv(object_set / "point-zero.csv", rows)), "--manifest-objects", "rows",
             "--output", str(out))  # fmt: skip
     assert not jsonl_lines(out / "rejects.jsonl") and load_info(out)["objects"]["kept"] == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("64", 64), (" 64.0 ", 64), ("0000000000000000032", 32), ("３２", 32), ("١٢", 12), ("²", None), ("1" * 19, None),
+     ("1" * 5000, None), ("64.5", None), ("0", None), ("-3", None)],
+)  # fmt: skip
+def test_frame_size_text(text, want):
+    """A width/height cell as int() reads it (any script's digits, leading zeros), "64.0" too; never int()'s
+    errors ("²" is a digit to str.isdigit, 5,000 digits are beyond int()), nor a side of 2**31 or more."""
+    assert table._whole(text) == want  # noqa: SLF001

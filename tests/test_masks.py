@@ -496,6 +496,9 @@ def test_verify_decodes_each_label_map_as_tensorflow_reads_it(tf):
     record = {HEIGHT: [2], WIDTH: [4]}
     assert inspection.check_label_map({**record, masks.SEGMENTATION_ENCODED: [good]}, tf) is None
     assert inspection.check_label_map(record, tf) is None  # no label map: nothing to check
-    assert "InvalidArgumentError" in inspection.check_label_map({**record, masks.SEGMENTATION_ENCODED: [bad_crc]}, tf)
+    problem = inspection.check_label_map({**record, masks.SEGMENTATION_ENCODED: [bad_crc]}, tf)
+    assert problem.startswith("label map: InvalidArgumentError: ") and "function_node" not in problem, problem
+    jpeg = encode(Image.fromarray(np.zeros((2, 4), np.uint8), "L"), "JPEG")  # decode_png reads it: no PNG all the same
+    assert inspection.check_label_map({**record, masks.SEGMENTATION_ENCODED: [jpeg]}, tf) == "label map is not a PNG"
     other = {HEIGHT: [4], WIDTH: [4], masks.SEGMENTATION_ENCODED: [good]}
     assert "decodes to 2x4x1, the image is 4x4" in inspection.check_label_map(other, tf)

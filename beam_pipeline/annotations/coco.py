@@ -308,7 +308,7 @@ def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int
     if area is None:
         area = (box[2] - box[0]) * (box[3] - box[1])  # no mask area given: the box's
     elif objects._number(area) is None or not 0 <= area <= objects.MAX_FLOAT32:  # noqa: SLF001 - same module family
-        return Invalid(objects.BAD_ANNOTATION, f"area {area!r} is not a non-negative number (of float32 range)")
+        return Invalid(objects.BAD_ANNOTATION, f"area {area!r} is not a non-negative number within float32's range")
     return Obj(
         bbox=box,
         label=cid,
@@ -336,8 +336,8 @@ def _entry_problem(entry: Any) -> str | None:
     for key in ("width", "height"):
         value = entry.get(key)
         whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 64.0 as some tools write
-        if isinstance(value, bool) or not whole or value <= 0:
-            return f"image id {entry.get('id')!r}: {key} {value!r} is not a positive whole number"
+        if isinstance(value, bool) or not whole or not 0 < value < objects.MAX_FRAME_SIDE:
+            return f"image id {entry.get('id')!r}: {key} {value!r} is not a positive whole number below 2**31"
     return None
 
 

@@ -187,7 +187,9 @@ def looks_normalized(rows: Iterable[Mapping[str, Any]], form: str) -> bool:
     return boxes > 0
 
 
-_WHOLE_TEXT = re.compile(r"([0-9]{1,18})(?:\.0*)?")
+# Decimal digits (int() reads any script's; "²" is a digit to str.isdigit, not to int()), at most 18 after
+# leading zeros (int() refuses 4,300), and "64.0" as some tools write (COCO and JSONL numbers are read so too).
+_WHOLE_TEXT = re.compile(r"0*(\d{1,18})(?:\.0*)?")
 
 
 def _whole(value: Any) -> int | None:
@@ -195,8 +197,6 @@ def _whole(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
-        # ASCII digits only ("²" is a digit to str.isdigit, not to int()), and few: int() refuses 4,300; "64.0"
-        # as some tools write (COCO and JSONL numbers are read so too)
         whole = _WHOLE_TEXT.fullmatch(value.strip())
         value = int(whole[1]) if whole else None
     if isinstance(value, float) and value.is_integer():
