@@ -46,6 +46,14 @@ def _load_yaml(path: str) -> dict[str, Any]:
             data = yaml.safe_load(fh)
     except FileNotFoundError:
         raise UsageError(f"--config {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"--config {path}: a folder, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {path}: not UTF-8 text") from None
+    except RecursionError:
+        raise UsageError(f"--config {path}: nested deeper than the YAML reader goes") from None
+    except ValueError as e:  # a value YAML reads but Python cannot hold, e.g. the date 2026-02-30
+        raise UsageError(f"--config {path}: {one_line(e)}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

@@ -9,13 +9,17 @@ columns).  Both are frozen and travel to the workers inside the DoFns.
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UsageError
 
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+# \Z, not $ (which also matches before a final newline); at most 64 characters: shard file names stay short
+# The smallest --target-shard-mb: 100 bytes (a smaller one rounded to no bytes at all; tests cut tiny shards).
+MIN_TARGET_SHARD_MB = 0.0001
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 # What --allow-split-names accepts: a shard name splits on "-" and ".", TFDS split specs
 # use "[", "+" and "%"; letters, digits and _ are safe in both. TFDS reads "all" as every split.
 SPLIT_RE = NAME_RE
@@ -121,7 +125,8 @@ class ConvertConfig:
             max_pixels=self.max_pixels,
             max_total_pixels=self.max_total_pixels,
             max_frames=self.max_frames,
-            max_file_bytes=int(self.max_file_mb * MB),
+            # a tiny positive limit stays a limit (int() would make it 0: no limit)
+            max_file_bytes=max(1, int(self.max_file_mb * MB)) if self.max_file_mb > 0 else 0,
             memory_budget_bytes=int(self.image_memory_mb * MB),
             min_size=self.min_size,
             apply_exif_orientation=self.apply_exif_orientation,
@@ -349,9 +354,18 @@ def validate(cfg: ConvertConfig) -> None:
     if not cfg.output:
         raise UsageError("--output is required")
     if not NAME_RE.match(cfg.name):
-        raise UsageError(f"--name {cfg.name!r} is not a valid dataset name (letters, digits, _; starts with a letter)")
-    if cfg.target_shard_mb <= 0:
-        raise UsageError("--target-shard-mb must be positive")
+        raise UsageError(
+            f"--name {cfg.name!r} is not a valid dataset name (letters, digits, _; starts with a letter; at most 64)"
+        )
+    for flag, value in (
+        ("--target-shard-mb", cfg.target_shard_mb),
+        ("--max-file-mb", cfg.max_file_mb),
+        ("--image-memory-mb", cfg.image_memory_mb),
+    ):
+        if not math.isfinite(value):  # nan and inf pass every comparison below, then fail inside the job
+            raise UsageError(f"{flag} must be a finite number")
+    if cfg.target_shard_mb < MIN_TARGET_SHARD_MB:
+        raise UsageError(f"--target-shard-mb must be at least {MIN_TARGET_SHARD_MB:g} (100 bytes)")
     if cfg.compression not in COMPRESSIONS:
         raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)}")
     if cfg.sink not in SINKS:

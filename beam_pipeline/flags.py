@@ -388,7 +388,7 @@ CONVERT = Command(
                 ),
                 Flag(
                     "--max-file-mb",
-                    "reject larger files from the listing, before reading them",
+                    "reject larger files from the listing, before reading them (0: no limit)",
                     metavar="MB",
                     type=float,
                     show_default=True,

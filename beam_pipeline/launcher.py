@@ -205,6 +205,8 @@ def _read_labels_file(path: str) -> tuple[str, ...]:
         labels = label_lines(path)
     except UnicodeDecodeError:
         raise UsageError(f"--labels-file {path}: not UTF-8 text") from None
+    except IsADirectoryError:
+        raise UsageError(f"--labels-file {path}: a folder, not a file of labels") from None
     if not labels:
         raise UsageError(f"--labels-file {path}: no labels in it")
     twice = _repeated(labels)

@@ -47,9 +47,10 @@ def shard_count(total_bytes: float, target: float) -> int:
     if total_bytes <= 0:
         return 1
     n = max(1, round(total_bytes / target))
-    while total_bytes / n > target * MAX_OVER_TARGET:
+    while total_bytes / n > target * MAX_OVER_TARGET and n < hashing.NUM_BUCKETS:
         n += 1
-    return n
+    # a shard holds whole buckets: more shards than buckets would stay empty (a tiny target made millions)
+    return min(n, hashing.NUM_BUCKETS)
 
 
 @dataclass(frozen=True)

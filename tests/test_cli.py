@@ -90,11 +90,35 @@ def _one_line_error(result, *needles):
         (["--input", "{root}", "--output", "{tmp}/o10", "--split-ratios", "train=0.7"], ["--split-ratios", "sum"]),
         (["--input", "{root}", "--output", "{tmp}/o11", "--label-regex", "([a-z"], ["--label-regex"]),
         (["--input", "{root}", "--output", "{tmp}/o12", "--labels-file", "{tmp}/none.txt"], ["--labels-file"]),
+        # each of these failed inside the job (exit 1) or wrote a surprising dataset
+        (["--input", "{root}", "--output", "{tmp}/o13", "--target-shard-mb", "nan"], ["--target-shard-mb", "finite"]),
+        (["--input", "{root}", "--output", "{tmp}/o14", "--max-file-mb", "inf"], ["--max-file-mb", "finite"]),
+        (["--input", "{root}", "--output", "{tmp}/o15", "--image-memory-mb", "1e400"], ["--image-memory-mb"]),
+        (["--input", "{root}", "--output", "{tmp}/o16", "--target-shard-mb", "1e-9"], ["--target-shard-mb", "100"]),
+        (["--input", "{root}", "--output", "{tmp}/o17", "--name", "abc\n"], ["--name"]),
+        (["--input", "{root}", "--output", "{tmp}/o18", "--name", "a" * 65], ["--name", "at most 64"]),
+        (["--input", "{root}", "--output", "{tmp}/o19", "--labels-file", "{root}"], ["--labels-file", "a folder"]),
+        (["--input", "{root}", "--output", "{tmp}/o20", "--config", "{root}"], ["--config", "a folder"]),
     ],
 )
 def test_mistakes_are_one_line_exit_2(small_input, tmp_path, args, needles):
     args = [a.format(root=small_input, tmp=tmp_path) for a in args]
     _one_line_error(run_cli("convert", *args), *needles)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("run_date: 2026-02-30\n", "day is out of range"), ("seed: " + "[" * 100_000 + "\n", "nested deeper"),
+     ("name: caf\xe9\n", "not UTF-8")],
+    ids=["impossible-date", "deep", "latin-1"],
+)  # fmt: skip
+def test_a_config_python_cannot_hold_is_one_line_exit_2(small_input, tmp_path, text, needle):
+    """YAML reads 2026-02-30 as a date Python refuses (ValueError), a Latin-1 file fails to decode, deep nesting
+    recurses too far: each exited 1 with the exception's name."""
+    path = tmp_path / "odd.yaml"
+    path.write_bytes(text.encode("latin-1"))
+    result = run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "o"), "--config", str(path))
+    _one_line_error(result, "--config", needle)
 
 
 def test_bad_yaml_and_unknown_setting(small_input, tmp_path):
@@ -273,3 +297,11 @@ def test_an_error_message_of_several_lines_is_printed_as_one(monkeypatch, capsys
     err = capsys.readouterr().err
     assert code != 0 and err.count("\n") == 1, err
     assert err.rstrip("\n").endswith("first part; a snippet; ^ here")
+
+
+def test_a_tiny_max_file_mb_stays_a_limit():
+    """--max-file-mb 1e-9 rounded to 0 bytes, which means no limit: every file was read, where 0.0001 read none."""
+    from beam_pipeline.config import ConvertConfig
+
+    assert ConvertConfig(output="o", name="n", max_file_mb=1e-9).image_options.max_file_bytes == 1
+    assert ConvertConfig(output="o", name="n", max_file_mb=0).image_options.max_file_bytes == 0  # 0: no limit

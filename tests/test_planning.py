@@ -77,3 +77,10 @@ def test_each_split_is_planned_separately():
     plans = make_plans(pairs, TARGET)
     assert plans["train"].num_shards == 7  # 1000 MB
     assert plans["test"].num_shards == 1
+
+
+def test_a_tiny_target_makes_no_more_shards_than_buckets():
+    """A shard holds whole hash buckets, so more shards than buckets stay empty: 4 GB at a 100-byte target asked
+    for 40 million (the planner's list of them took GBs), and its loop ran once per shard."""
+    assert shard_count(4e9, 100) == hashing.NUM_BUCKETS
+    assert shard_count(620e6, 150e6) == 4  # as before at ordinary sizes
