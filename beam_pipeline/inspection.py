@@ -29,7 +29,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples, index, metadata, storage
 from .annotations import objects
-from .annotations.masks import SEGMENTATION_ENCODED
+from .annotations.masks import PNG_SIGNATURE, SEGMENTATION_ENCODED
 from .errors import UsageError, last_line
 from .examples import parse_example
 from .index import FRAME_OVERHEAD
@@ -358,22 +358,27 @@ def _tf_error(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0][:120]}" if lines else type(e).__name__
 
 
+def _one_channel_png_problem(png: bytes, ex: dict[str, list[Any]], tf: Any) -> str | None:
+    """Why ``png`` (an instance mask or a label map) is not a one-channel PNG of the record's height x width as
+    TensorFlow decodes it, as the end of a sentence naming it (" is not a PNG", ": <the error>", ...); or None."""
+    if not png.startswith(PNG_SIGNATURE):  # decode_png reads other formats too
+        return " is not a PNG"
+    try:
+        shape = tuple(tf.io.decode_png(png).shape)
+    except Exception as e:  # noqa: BLE001 - any failure is the finding
+        return f": {_tf_error(e)}"
+    height, width = ex[examples.HEIGHT][0], ex[examples.WIDTH][0]
+    if shape != (height, width, 1):
+        return f" decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
+    return None
+
+
 def check_label_map(ex: dict[str, list[Any]], tf: Any) -> str | None:
     """What is wrong with one parsed record's semantic label map (``--masks``), or None (also: none there): it
     must decode, as TensorFlow reads it, to the record's height x width with one channel."""
     stored = ex.get(SEGMENTATION_ENCODED)
-    if not stored:
-        return None
-    if not stored[0].startswith(b"\x89PNG\r\n\x1a\n"):  # decode_png reads other formats too
-        return "label map is not a PNG"
-    try:
-        shape = tuple(tf.io.decode_png(stored[0]).shape)
-    except Exception as e:  # noqa: BLE001 - any failure is the finding
-        return f"label map: {_tf_error(e)}"
-    height, width = ex[examples.HEIGHT][0], ex[examples.WIDTH][0]
-    if shape != (height, width, 1):
-        return f"label map decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
-    return None
+    problem = _one_channel_png_problem(stored[0], ex, tf) if stored else None
+    return f"label map{problem}" if problem else None
 
 
 # Lists with one value per object beside the four box lists; difficult/truncated/view are checked where present.
@@ -415,16 +420,10 @@ def check_objects(ex: dict[str, list[Any]], categories: dict[int, str], tf: Any)
     masks = ex.get(objects.MASK, [])
     if masks and len(masks) != count:
         return f"{len(masks)} masks for {count} objects"
-    height, width = ex[examples.HEIGHT][0], ex[examples.WIDTH][0]
     for i, png in enumerate(masks):
-        if not png.startswith(b"\x89PNG\r\n\x1a\n"):
-            return f"mask {i} is not a PNG"
-        try:
-            shape = tuple(tf.io.decode_png(png).shape)
-        except Exception as e:  # noqa: BLE001 - any failure is the finding
-            return f"mask {i}: {_tf_error(e)}"
-        if shape != (height, width, 1):
-            return f"mask {i} decodes to {'x'.join(map(str, shape))}, the image is {height}x{width}"
+        problem = _one_channel_png_problem(png, ex, tf)
+        if problem:
+            return f"mask {i}{problem}"
     return None
 
 
