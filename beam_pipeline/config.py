@@ -16,9 +16,9 @@ from typing import Any
 
 from .errors import UsageError
 
-# \Z, not $ (which also matches before a final newline); at most 64 characters: shard file names stay short
 # The smallest --target-shard-mb: 100 bytes (a smaller one rounded to no bytes at all; tests cut tiny shards).
 MIN_TARGET_SHARD_MB = 0.0001
+# \Z, not $ (which also matches before a final newline); at most 64 characters: shard file names stay short
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 # What --allow-split-names accepts: a shard name splits on "-" and ".", TFDS split specs
 # use "[", "+" and "%"; letters, digits and _ are safe in both. TFDS reads "all" as every split.

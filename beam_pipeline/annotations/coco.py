@@ -229,9 +229,10 @@ def _absolute(file_name: str) -> bool:
 def _unknown_id_detail(key: str) -> str:
     """Why an annotation's image_id (as JSON text) joins no images entry; a hint if it is a number in quotes."""
     raw = json.loads(key)
+    text = raw.strip() if isinstance(raw, str) else ""
     hint = ""
-    if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit() and len(raw.strip()) <= 19:
-        hint = f" (a string: an images id written as the number {int(raw)} is another image; write both alike)"
+    if text.isascii() and text.isdigit() and len(text) <= 19:  # int() reads it ("²" is a digit to isdigit only)
+        hint = f" (a string: an images id written as the number {int(text)} is another image; write both alike)"
     return f"image_id {key} is not in the file's images{hint}"
 
 
