@@ -38,7 +38,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineState
 
-from . import failpoints, index, lease, metadata, resume
+from . import failpoints, index, lease, metadata, resume, storage
 from .annotations.coco import read_categories
 from .annotations.objects import fixed_object_labels, is_background
 from .annotations.table import PIXELS, looks_normalized, required_columns
@@ -61,11 +61,47 @@ def absolute(path: str) -> str:
     return path.rstrip("/") if is_remote(path) else os.path.abspath(os.path.expanduser(path))
 
 
-def _exists_any(pattern: str) -> bool:
+def _exists_any(pattern: str, flag: str, text: str) -> bool:
+    """Whether anything matches ``pattern``. A listing that fails is a UsageError naming its cause, never
+    "nothing there" (gs:// access itself was asked first, with a short deadline: _check_gcs_locations)."""
     try:
         return bool(FileSystems.match([pattern], limits=[1])[0].metadata_list)
-    except Exception:  # noqa: BLE001 - no match is "nothing there"
-        return False
+    except Exception as e:  # noqa: BLE001 - named, not swallowed
+        raise UsageError(f"{flag} {text}: cannot list {pattern}: {last_line(e)}") from None
+
+
+def _gcs_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
+    """(flag, value, is a folder) for each gs:// location the run names."""
+    places = [
+        ("--input", cfg.input, True),
+        ("--manifest", cfg.manifest, False),
+        ("--coco", cfg.coco, False),
+        ("--voc", cfg.voc, True),
+        ("--masks", cfg.masks, True),
+        ("--labels-file", cfg.labels_file, False),
+        ("--output", cfg.output, True),
+        ("--incremental-from", None if cfg.incremental_from == LATEST else cfg.incremental_from, True),
+    ]
+    return [(flag, value, folder) for flag, value, folder in places if value and value.startswith("gs://")]
+
+
+def _check_gcs_locations(cfg: ConvertConfig) -> None:
+    """Asks GCS about every gs:// location of the run before anything else, each within seconds: no network,
+    a missing bucket, missing credentials or a refused permission is one line naming the flag and the cause.
+    A folder input with nothing under it, or a file that is not there, is said here too."""
+    for flag, value, folder in _gcs_locations(cfg):
+        glob = _GLOB_CHARS.search(value)
+        path = value[: glob.start()].rsplit("/", 1)[0] if glob else value
+        try:
+            found = storage.gcs_check(path, folder=folder)
+        except storage.GcsAccessError as e:
+            raise UsageError(f"{flag} {value}: {e}") from None
+        if found or glob:
+            continue
+        if not folder:
+            raise UsageError(f"{flag} {value}: no such file")
+        if flag in ("--input", "--voc", "--masks"):
+            raise UsageError(f"{flag} {value}: nothing under it (the folder is empty or does not exist)")
 
 
 def _input_root_and_pattern(text: str) -> tuple[str, str]:
@@ -74,7 +110,7 @@ def _input_root_and_pattern(text: str) -> tuple[str, str]:
         pattern = text if is_remote(text) else os.path.join(os.getcwd(), os.path.expanduser(text))
         prefix = pattern[: _GLOB_CHARS.search(pattern).start()]
         root = prefix.rsplit("/", 1)[0] or "/"
-        if not _exists_any(pattern):
+        if not _exists_any(pattern, "--input", text):
             raise UsageError(f"--input {text}: no files match")
         return root, pattern
     root = absolute(text)
@@ -84,13 +120,13 @@ def _input_root_and_pattern(text: str) -> tuple[str, str]:
         if not os.path.isdir(root):
             raise UsageError(f"--input {text}: is a file, not a folder (use --manifest for a list of files)")
     pattern = FileSystems.join(root, "**")
-    if not _exists_any(pattern):
+    if not _exists_any(pattern, "--input", text):
         raise UsageError(f"--input {text}: the folder is empty")
     return root, pattern
 
 
 def _has_split_folders(root: str) -> bool:
-    return any(_exists_any(FileSystems.join(root, name, "**")) for name in SPLIT_FOLDERS)
+    return any(_exists_any(FileSystems.join(root, name, "**"), "--input", root) for name in SPLIT_FOLDERS)
 
 
 def flat_folder_hint(where: str) -> str:
@@ -414,8 +450,8 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     if is_remote(out):
         try:
             entries = [m.path[len(out) + 1 :] for m in FileSystems.match([out + "/**"])[0].metadata_list]
-        except Exception:  # noqa: BLE001
-            entries = []
+        except Exception as e:  # noqa: BLE001 - a listing that failed is no empty output
+            raise UsageError(f"--output {cfg.output}: cannot list it: {last_line(e)}") from None
     elif os.path.isdir(out):
         entries = os.listdir(out)
         if os.path.isdir(os.path.join(out, index.IDX_DIR)):
@@ -477,6 +513,7 @@ def prepare(
     ``claim(output, run_id)`` takes the output lease (launcher.run_convert), after the output's checks and
     before anything reads a previous dataset in it.
     """
+    _check_gcs_locations(cfg)
     manifest_format = None
     columns: tuple[str, ...] = ()
     if cfg.manifest:
@@ -544,7 +581,7 @@ def prepare(
     masks = None
     if cfg.masks:
         masks = absolute(cfg.masks)
-        found = _exists_any(masks + "/**") if is_remote(masks) else os.path.isdir(masks)
+        found = _exists_any(masks + "/**", "--masks", cfg.masks) if is_remote(masks) else os.path.isdir(masks)
         if not found:
             raise UsageError(f"--masks {cfg.masks}: no such folder (or nothing in it)")
         if not cfg.labels_from and not cfg.label_regex and not cfg.labels_file:
@@ -689,23 +726,22 @@ def use_anonymous_gcs_for_emulator() -> bool:
     """With STORAGE_EMULATOR_HOST set, skip Beam's credential lookup (anonymous client).
 
     Off Google Cloud and without credentials, Beam retries the lookup for about
-    22 s per process before falling back to an anonymous client; an emulator
-    needs no credentials, so the fallback is taken at once. Beam has no public
-    switch for this (``--no_auth`` does not reach its GCS client in 2.77).
+    25 s per process before falling back to an anonymous client; an emulator
+    needs no credentials, so the fallback is taken at once.
     """
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
         return False
-    try:
-        from apache_beam.internal.gcp import auth
-    except ImportError:
-        return False
-    creds = getattr(auth, "_Credentials", None)
-    if creds is None or not hasattr(creds, "_credentials_init"):
-        return False
-    with creds._credentials_lock:  # noqa: SLF001
-        creds._credentials_init = True  # noqa: SLF001
-        creds._credentials = None  # noqa: SLF001
+    storage.settle_gcs_credentials()
     return True
+
+
+def _settle_gcs_credentials(cfg: ConvertConfig, options: PipelineOptions) -> None:
+    """For a run that names a gs:// location: credentials, or anonymous at once (storage.settle_gcs_credentials).
+    ``--no_auth`` does not reach Beam's GCS client in 2.77 (it still looks credentials up): here it does."""
+    if _gcs_locations(cfg) or (cfg.incremental_from == LATEST and (cfg.output_template or "").startswith("gs://")):
+        storage.settle_gcs_credentials(no_auth=bool(options.view_as(GoogleCloudOptions).no_auth))
+    else:
+        use_anonymous_gcs_for_emulator()
 
 
 def worker_requirements(extra: str) -> list[str]:
@@ -858,9 +894,9 @@ _RUN_TEMPORARY_FOLDER = _RunTemporaryFolder()
 def run_convert(cfg: ConvertConfig, beam_args: Sequence[str], *, own_process: bool = False) -> dict[str, Any]:
     """Runs the whole conversion; returns dataset.json's content. ``own_process``: the process is the tool's (the
     command line), so the run may take over ``tempfile``'s folder (``_RunTemporaryFolder``)."""
-    use_anonymous_gcs_for_emulator()
     options, runner = make_options(beam_args)
-    # gs:// checks before the pipeline use the same options (e.g. --no_auth).
+    _settle_gcs_credentials(cfg, options)
+    # gs:// checks before the pipeline use the same options.
     FileSystems.set_options(options)
     # One run writes into an output at a time (lease.py): taken before anything reads or writes the output,
     # held (renewed) while the job runs, released when it ends; a submitted job's publish releases it.
@@ -968,8 +1004,8 @@ def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
 
     from .pipeline import build_plan_pipeline
 
-    use_anonymous_gcs_for_emulator()
     options, runner = make_options(beam_args)
+    _settle_gcs_credentials(cfg, options)
     FileSystems.set_options(options)
     cfg, layout = prepare(cfg, check_output=False)
     with tempfile.TemporaryDirectory(prefix="beam_pipeline-plan-") as work:

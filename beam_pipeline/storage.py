@@ -18,12 +18,14 @@ import errno
 import io
 import json
 import os
+import re
 import threading
 from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from .errors import last_line
 from .images import MISSING, TOO_LARGE, UNREADABLE, ImageOptions, Rejected, check_header
 
 # A file larger than this has its head read and checked (check_header) before the rest.
@@ -257,3 +259,142 @@ def read_bytes(path: str, size: int = -1, options: ImageOptions | None = None) -
     if limit and len(data) > limit:  # the file grew after it was listed
         raise Rejected(TOO_LARGE, f"{len(data)} bytes is over --max-file-mb {limit / MB:g}")
     return data
+
+
+# ---- gs:// access before a run ------------------------------------------------------------------
+# A check before the pipeline starts gives up after this long (the client retries transient errors until
+# then): a wrong bucket, missing credentials or no network is one line within seconds, not the client's
+# two-minute retry loop followed by a listing that looks empty.
+GCS_CHECK_DEADLINE_S = 15.0
+_GCS_CHECK_TIMEOUT_S = (5.0, 10.0)  # connect, read: per request
+
+# Why this process talks to GCS anonymously (no credentials found, --no_auth): said when GCS refuses.
+_ANONYMOUS_BECAUSE: dict[str, str] = {}
+
+
+class GcsAccessError(Exception):
+    """A gs:// location could not be checked; the text says why and what to do."""
+
+
+def settle_gcs_credentials(no_auth: bool = False) -> None:
+    """Decides once, quickly, whether this process reaches GCS with credentials or anonymously.
+
+    Beam looks the credentials up on first use, retrying a lookup that finds
+    none for ~25 s before it falls back to an anonymous client. Finding none is
+    no passing fault (no ``GOOGLE_APPLICATION_CREDENTIALS``, no gcloud login,
+    not on Google Cloud), so one lookup decides here and Beam's cache is given
+    the answer: anonymous when none are found, with ``--no_auth`` or against
+    an emulator; otherwise Beam's own lookup, which then succeeds at once.
+    Anonymous reads of a public bucket work either way.
+    """
+    try:
+        from apache_beam.internal.gcp import auth
+    except ImportError:  # no GCS support installed
+        return
+    creds = getattr(auth, "_Credentials", None)
+    if creds is None or not hasattr(creds, "_credentials_init"):  # another Beam: it looks them up itself
+        return
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        because = "an emulator needs none"
+    elif no_auth:
+        because = "--no_auth"
+    else:
+        import google.auth
+        from google.auth.exceptions import DefaultCredentialsError
+
+        try:
+            google.auth.default()
+            return
+        except DefaultCredentialsError as e:
+            because = f"no credentials found: {last_line(e)}"
+    with creds._credentials_lock:  # noqa: SLF001 - Beam has no public switch for its anonymous fallback
+        creds._credentials_init = True  # noqa: SLF001
+        creds._credentials = None  # noqa: SLF001
+    _ANONYMOUS_BECAUSE["why"] = because
+
+
+def gcs_check(path: str, *, folder: bool) -> bool:
+    """Whether ``path`` (a gs:// folder: anything under it; a file: the object) exists, asked with a short
+    deadline. Raises GcsAccessError naming the cause when GCS cannot be asked or refuses (no network,
+    a missing bucket, credentials, permission): never a False for a listing that failed."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, _, name = path[len("gs://") :].partition("/")
+    retry = DEFAULT_RETRY.with_timeout(GCS_CHECK_DEADLINE_S)
+    try:
+        client = _gcs().client
+        if folder:
+            prefix = name.rstrip("/") + "/" if name.strip("/") else ""
+            blobs = client.list_blobs(bucket, prefix=prefix, max_results=1, timeout=_GCS_CHECK_TIMEOUT_S, retry=retry)
+            return any(True for _ in blobs)
+        return client.bucket(bucket).get_blob(name, timeout=_GCS_CHECK_TIMEOUT_S, retry=retry) is not None
+    except Exception as e:  # noqa: BLE001 - every failure is named (gcs_problem), none passes for "not there"
+        raise GcsAccessError(gcs_problem(e, bucket)) from None
+
+
+def gcs_problem(error: BaseException, bucket: str) -> str:
+    """One line: why a request to GCS about ``bucket`` failed, and what to do."""
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as aexc
+
+    anonymous = _ANONYMOUS_BECAUSE.get("why")
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    where = f"the GCS emulator at {emulator} (STORAGE_EMULATOR_HOST)" if emulator else "Google Cloud Storage"
+    cause = error
+    if isinstance(error, gexc.RetryError) and error.cause is not None:
+        cause = error.cause  # the last attempt's error, after the deadline
+    if isinstance(cause, gexc.NotFound):
+        return f"no bucket gs://{bucket} (GCS: 404 Not Found)"
+    if isinstance(cause, (gexc.Unauthorized, gexc.Forbidden)):
+        said = _answer(cause)
+        if anonymous:
+            return (
+                f"GCS refused an anonymous request ({said}); this process has no credentials ({anonymous}): "
+                "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS to a key file"
+            )
+        if isinstance(cause, gexc.Unauthorized):
+            return f"GCS refused the credentials ({said}): run 'gcloud auth application-default login' again"
+        return (
+            f"permission denied on gs://{bucket} ({said}): the account needs to list and read it "
+            "(e.g. roles/storage.objectViewer), and to write for an output"
+        )
+    if isinstance(cause, aexc.RefreshError):
+        return f"the credentials could not be refreshed ({last_line(cause)}): log in again or check the key file"
+    if isinstance(cause, aexc.TransportError) or _is_connection_error(cause):
+        return f"cannot reach {where} ({_root_cause(cause)}): check the network connection or proxy"
+    if isinstance(cause, gexc.GoogleAPICallError):
+        return f"GCS answered {_answer(cause)}"
+    if cause is not error:  # the deadline passed on another error
+        return f"no answer from {where} within {GCS_CHECK_DEADLINE_S:.0f} s ({_root_cause(cause)})"
+    return f"{type(error).__name__}: {last_line(error)}"
+
+
+def _answer(error: Any) -> str:
+    """'403 alice@x does not have storage.objects.list access ...': the code and GCS's last line of text."""
+    lines = [line.strip() for line in str(getattr(error, "message", "") or "").splitlines() if line.strip()]
+    return f"{error.code} {lines[-1]}" if lines else str(error.code)
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    import requests
+
+    return isinstance(error, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError))
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost cause's text: 'Connection refused', 'Name or service not known', not requests' wrapping."""
+    seen: set[int] = set()
+    while True:
+        inner = error.__cause__ or error.__context__
+        if inner is None and error.args and isinstance(error.args[0], BaseException):
+            inner = error.args[0]
+        reason = getattr(error, "reason", None)
+        if inner is None and isinstance(reason, BaseException):
+            inner = reason
+        if inner is None or id(inner) in seen:
+            break
+        seen.add(id(error))
+        error = inner
+    text = last_line(error)
+    match = re.search(r"\[Errno -?\d+\] ([^')\]]+)", text)
+    return match.group(1).strip() if match else text

@@ -277,3 +277,112 @@ def test_latest_on_gcs_lists_the_dated_folders_not_every_nights_files(gcs, monke
     found = launcher._complete_earlier_folders(template, "unused", "2026-03-05")  # noqa: SLF001
     assert found == [f"gs://{BUCKET}/glob/nightly/2026-03-02/photos"]
     assert launcher._complete_earlier_folders(template, "unused", "2026-03-01") == []  # noqa: SLF001
+
+
+# ---- gs:// access that fails: one line naming the cause, within seconds ----------------------------------
+
+
+def _convert_in_process(capsys, *args: str) -> tuple[int, str, float]:
+    import time
+
+    from beam_pipeline.cli import main
+
+    started = time.monotonic()
+    code = main(["convert", *args, "--no-transform", "--no-tfds-metadata"])
+    return code, capsys.readouterr().err.strip(), time.monotonic() - started
+
+
+def test_a_gcs_server_that_does_not_answer_is_named_not_an_empty_folder(monkeypatch, capsys, tmp_path):
+    """The server down (a closed loopback port): before, ~2 min of retries, then 'the folder is empty'."""
+    from beam_pipeline import storage
+
+    sock = __import__("socket").socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(storage, "GCS_CHECK_DEADLINE_S", 2.0)
+    code, err, took = _convert_in_process(capsys, "--input", "gs://b/photos", "--output", str(tmp_path / "out"))
+    assert code == 2
+    assert err.splitlines() == [
+        f"error: --input gs://b/photos: cannot reach the GCS emulator at http://127.0.0.1:{port} "
+        "(STORAGE_EMULATOR_HOST) (Connection refused): check the network connection or proxy"
+    ]
+    assert took < 15
+    assert not (tmp_path / "out").exists()
+
+    from beam_pipeline.cli import main
+
+    assert main(["inspect", "gs://b/out"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: gs://b/out: cannot reach the GCS emulator at http://127.0.0.1:{port}")
+
+
+def test_a_missing_bucket_or_an_empty_prefix_is_said_so(gcs, capsys, tmp_path):
+    gcs.bucket(BUCKET).blob("full/cat/a.png").upload_from_string(image_bytes("png", seed=1))
+    cases = [
+        (["--input", "gs://no-such-bucket/photos"], "--input gs://no-such-bucket/photos: no bucket gs://no-such-bucket"),
+        (["--input", f"gs://{BUCKET}/nothing-here"], f"--input gs://{BUCKET}/nothing-here: nothing under it"),
+        (["--input", f"gs://{BUCKET}/full", "--output", "gs://no-bucket/x"], "--output gs://no-bucket/x: no bucket"),
+        (["--manifest", f"gs://{BUCKET}/none.csv"], f"--manifest gs://{BUCKET}/none.csv: no such file"),
+    ]  # fmt: skip
+    for args, needle in cases:
+        if "--output" not in args:
+            args = [*args, "--output", str(tmp_path / "out")]
+        code, err, _ = _convert_in_process(capsys, *args)
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: " + needle), (args, err)
+
+
+def test_without_credentials_the_lookup_goes_anonymous_at_once_and_a_refusal_says_why(monkeypatch):
+    """No GOOGLE_APPLICATION_CREDENTIALS, no gcloud login, not on Google Cloud: Beam would retry ~25 s."""
+    import time
+
+    from apache_beam.internal.gcp import auth
+    from google.api_core import exceptions as gexc
+    from google.auth.compute_engine import _metadata
+
+    from beam_pipeline import storage
+
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent-gcloud-config")
+    monkeypatch.setattr(_metadata, "is_on_gce", lambda request: False)  # no metadata server probe from a test
+    monkeypatch.setattr(auth._Credentials, "_credentials_init", False)
+    monkeypatch.setattr(auth._Credentials, "_credentials", None)
+    monkeypatch.setattr(storage, "_ANONYMOUS_BECAUSE", {})
+    started = time.monotonic()
+    storage.settle_gcs_credentials()
+    assert time.monotonic() - started < 5
+    assert auth._Credentials._credentials_init and auth._Credentials._credentials is None  # Beam: anonymous
+    assert storage._ANONYMOUS_BECAUSE["why"].startswith("no credentials found: Your default credentials")
+
+    refused = gexc.Unauthorized("Anonymous caller does not have storage.objects.list access to the bucket.")
+    said = storage.gcs_problem(refused, "b")
+    assert said.startswith("GCS refused an anonymous request (401 Anonymous caller does not have storage.objects.list")
+    assert "no credentials found" in said and "gcloud auth application-default login" in said
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in said
+
+
+def test_each_kind_of_gcs_failure_names_its_cause(monkeypatch):
+    import requests
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as aexc
+
+    from beam_pipeline import storage
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setattr(storage, "_ANONYMOUS_BECAUSE", {})
+    down = requests.ConnectionError("HTTPSConnectionPool(host='storage.googleapis.com'): Max retries exceeded")
+    down.__context__ = OSError(-2, "Name or service not known")
+    cases = [
+        (gexc.RetryError("Timeout of 15.0s", down), "cannot reach Google Cloud Storage (Name or service not known)"),
+        (gexc.NotFound("The specified bucket does not exist."), "no bucket gs://b (GCS: 404 Not Found)"),
+        (gexc.Forbidden("ci@p.iam.gserviceaccount.com does not have storage.objects.list access"),
+         "permission denied on gs://b (403 ci@p.iam.gserviceaccount.com does not have storage.objects.list access)"),
+        (gexc.Unauthorized("Invalid Credentials"), "GCS refused the credentials (401 Invalid Credentials)"),
+        (aexc.RefreshError("invalid_grant: Token has been revoked."), "the credentials could not be refreshed"),
+        (gexc.ServiceUnavailable("backend error"), "GCS answered 503 backend error"),
+        (gexc.RetryError("Timeout of 15.0s exceeded", gexc.TooManyRequests("slow down")), "GCS answered 429 slow down"),
+    ]  # fmt: skip
+    for error, start in cases:
+        assert storage.gcs_problem(error, "b").startswith(start), (error, storage.gcs_problem(error, "b"))
