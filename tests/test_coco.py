@@ -1289,3 +1289,29 @@ def test_a_keypoints_file_converts_its_objects_with_a_note_that_keypoints_are_no
         json.dumps({"annotations": [{"id": 1, "category_id": 1, "bbox": [1, 1, 2, 2]}], "categories": CATEGORIES})
     )
     assert coco.read_categories(str(plain)).keypoints == 0
+
+
+def test_a_coco_run_builds_on_no_dataset_whose_labels_txt_gives_other_ids(tmp_path):
+    """--incremental-from with a previous labels.txt that is not the first lines of this run's: why, for the
+    note that says every image is converted (new categories after its last id keep its ids: built on)."""
+    import dataclasses
+
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import _other_coco_ids
+
+    prev = tmp_path / "prev"
+    prev.mkdir()
+    (prev / "_SUCCESS").write_text("")
+    cfg = ConvertConfig(output="o", name="o", input="i", coco="c.json")
+    info: dict[str, Any] = {"config": {"coco_category_offset": 0}}
+    assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "dog")]) is None  # no labels.txt: not compared
+    (prev / "labels.txt").write_text("background\ncat\ndog\n")
+    assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "dog"), (3, "yak")]) is None
+    assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "cow")]) == (
+        f"--coco c.json: other category ids than {prev}'s labels.txt"
+    )
+    shifted = dataclasses.replace(cfg, coco_category_offset=1)
+    assert _other_coco_ids(shifted, str(prev), info, [(2, "cat"), (3, "dog")]) == (
+        f"--coco-category-offset 1: {prev} was converted with --coco-category-offset 0 (other category ids)"
+    )
+    assert _other_coco_ids(shifted, str(prev), {}, [(2, "cat"), (3, "dog")]).startswith("--coco-category-offset 1")
