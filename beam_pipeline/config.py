@@ -61,6 +61,8 @@ class ConvertConfig:
     # None = one label per image, a separator inside a label is part of it.
     label_separator: str | None = None
     coco: str | None = None  # COCO instances JSON: objects per image (annotations/coco.py)
+    # Added to every COCO category id (categories and annotations): 1 makes a 0-based export (Label Studio) 1-based.
+    coco_category_offset: int = 0
     # The manifest holds objects (annotations/table.py): "rows" (one row per object: xmin, ymin, xmax,
     # ymax, label) or "column" (an 'objects' column: a list per image); their boxes in BOX_UNITS.
     manifest_objects: str | None = None
@@ -191,6 +193,10 @@ MANIFEST_OBJECTS = ("rows", "column")
 BOX_UNITS = ("pixels", "normalized")
 
 
+# COCO category ids a labels.txt line can stand for (line k = id k): beyond it a --coco file is refused
+# (annotations/coco.py); also the largest --coco-category-offset.
+MAX_CATEGORY_ID = 100_000
+
 # Annotation sources: (flag, the ConvertConfig field, where its classes come from (None: the pixel values of
 # a label map, which a --labels-* flag does not conflict with), what it reads its paths relative to).
 _ANNOTATION_SOURCES = (
@@ -203,6 +209,10 @@ _ANNOTATION_SOURCES = (
 
 def _validate_annotation_sources(cfg: ConvertConfig) -> None:
     """One annotation source per run; what each needs, and the flags that cannot go with it."""
+    if cfg.coco_category_offset and not cfg.coco:
+        raise UsageError("--coco-category-offset needs --coco (it renumbers a COCO file's categories)")
+    if not 0 <= cfg.coco_category_offset <= MAX_CATEGORY_ID:
+        raise UsageError(f"--coco-category-offset must be 0-{MAX_CATEGORY_ID} (it is added to every category id)")
     given = [source for source in _ANNOTATION_SOURCES if getattr(cfg, source[1])]
     if len(given) > 1:
         flags = " and ".join(flag for flag, *_ in given)

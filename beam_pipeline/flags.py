@@ -191,6 +191,14 @@ CONVERT = Command(
                     metavar="FILE",
                 ),
                 Flag(
+                    "--coco-category-offset",
+                    "add N to every --coco category id, in categories and annotations alike: 1 converts an export "
+                    "numbered from 0 (Label Studio), whose category 0 would be the background, with ids from 1",
+                    metavar="N",
+                    type=int,
+                    show_default=True,
+                ),
+                Flag(
                     "--voc",
                     "Pascal VOC Annotations/ folder (one XML per image, local or gs://) whose images are under "
                     "--input: boxes, class names (ids 1…N by name), difficult, truncated and pose "

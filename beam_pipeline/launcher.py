@@ -40,7 +40,7 @@ from apache_beam.runners.runner import PipelineState
 
 from . import failpoints, index, lease, metadata, resume, storage
 from .annotations.coco import read_categories
-from .annotations.objects import fixed_object_labels, is_background
+from .annotations.objects import fixed_object_labels, is_background, labels_lines
 from .annotations.table import PIXELS, looks_normalized, required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
@@ -288,6 +288,24 @@ def _repeated(labels: Iterable[str]) -> str | None:
             return label
         seen.add(label)
     return None
+
+
+def _other_coco_ids(
+    cfg: ConvertConfig, previous: str, info: dict[str, Any] | None, categories: Sequence[tuple[int, str]]
+) -> str | None:
+    """Why the previous output's category ids are not this --coco run's (its labels.txt is not the first lines of
+    this run's), naming --coco-category-offset when that changed; None when they are (or it has no labels.txt)."""
+    _, prior = _previous_problem(previous, True)
+    lines = labels_lines(categories)
+    if prior is None or tuple(lines[: len(prior)]) == prior:
+        return None
+    old = ((info or {}).get("config") or {}).get("coco_category_offset") or 0
+    if old != cfg.coco_category_offset:
+        return (
+            f"--coco-category-offset {cfg.coco_category_offset}: {previous} was converted with "
+            f"--coco-category-offset {old} (other category ids)"
+        )
+    return f"--coco {cfg.coco}: other category ids than {previous}'s labels.txt"
 
 
 def _read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | None]:
@@ -557,8 +575,14 @@ def prepare(
         coco = absolute(cfg.coco)
         if not FileSystems.exists(coco) or (not is_remote(coco) and os.path.isdir(coco)):
             raise UsageError(f"--coco {cfg.coco}: no such file")
-        found = read_categories(coco)
+        found = read_categories(coco, cfg.coco_category_offset)
         categories = found.pairs
+        if found.keypoints:
+            many = "s" if found.keypoints != 1 else ""
+            note(
+                f"--coco {cfg.coco}: keypoints are not written ({found.keypoints} annotation{many} with keypoints: "
+                "their boxes, classes and masks are; this tool writes no keypoint keys)"
+            )
         if found.left_out is not None and not is_background(found.left_out):
             note(
                 f"--coco {cfg.coco}: category 0 ({found.left_out!r}) names no object: left out of labels.txt and "
@@ -637,6 +661,11 @@ def prepare(
             # its records hold its ids (an object's id is not compared on reuse): none may be copied
             note(f"--labels-file {cfg.labels_file}: other ids than {previous}'s labels.txt; converting everything")
             previous, prior_labels = None, None
+    elif previous and categories is not None:
+        other = _other_coco_ids(cfg, previous, previous_info, categories)
+        if other is not None:  # its records hold its ids: as for --labels-file, none is copied
+            note(f"{other}; converting everything")
+            previous = None
     elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
         # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
         _, prior_labels = _previous_problem(previous, True)

@@ -150,7 +150,7 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
     object_rejects, object_counts = None, None
     if layout.coco:
         # before the previous run's join: a record is reused only with the same annotations (index.extras_digest)
-        joined = refs | "Coco" >> JoinCoco(layout.coco, layout.root, layout.categories or ())
+        joined = refs | "Coco" >> JoinCoco(layout.coco, layout.root, layout.categories or (), cfg.coco_category_offset)
         refs, object_rejects, object_counts = joined["refs"], joined[OBJECT_REJECTS], joined[COUNTS]
         rejects = (rejects, joined[REJECTS]) | "WithAnnotationRejects" >> beam.Flatten()
         skipped = (skipped, joined[SKIPPED]) | "WithAnnotationSkips" >> beam.Flatten()

@@ -389,13 +389,19 @@ def test_read_categories_refuses_a_bad_file_in_one_line(tmp_path):
         (90, "toothbrush"),
     )
     for bad, words in (
-        ([], "no 'categories'"),
+        ([], r"no categories \('categories' is an empty list"),  # not "no 'categories'": the key is there
+        (None, "'categories' is not a list"),
+        ({"1": "a"}, "'categories' is not a list"),
         ([{"id": 1, "name": "a"}, {"id": 1, "name": "b"}], "given twice"),
         ([{"id": "1", "name": "a"}], "integer 'id'"),
         ([{"id": 1, "name": "a\nb"}], "line break"),
     ):
         with pytest.raises(UsageError, match=words):
             coco.read_categories(str(categories(bad)))
+    without = tmp_path / "without.json"
+    without.write_text(json.dumps({"images": [], "annotations": []}))
+    with pytest.raises(UsageError, match="no 'categories' "):
+        coco.read_categories(str(without))
     broken = tmp_path / "broken.json"
     broken.write_text('{"categories": [{"id": 1,')
     with pytest.raises(UsageError, match="not valid JSON"):
@@ -974,21 +980,35 @@ def test_labeling_tool_exports_convert_as_their_images_say(tmp_path, tf):
     assert "'C:\\\\Users\\\\me\\\\c.jpg' is absolute and not under --input" in missing["detail"]
 
 
-def test_a_category_0_that_names_objects_is_refused_in_one_line(tmp_path):
-    """Label Studio numbers categories from 0: its objects would be written as class 0, the background a model
-    learns to ignore, and the OD API refuses such a label map."""
+def label_studio_export(tmp_path: Path) -> tuple[Path, Path]:
+    """Images and their COCO file as Label Studio exports them: categories (and image ids) numbered from 0."""
     root = tmp_path / "images"
     write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    write(str(root / "b.jpg"), image_bytes("jpeg", height=48, width=64, seed=2))
     doc = {
-        "images": [{"id": 0, "file_name": "a.jpg", "width": 64, "height": 48}],
-        "annotations": [{"id": 0, "image_id": 0, "category_id": 0, "bbox": [8, 4, 16, 12]}],
+        "images": [
+            {"id": 0, "file_name": "a.jpg", "width": 64, "height": 48},
+            {"id": 1, "file_name": "b.jpg", "width": 64, "height": 48},
+        ],
+        "annotations": [
+            {"id": 0, "image_id": 0, "category_id": 0, "bbox": [8, 4, 16, 12]},
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 3, 20, 10]},
+        ],
         "categories": [{"id": 0, "name": "Cat"}, {"id": 1, "name": "Dog"}],
     }
     path = tmp_path / "result.json"
     path.write_text(json.dumps(doc))
+    return root, path
+
+
+def test_a_category_0_that_names_objects_is_refused_in_one_line(tmp_path):
+    """Label Studio numbers categories from 0: its objects would be written as class 0, the background a model
+    learns to ignore, and the OD API refuses such a label map. The refusal names the flag that converts it."""
+    root, path = label_studio_export(tmp_path)
     result = run_cli("convert", "--input", str(root), "--coco", str(path), "--output", str(tmp_path / "out"))
     assert result.returncode == 2, result.stderr
     assert "category 0 ('Cat') names objects" in result.stderr and "Traceback" not in result.stderr
+    assert "pass --coco-category-offset 1" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
@@ -1144,3 +1164,154 @@ def test_an_images_entry_side_of_2_to_the_31_or_more_is_a_bad_image_entry():
         problem = coco._entry_problem({**entry, "width": width})  # noqa: SLF001
         assert problem is not None and "below 2**31" in problem, (width, problem)
     assert coco._entry_problem({**entry, "width": 2**31 - 1, "height": 64.0}) is None  # noqa: SLF001
+
+
+def test_coco_category_offset_adds_to_every_category_id(tmp_path):
+    """--coco-category-offset N: categories and annotations alike; the bound on ids holds after it."""
+    _, path = label_studio_export(tmp_path)
+    found = coco.read_categories(str(path), 1)
+    assert found.pairs == ((1, "Cat"), (2, "Dog")) and found.left_out is None
+    names = dict(found.pairs)
+    obj = coco.check_annotation({"category_id": 0, "bbox": [8, 4, 16, 12]}, names, 64, 48, offset=1)
+    assert isinstance(obj, objects.Obj) and (obj.label, obj.text) == (1, "Cat")
+    unknown = coco.check_annotation({"category_id": 2, "bbox": [8, 4, 16, 12]}, names, 64, 48, offset=1)
+    assert unknown == objects.Invalid(objects.UNKNOWN_CATEGORY, "category_id 2 is not in the file's categories")
+    with pytest.raises(UsageError, match=r"category id 1 \(\+ --coco-category-offset 100000: 100001\) is outside"):
+        coco.read_categories(str(path), coco.MAX_CATEGORY_ID)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--coco-category-offset", "1"], "--coco-category-offset needs --coco"),
+        (["--coco", "c.json", "--coco-category-offset", "-1"], "--coco-category-offset must be 0-100000"),
+        (["--coco", "c.json", "--coco-category-offset", "1.5"], "--coco-category-offset: invalid int value"),
+    ],
+)
+def test_coco_category_offset_is_a_whole_number_from_0_for_a_coco_run(flags, words):
+    from beam_pipeline.cli import parse_convert
+
+    with pytest.raises(UsageError, match=words):
+        parse_convert(["--input", "in", "--output", "out", *flags])
+
+
+def test_a_label_studio_export_converts_with_coco_category_offset_1(tmp_path, tf, capsys):
+    """Ids from 1 in the records, labels.txt, label_map.pbtxt and dataset.json. A night with another offset
+    copies no record of a dataset with other ids (a note says so, as for --labels-file); the same offset reuses."""
+    from beam_pipeline import cli
+
+    root, path = label_studio_export(tmp_path)
+
+    def run(name: str, offset: int, *extra: str) -> str:
+        argv = ["convert", "--input", str(root), "--coco", str(path), "--output", str(tmp_path / name)]
+        code = cli.main([*argv, "--coco-category-offset", str(offset), "--no-transform", "--no-tfds-metadata", *extra])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        return err
+
+    first = tmp_path / "first"
+    run("first", 1)
+    labels = {name: list(row["image/object/class/label"]) for name, row in parsed_records(first, tf).items()}
+    assert labels == {"a.jpg": [1], "b.jpg": [2]}
+    assert (first / "labels.txt").read_text().splitlines() == ["background", "Cat", "Dog"]
+    assert "id: 1\n  name: 'Cat'" in (first / objects.LABEL_MAP_PBTXT).read_text()
+    assert load_info(first)["categories"] == [{"id": 1, "name": "Cat"}, {"id": 2, "name": "Dog"}]
+
+    err = run("other", 2, "--incremental-from", str(first))
+    assert (
+        f"note: --coco-category-offset 2: {first} was converted with --coco-category-offset 1 (other category ids); "
+        "converting everything"
+    ) in err
+    other = tmp_path / "other"
+    assert "incremental" not in load_info(other)
+    assert (other / "labels.txt").read_text().splitlines() == ["background", "unused_1", "Cat", "Dog"]
+    labels = {name: list(row["image/object/class/label"]) for name, row in parsed_records(other, tf).items()}
+    assert labels == {"a.jpg": [2], "b.jpg": [3]}
+
+    err = run("same", 1, "--incremental-from", str(first))
+    assert "other category ids" not in err
+    assert load_info(tmp_path / "same")["incremental"]["reused"] == 2
+
+
+def test_a_panoptic_file_is_refused_at_the_start_naming_segments_info(tmp_path, capsys):
+    """A COCO panoptic file (segments_info per image, no bbox per annotation) ran the whole job and exited 3,
+    blaming unknown_category."""
+    from beam_pipeline import cli
+
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    segment = {"id": 3, "category_id": 1, "iscrowd": 0, "bbox": [8, 4, 16, 12], "area": 120}
+    doc = {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+        "annotations": [{"image_id": 1, "file_name": "a.png", "segments_info": [segment]}],
+        "categories": [
+            {"id": 1, "name": "person", "isthing": 1, "color": [220, 20, 60]},
+            {"id": 2, "name": "sky", "isthing": 0, "color": [70, 130, 180]},
+        ],
+    }
+    path = tmp_path / "panoptic_train2017.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    code = cli.main(["convert", "--input", str(root), "--coco", str(path), "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and "Traceback" not in err, err
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"error: --coco {path}: its annotations carry 'segments_info': a COCO panoptic file, ")
+    assert "does not convert" in line and "instances" in line
+    assert not out.exists()
+
+
+def test_a_keypoints_file_converts_its_objects_with_a_note_that_keypoints_are_not_written(tmp_path, capsys):
+    """A person_keypoints file: its boxes and masks convert, its keypoints were dropped without a word."""
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import prepare
+
+    root = tmp_path / "images"
+    write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
+    person = {"id": 1, "name": "person", "keypoints": ["nose", "left_eye"], "skeleton": [[1, 2]]}
+    annotations = [
+        {"id": i, "image_id": 1, "category_id": 1, "bbox": [8, 4, 16, 12], "segmentation": POLYGON,
+         "keypoints": [10, 6, 2, 14, 6, 2], "num_keypoints": 2}
+        for i in (1, 2)
+    ]  # fmt: skip
+    doc = {"images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}], "annotations": annotations}
+    path = tmp_path / "person_keypoints_val2017.json"
+    path.write_text(json.dumps({**doc, "categories": [person]}))
+    _, layout = prepare(ConvertConfig(output=str(tmp_path / "out"), name="d", input=str(root), coco=str(path)))
+    assert capsys.readouterr().err == (
+        f"note: --coco {path}: keypoints are not written (2 annotations with keypoints: their boxes, classes and "
+        "masks are; this tool writes no keypoint keys)\n"
+    )
+    obj = coco.check_annotation(annotations[0], dict(layout.categories or ()), 64, 48)
+    assert isinstance(obj, objects.Obj) and obj.segmentation == POLYGON
+    plain = tmp_path / "instances.json"
+    plain.write_text(
+        json.dumps({"annotations": [{"id": 1, "category_id": 1, "bbox": [1, 1, 2, 2]}], "categories": CATEGORIES})
+    )
+    assert coco.read_categories(str(plain)).keypoints == 0
+
+
+def test_a_coco_run_builds_on_no_dataset_whose_labels_txt_gives_other_ids(tmp_path):
+    """--incremental-from with a previous labels.txt that is not the first lines of this run's: why, for the
+    note that says every image is converted (new categories after its last id keep its ids: built on)."""
+    import dataclasses
+
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import _other_coco_ids
+
+    prev = tmp_path / "prev"
+    prev.mkdir()
+    (prev / "_SUCCESS").write_text("")
+    cfg = ConvertConfig(output="o", name="o", input="i", coco="c.json")
+    info: dict[str, Any] = {"config": {"coco_category_offset": 0}}
+    assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "dog")]) is None  # no labels.txt: not compared
+    (prev / "labels.txt").write_text("background\ncat\ndog\n")
+    assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "dog"), (3, "yak")]) is None
+    assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "cow")]) == (
+        f"--coco c.json: other category ids than {prev}'s labels.txt"
+    )
+    shifted = dataclasses.replace(cfg, coco_category_offset=1)
+    assert _other_coco_ids(shifted, str(prev), info, [(2, "cat"), (3, "dog")]) == (
+        f"--coco-category-offset 1: {prev} was converted with --coco-category-offset 0 (other category ids)"
+    )
+    assert _other_coco_ids(shifted, str(prev), {}, [(2, "cat"), (3, "dog")]).startswith("--coco-category-offset 1")

@@ -22,6 +22,7 @@ EXAMPLES = {
     "input": "gs://b/photos",
     "manifest": "gs://b/list.csv",
     "coco": "gs://b/annotations/instances_train2017.json",
+    "coco_category_offset": "1",
     "voc": "gs://b/VOC2012/Annotations",
     "masks": "gs://b/VOC2012/SegmentationClass",
     "manifest_objects": "rows",
@@ -64,7 +65,7 @@ def test_template_parameters_are_convert_settings_with_working_regexes():
 
 
 def test_template_parameters_reach_convert():
-    sources = ("coco", "voc", "masks", "manifest_objects", "box_units")  # annotation sources: tested below
+    sources = ("coco", "coco_category_offset", "voc", "masks", "manifest_objects", "box_units")  # tested below
     skip = ("manifest", "label_regex", "labels_from", "labels_file", "label_separator", *sources)
     params = [f"--{k}={v}" for k, v in EXAMPLES.items() if k not in skip]
     command, *args = convert_args([*params, "--project=p", "--region=r"])
@@ -96,6 +97,9 @@ def test_annotation_template_parameters_reach_convert(source: str, local: str) -
     meta = json.loads((REPO / "templates" / "metadata.json").read_text())
     [param] = [p for p in meta["parameters"] if p["name"] == source]
     assert not any(re.match(r, local) for r in param["regexes"])
+    if source == "coco":  # a Label Studio export (categories from 0) launched from the template
+        _, *args = convert_args([*params, f"--coco_category_offset={EXAMPLES['coco_category_offset']}"])
+        assert parse_convert(args)[0].coco_category_offset == 1
 
 
 def test_manifest_objects_template_parameters_reach_convert() -> None:

@@ -70,3 +70,17 @@ def test_every_docs_page_is_in_the_nav():
 
     pages = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
     assert set(leaves(nav)) == pages | {"index.md"}
+
+
+def test_detection_docs_name_every_background_spelling_the_code_takes():
+    """labelme's `_background_` was taken as the background, but the docs named only `background`,
+    `__background__` and `Background`."""
+    from beam_pipeline.annotations.objects import fixed_object_labels, is_background
+
+    text = (REPO / "docs" / "detection.md").read_text()
+    for name in ("background", "Background", "__background__", "_background_", "BACKGROUND"):
+        assert is_background(name) and f"`{name}`" in text, name
+        assert fixed_object_labels([name, "cat"]) == ("background", "cat")
+    assert "`background` in any letter case with any underscores around it" in " ".join(text.split())
+    for other in ("backgrounds", "back_ground", "-background-", " background"):
+        assert not is_background(other), other

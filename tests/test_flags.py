@@ -35,6 +35,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "labels_file": ("labels.txt", {}),
     "label_separator": ("|", {"input": None, "manifest": "list.csv"}),
     "coco": ("instances.json", {}),
+    "coco_category_offset": (1, {"coco": "instances.json"}),
     "manifest_objects": ("rows", {"input": None, "manifest": "list.csv"}),
     "box_units": ("normalized", {"input": None, "manifest": "list.csv", "manifest_objects": "rows"}),
     "voc": ("Annotations", {}),

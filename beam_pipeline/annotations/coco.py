@@ -1,7 +1,10 @@
 """COCO instances JSON (``--coco FILE``): streamed, and joined to the listed images inside the pipeline.
 
 The launcher reads only ``categories`` (``read_categories``, a streaming
-parse: a multi-GB file is never loaded). In the job, ``images`` and
+parse: a multi-GB file is never loaded; the same pass refuses a panoptic file
+and counts the annotations' keypoints, which are not written).
+``--coco-category-offset N`` adds N to every category id, in ``categories``
+and annotations alike. In the job, ``images`` and
 ``annotations`` are streamed from the file (two workers, one section each)
 and joined by COCO image id, then by file name to the listed files (the
 file name relative to ``--input``): no process holds all annotations.
@@ -31,6 +34,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from ..config import MAX_CATEGORY_ID
 from ..errors import UsageError, message_lines
 from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED, reject
 from . import objects
@@ -64,9 +68,6 @@ BAD_IMAGE_ENTRY = "bad_image_entry"
 UNKNOWN_IMAGE_ID = "unknown_image_id"
 NOT_IN_COCO = "not_in_coco"  # skip reason
 
-# Category ids a labels.txt line can stand for (line k = id k): beyond it the file is refused.
-MAX_CATEGORY_ID = 100_000
-
 
 _BOM = b"\xef\xbb\xbf"
 
@@ -99,8 +100,9 @@ def _json_error(e: Exception) -> str:
 class Categories(NamedTuple):
     """A COCO file's categories as the dataset numbers them, and the category 0 it left out (or None)."""
 
-    pairs: tuple[tuple[int, str], ...]  # (id, name), by id
+    pairs: tuple[tuple[int, str], ...]  # (id, name), by id (the file's id + --coco-category-offset)
     left_out: str | None  # the name of a category 0 that no annotation names
+    keypoints: int = 0  # annotations carrying 'keypoints' (a person_keypoints file): not written
 
     def shared_name(self) -> tuple[str, list[int]] | None:
         """A name several ids have (kept apart here; a reader that maps names to ids folds them), or None."""
@@ -110,20 +112,21 @@ class Categories(NamedTuple):
         return next(((name, cids) for name, cids in ids.items() if len(cids) > 1), None)
 
 
-def read_categories(path: str) -> Categories:
-    """A COCO file's ``categories``, streamed; UsageError naming the file otherwise.
+def read_categories(path: str, offset: int = 0) -> Categories:
+    """A COCO file's ``categories``, streamed, their ids plus ``offset`` (--coco-category-offset); UsageError naming
+    the file otherwise.
 
     One pass over the whole file on ijson's unprefixed events (flat memory at any depth), which also proves
     it is JSON and nests at most MAX_JSON_DEPTH levels: the workers' prefixed parse of the sections is then
     bounded. Id 0 is the background in the TF Object Detection API: a category 0 that no annotation names
     (Roboflow's dataset-wide entry) is left out, one that annotations name is refused (their objects would
-    be trained as background, and the OD API refuses such a label map).
+    be trained as background, and the OD API refuses such a label map). A panoptic file is refused.
     """
     import ijson
 
     try:
         with _open(path) as fh:
-            raw, zero_named = _categories_of(ijson.basic_parse(fh, use_float=True), path)
+            scan = _scan(ijson.basic_parse(fh, use_float=True), path)
     except ijson.JSONError as e:
         detail = _json_error(e)
         if "integer overflow" in detail:  # valid JSON, beyond the C parser's 64-bit integers
@@ -132,39 +135,60 @@ def read_categories(path: str) -> Categories:
                 'write such ids as text (e.g. "18446744073709551615" in both images and annotations) or renumber'
             ) from None
         raise UsageError(f"--coco {path}: not valid JSON ({detail})") from None
-    if not raw:
+    if scan.categories is _NO_KEY:
         raise UsageError(f"--coco {path}: no 'categories' (a COCO instances file lists them)")
+    if not isinstance(scan.categories, list):
+        raise UsageError(f"--coco {path}: 'categories' is not a list (a COCO instances file lists them)")
+    if not scan.categories:
+        raise UsageError(
+            f"--coco {path}: no categories ('categories' is an empty list; a COCO instances file lists the classes "
+            "its annotations name)"
+        )
     seen: dict[int, str] = {}
-    for cat in raw:
+    for cat in scan.categories:
         cid = cat.get("id") if isinstance(cat, dict) else None
         name = cat.get("name") if isinstance(cat, dict) else None
         if isinstance(cid, bool) or not isinstance(cid, int) or not isinstance(name, str) or not name:
             raise UsageError(f"--coco {path}: category {cat!r} needs an integer 'id' and a 'name'")
-        if not 0 <= cid <= MAX_CATEGORY_ID:
-            raise UsageError(f"--coco {path}: category id {cid} is outside 0-{MAX_CATEGORY_ID}")
+        if not 0 <= cid + offset <= MAX_CATEGORY_ID:
+            shifted = f" (+ --coco-category-offset {offset}: {cid + offset})" if offset else ""
+            raise UsageError(f"--coco {path}: category id {cid}{shifted} is outside 0-{MAX_CATEGORY_ID}")
         if "\n" in name or "\r" in name:
             raise UsageError(f"--coco {path}: category name {name!r} holds a line break (labels.txt has one per line)")
-        if cid in seen:
-            raise UsageError(f"--coco {path}: category id {cid} is given twice ({seen[cid]!r}, {name!r})")
-        seen[cid] = name
-    left_out = seen.pop(0) if 0 in seen and not zero_named else None
+        if cid + offset in seen:
+            raise UsageError(f"--coco {path}: category id {cid} is given twice ({seen[cid + offset]!r}, {name!r})")
+        seen[cid + offset] = name
+    left_out = seen.pop(0) if 0 in seen and not scan.zero_named else None
     if 0 in seen:
         raise UsageError(
             f"--coco {path}: category 0 ({seen[0]!r}) names objects, but id 0 is the background in the TF Object "
-            "Detection API and Model Garden (a model trains them as background); number the categories from 1 "
-            "(add 1 to every categories id and annotations category_id)"
+            "Detection API and Model Garden (a model trains them as background); pass --coco-category-offset 1 "
+            "(adds 1 to every category id, as in a Label Studio export numbered from 0) or number the categories "
+            "from 1"
         )
-    return Categories(tuple(sorted(seen.items())), left_out)
+    return Categories(tuple(sorted(seen.items())), left_out, scan.keypoints)
 
 
-def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> tuple[list[Any], bool]:
-    """The items of the top-level ``categories`` array, built from the parse events of the whole file, and
-    whether an annotation names category 0."""
+_NO_KEY = object()  # a file without a top-level "categories"
+
+
+class _Scan(NamedTuple):
+    """What the launcher's pass over a COCO file found."""
+
+    categories: Any  # the top-level ``categories`` value (a list of items), or _NO_KEY
+    zero_named: bool  # an annotation names category 0
+    keypoints: int  # annotations carrying 'keypoints'
+
+
+def _scan(events: Iterable[tuple[str, Any]], path: str) -> _Scan:
+    """The top-level ``categories``, built from the parse events of the whole file, and what the annotations'
+    keys say: whether one names category 0, how many carry keypoints; a UsageError for a panoptic file."""
     import ijson
 
     depth, key, inside, items = 0, None, False, []
+    found: Any = _NO_KEY  # items once the "categories" array opens; another value: that value (an object: {})
     builder: Any = None
-    zero_named, category_key = False, False  # the last event was an annotation's "category_id" key
+    zero_named, category_key, keypoints = False, False, 0  # category_key: the last event was "category_id"
     for event, value in events:
         if category_key:
             category_key = False
@@ -173,9 +197,12 @@ def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> tuple[list[A
             depth += 1
             if depth > MAX_JSON_DEPTH:
                 raise UsageError(f"--coco {path}: JSON nested deeper than {MAX_JSON_DEPTH} levels (COCO needs 5)")
-            if depth == 2 and event == "start_array" and key == "categories":
-                inside = True
-                continue
+            if depth == 2 and key == "categories":
+                if event == "start_map":
+                    found = {}
+                else:
+                    inside, found = True, items
+                    continue
         elif event in _CLOSES:
             depth -= 1
             if inside and depth == 1:
@@ -185,7 +212,18 @@ def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> tuple[list[A
             if depth == 1:
                 key = value
                 continue
-            category_key = depth == 3 and value == "category_id" and key == ANNOTATIONS
+            if depth == 3 and key == ANNOTATIONS:
+                category_key = value == "category_id"
+                if value == "keypoints":
+                    keypoints += 1
+                if value == "segments_info":
+                    raise UsageError(
+                        f"--coco {path}: its annotations carry 'segments_info': a COCO panoptic file, which this "
+                        "tool does not convert (it takes a COCO instances file, one annotation per object with "
+                        "'bbox' and 'segmentation', such as the instances_*.json of the same set)"
+                    )
+        elif depth == 1 and key == "categories":  # a scalar value
+            found = value
         if not inside:
             continue
         if builder is None:
@@ -197,7 +235,7 @@ def _categories_of(events: Iterable[tuple[str, Any]], path: str) -> tuple[list[A
         if depth == 2:  # the item's own object or array closed
             items.append(builder.value)
             builder = None
-    return items, zero_named
+    return _Scan(found, zero_named, keypoints)
 
 
 def _id_key(value: Any) -> str:
@@ -287,13 +325,17 @@ class _ReadSection(beam.DoFn):
                 yield (key, (ANNOTATIONS, run))
 
 
-def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int) -> Obj | Invalid:
-    """One COCO annotation as a checked Obj (box clipped within 1 pixel), or why it cannot be one."""
+def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int, offset: int = 0) -> Obj | Invalid:
+    """One COCO annotation as a checked Obj (box clipped within 1 pixel), or why it cannot be one.
+
+    ``names``: the dataset's ids (the file's + ``offset``, --coco-category-offset) and their names.
+    """
     if not isinstance(ann, dict):
         return Invalid(objects.BAD_ANNOTATION, "not a JSON object")
     cid = ann.get("category_id")
-    if isinstance(cid, bool) or not isinstance(cid, int) or cid not in names:
+    if isinstance(cid, bool) or not isinstance(cid, int) or cid + offset not in names:
         return Invalid(objects.UNKNOWN_CATEGORY, f"category_id {cid!r} is not in the file's categories")
+    cid += offset
     box = objects.check_box(ann.get("bbox"), width, height)
     if isinstance(box, Invalid):
         return box
@@ -352,12 +394,13 @@ class _JoinImageObjects(CountingDoFn):
     writes them (a model reading both gets the same tensors); the order is not the annotation ids'.
     """
 
-    def __init__(self, coco_path: str, root: str, categories: Sequence[tuple[int, str]]) -> None:
+    def __init__(self, coco_path: str, root: str, categories: Sequence[tuple[int, str]], offset: int = 0) -> None:
         super().__init__()
         self._coco_path = coco_path
         self._root = root
         self._roots = input_roots(root)  # here, on the launcher: a worker may not see a local root's links
         self._names = dict(categories)
+        self._offset = offset
 
     def process(self, element: tuple[str, Iterable[tuple[str, Any]]]) -> Iterator[Any]:
         for out in self._join(*element):
@@ -390,7 +433,7 @@ class _JoinImageObjects(CountingDoFn):
         width, height, where = int(entry["width"]), int(entry["height"]), ""  # where: made at the first reject
         kept: list[Obj] = []
         for position, ann in enumerate(anns):
-            obj = check_annotation(ann, self._names, width, height)
+            obj = check_annotation(ann, self._names, width, height, self._offset)
             if isinstance(obj, Invalid):
                 where = where or self._where(entry["file_name"])
                 yield tagged(OBJECT_REJECTS, _object_reject(where, ann, obj, position))
@@ -478,13 +521,17 @@ class _AttachAnnotations(beam.DoFn):
 
 class JoinCoco(beam.PTransform):
     """refs → {"refs", REJECTS, OBJECT_REJECTS, SKIPPED, COUNTS: (counter, n)}: each listed image with its
-    COCO annotations, joined inside the pipeline (by image id, then by file name)."""
+    COCO annotations, joined inside the pipeline (by image id, then by file name).
 
-    def __init__(self, coco_path: str, root: str, categories: Sequence[tuple[int, str]]) -> None:
+    ``categories``: ``read_categories``' pairs, whose ids are the file's + ``offset`` (--coco-category-offset).
+    """
+
+    def __init__(self, coco_path: str, root: str, categories: Sequence[tuple[int, str]], offset: int = 0) -> None:
         super().__init__()
         self._coco_path = coco_path
         self._root = root
         self._categories = tuple(categories)
+        self._offset = offset
 
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         p = refs.pipeline
@@ -499,7 +546,7 @@ class JoinCoco(beam.PTransform):
             # (image id, [(IMAGES, entry), (ANNOTATIONS, [(place, ann), ...]), ...]): one image at a time
             join_tagged("JoinById", sections)
             | "CheckObjects"
-            >> beam.ParDo(_JoinImageObjects(self._coco_path, self._root, self._categories)).with_outputs(
+            >> beam.ParDo(_JoinImageObjects(self._coco_path, self._root, self._categories, self._offset)).with_outputs(
                 OBJECT_REJECTS, COUNTS, main="images"
             )
         )

@@ -402,8 +402,9 @@ def fixed_object_labels(lines: Sequence[str]) -> tuple[str, ...] | str:
 
 
 def is_background(name: str) -> bool:
-    """A class list's name for id 0: ``background``, as the OD API, ``__background__`` or ``Background`` as
-    torchvision and detectron2 lists have it."""
+    """A class list's name for id 0: ``background`` in any letter case with any underscores around it (the OD
+    API's ``background``, torchvision's and detectron2's ``__background__`` or ``Background``, labelme's
+    ``_background_``). docs/detection.md names them; tests/test_docs.py checks it."""
     return name.strip("_").lower() == BACKGROUND
 
 
