@@ -92,6 +92,9 @@ class ConvertConfig:
     # Of listed inputs; above it nothing is published (exit 3). 1.0 = publish
     # whatever converted (a run that converts nothing still fails).
     max_reject_fraction: float = 0.05
+    # Up to this many rejects never trip max_reject_fraction, unless they are most of the inputs
+    # (finalize.outcome): a small folder with a few broken files publishes; a wrong input still stops.
+    reject_allowance: int = 10
     transform: bool = True  # tensorflow-transform analysis after the shards
     image_size: int = 224
     image_stats: bool = False
@@ -439,6 +442,8 @@ def validate(cfg: ConvertConfig) -> None:
             raise UsageError(f"{flag} must be 0 or more")
     if not 0 <= cfg.max_reject_fraction <= 1:
         raise UsageError("--max-reject-fraction must be between 0 and 1")
+    if cfg.reject_allowance < 0:
+        raise UsageError("--reject-allowance must be 0 or more")
     if cfg.image_size < 1:
         raise UsageError("--image-size must be a positive number of pixels")
     if cfg.image_stats and not cfg.transform:

@@ -329,12 +329,27 @@ OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects
 NO_OBJECT_KEPT = "no_object_kept"  # annotations given, every one rejected: a mismatch, not a dataset of negatives
 
 
-def outcome(examples: int, rejects: int, max_reject_fraction: float, objs: Mapping[str, Any] | None = None) -> str:
+def too_many_rejects(examples: int, rejects: int, max_reject_fraction: float, reject_allowance: int) -> bool:
+    """More than ``max_reject_fraction`` of the listed inputs rejected, and either more than
+    ``reject_allowance`` rejects or more rejects than converted images: two broken files in a folder of 30
+    publish, 25 of 30 (a wrong input, a wrong format) do not."""
+    if rejects / (examples + rejects) <= max_reject_fraction:
+        return False
+    return rejects > reject_allowance or rejects > examples
+
+
+def outcome(
+    examples: int,
+    rejects: int,
+    max_reject_fraction: float,
+    reject_allowance: int,
+    objs: Mapping[str, Any] | None = None,
+) -> str:
     """ok, or why the run must not publish (the launcher maps it to an exit code). ``objs``: a detection
     dataset's ``objects`` block (annotations given and every object rejected is a mismatch, not negatives)."""
     if examples == 0:
         return NOTHING_CONVERTED if rejects else EMPTY_LISTING
-    if rejects / (examples + rejects) > max_reject_fraction:
+    if too_many_rejects(examples, rejects, max_reject_fraction, reject_allowance):
         return TOO_MANY_REJECTS
     if objs and not objs["kept"] and objs["rejects"]["total"]:
         return NO_OBJECT_KEPT
@@ -910,7 +925,9 @@ class FinalizeFn(beam.DoFn):
         if resumed:
             info["resumed"] = resumed
         total_rejects = sum(rejects_by_reason.values())
-        info["status"] = outcome(info["examples"], total_rejects, cfg.max_reject_fraction, info.get("objects"))
+        info["status"] = outcome(
+            info["examples"], total_rejects, cfg.max_reject_fraction, cfg.reject_allowance, info.get("objects")
+        )
         info["run_id"] = self._layout.run_id
         info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
 

@@ -155,8 +155,8 @@ exit codes:
   1  the pipeline failed, or a read or write around it (the error line says where;
      -v shows the traceback); nothing published is touched: run it again
   2  usage, config or input mistake, found before anything ran (one line)
-  3  too many rejects (--max-reject-fraction), nothing converted, or every object of
-     the annotations rejected: no _SUCCESS
+  3  too many rejects (--max-reject-fraction, past --reject-allowance), nothing
+     converted, or every object of the annotations rejected: no _SUCCESS
   130  interrupted (Ctrl-C): run the same command again to resume
 """
 
@@ -306,9 +306,18 @@ CONVERT = Command(
                 ),
                 Flag(
                     "--max-reject-fraction",
-                    "above this share of rejected inputs: exit 3, no _SUCCESS; 1 turns it off",
+                    "above this share of rejected inputs (once past --reject-allowance): exit 3, no _SUCCESS; 1 "
+                    "turns it off",
                     metavar="F",
                     type=float,
+                    show_default=True,
+                ),
+                Flag(
+                    "--reject-allowance",
+                    "this many rejects never stop a run, unless they outnumber the converted images: a small "
+                    "folder with a few broken files publishes",
+                    metavar="N",
+                    type=int,
                     show_default=True,
                 ),
                 Flag(

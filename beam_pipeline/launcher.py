@@ -751,6 +751,11 @@ def _wait(result: Any) -> None:
         raise PipelineError(f"the pipeline ended in state {state}")
 
 
+def _past_allowance(rejects: int, allowance: int) -> str:
+    """Which half of the rule past the fraction a run crossed (finalize.too_many_rejects)."""
+    return f"more than --reject-allowance {allowance}" if rejects > allowance else "more than half of them"
+
+
 def use_anonymous_gcs_for_emulator() -> bool:
     """With STORAGE_EMULATOR_HOST set, skip Beam's credential lookup (anonymous client).
 
@@ -1124,8 +1129,9 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
         if status == TOO_MANY_REJECTS:
             where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
             raise RejectsError(
-                f"{total} of {listed} inputs rejected ({reasons}), more than --max-reject-fraction "
-                f"{cfg.max_reject_fraction:g}; {where}"
+                f"{total} of {listed} inputs rejected ({reasons}): more than --max-reject-fraction "
+                f"{cfg.max_reject_fraction:g} of them and {_past_allowance(total, cfg.reject_allowance)}; "
+                f"{where}"
             )
         if status == NO_OBJECT_KEPT:
             objs = info["objects"]["rejects"]

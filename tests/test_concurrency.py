@@ -525,7 +525,7 @@ def test_a_detached_job_over_its_reject_budget_gives_up_the_lease(tmp_path):
     run_until_finalized(first, lambda: None)
     before = snapshot(tmp_path / "out")
     second = _job(tmp_path / "in", tmp_path / "out", "20991231-000001-5ec0bd00", 2, post_steps=False)
-    cfg: ConvertConfig = replace(second.cfg, detach=True, max_reject_fraction=0.0)
+    cfg: ConvertConfig = replace(second.cfg, detach=True, max_reject_fraction=0.0, reject_allowance=0)
     job = replace(second, cfg=cfg, layout=replace(second.layout, leased=True))
     lease.acquire(cfg.output, job.layout.run_id, detached=True)  # as the launcher takes it before submitting
     info = run_until_finalized(job, lambda: None)

@@ -420,15 +420,20 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_over_the_default_reject_budget_exit_3_without_success_and_keep_the_old_dataset(tmp_path):
+def test_over_the_reject_budget_exit_3_without_success_and_keep_the_old_dataset(tmp_path):
     root = tmp_path / "in"
     for i in range(18):
         write(str(root / "cat" / f"{i}.png"), image_bytes("png", seed=i))
     write(str(root / "cat" / "bad.jpg"), broken_bytes("text"))  # 1 of 19: 5.3 % > the default 0.05
     out = tmp_path / "budget"
-    result = run_cli("convert", "--input", str(root), "--output", str(out), "--no-transform", "--no-tfds-metadata")
+    no_allowance = ("--reject-allowance", "0")  # the fraction from the first reject
+    result = run_cli("convert", "--input", str(root), "--output", str(out), "--no-transform", "--no-tfds-metadata",
+                     *no_allowance)  # fmt: skip
     assert result.returncode == 3, result.stderr
-    assert "1 of 19 inputs rejected (not_an_image 1)" in result.stderr
+    assert (
+        "1 of 19 inputs rejected (not_an_image 1): more than --max-reject-fraction 0.05 of them and more than "
+        "--reject-allowance 0;" in result.stderr
+    )
     assert len(result.stderr.strip().splitlines()) == 1
     assert [json.loads(line)["reason"] for line in (out / "rejects.jsonl").read_text().splitlines()] == ["not_an_image"]
     # Into an empty folder the run's files are there to look at, but nothing marks them complete.
@@ -444,7 +449,7 @@ def test_over_the_default_reject_budget_exit_3_without_success_and_keep_the_old_
     assert (out / "_SUCCESS").exists() and load_info(out)["status"] == "ok"
     before = _snapshot(out)
     result = run_cli("convert", "--input", str(root), "--output", str(out), "--overwrite", "--seed", "9",
-                     "--no-transform", "--no-tfds-metadata")  # fmt: skip
+                     "--no-transform", "--no-tfds-metadata", *no_allowance)  # fmt: skip
     assert result.returncode == 3 and "is untouched" in result.stderr
     after = _snapshot(out)
     assert {k: v for k, v in after.items() if not k.startswith(".")} == before  # yesterday's dataset, intact
@@ -501,3 +506,43 @@ def test_a_split_whose_every_file_is_rejected_is_named_not_silently_missing(tmp_
     (tmp_path / "good.csv").write_text("\n".join(rows[:4]) + "\n")
     convert("--manifest", str(tmp_path / "good.csv"), "--output", str(tmp_path / "o2"))
     assert "empty_splits" not in load_info(tmp_path / "o2")
+
+
+@pytest.mark.parametrize(
+    ("converted", "rejected", "allowance", "stops"),
+    [
+        (28, 2, 10, False),  # a first folder with two broken files: 6.7 %, within the allowance
+        (20, 10, 10, False),  # the allowance, not past it
+        (19, 11, 10, True),  # past the allowance and over 5 %
+        (10, 11, 100, True),  # within a large allowance, but more rejects than images: a wrong input
+        (11, 11, 100, False),  # half, not more
+        (300, 15, 10, False),  # 4.8 %: within the fraction whatever the count
+        (300, 16, 10, True),  # 5.06 %
+        (1, 1, 0, True),  # allowance 0: the fraction from the first reject
+    ],
+)
+def test_the_reject_limit_at_its_boundaries(converted, rejected, allowance, stops):
+    from beam_pipeline.finalize import TOO_MANY_REJECTS, outcome
+
+    assert (outcome(converted, rejected, 0.05, allowance) == TOO_MANY_REJECTS) is stops
+
+
+def test_two_broken_files_of_30_publish_at_the_defaults_and_25_of_30_do_not(tmp_path, capsys):
+    from beam_pipeline.cli import main
+
+    def run(bad: int) -> tuple[int, Path]:
+        root, out = tmp_path / f"in{bad}", tmp_path / f"out{bad}"
+        for i in range(30):
+            data = broken_bytes("truncated" if i % 2 else "text") if i < bad else image_bytes("png", seed=i)
+            write(str(root / "cat" / f"{i}.{'jpg' if i < bad else 'png'}"), data)
+        code = main(["convert", "--input", str(root), "--output", str(out), "--no-transform", "--no-tfds-metadata"])
+        return code, out
+
+    code, out = run(2)
+    assert code == 0 and (out / "_SUCCESS").exists(), capsys.readouterr().err
+    assert len((out / "rejects.jsonl").read_text().splitlines()) == 2 and load_info(out)["examples"] == 28
+    capsys.readouterr()
+    code, out = run(25)
+    err = capsys.readouterr().err.strip()
+    assert code == 3 and not (out / "_SUCCESS").exists()
+    assert err.startswith("error: 25 of 30 inputs rejected (") and "more than --reject-allowance 10;" in err, err

@@ -43,6 +43,7 @@ EXAMPLES = {
     "target_shard_mb": "150",
     "compression": "gzip",
     "max_reject_fraction": "0.05",
+    "reject_allowance": "10",
     "overwrite": "true",
     "dedupe": "false",
     "image_size": "224",

@@ -57,6 +57,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "run_date": ("2026-01-02", {"output": "out/{date}"}),
     "decode_threads": (2, {}),
     "max_reject_fraction": (0.5, {}),
+    "reject_allowance": (3, {}),
     "transform": (False, {}),
     "no_transform": (True, {}),
     "image_size": (64, {}),

@@ -83,7 +83,7 @@ def test_keep_last_never_deletes_a_later_date_or_after_a_failed_run(tmp_path):
     (src / "cat" / "bad.png").write_bytes(b"not an image")
     failed = run_cli(
         "convert", "--input", str(src), "--output", str(out / "{date}"), "--run-date", "2026-02-05", *ARGS,
-        "--keep-last", "1", "--max-reject-fraction", "0",
+        "--keep-last", "1", "--max-reject-fraction", "0", "--reject-allowance", "0",
     )  # fmt: skip
     assert failed.returncode == 3
     assert sorted(p.name for p in out.iterdir()) == ["2026-02-01", "2026-02-02", "2026-02-05", "2026-02-09"]

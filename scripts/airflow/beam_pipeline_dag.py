@@ -40,6 +40,7 @@ with DAG(
                     "name": NAME,
                     "overwrite": "true",
                     "max_reject_fraction": "0.05",
+                    "reject_allowance": "10",
                     # the newest complete earlier date's dataset; the first night converts everything
                     "incremental_from": "latest",
                 },

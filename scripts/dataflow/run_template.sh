@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Launches one run of the Flex Template (what the scheduler does every night). With {date} in OUTPUT
 # it builds on the newest complete dataset of a date before RUN_DATE (incremental_from=latest), if any.
+# A night fails (no _SUCCESS) when more than 5 % of its inputs are rejected, once they are more than 10
+# rejects or more than half the inputs (max_reject_fraction, reject_allowance: convert's defaults).
 #   scripts/dataflow/run_template.sh gs://my-bucket/photos gs://my-bucket/datasets/photos/{date} photos [YYYY-MM-DD]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,4 +16,4 @@ if [[ "$OUTPUT" == *"{date}"* ]]; then INCREMENTAL=",incremental_from=latest"; f
 gcloud dataflow flex-template run "$JOB" \
   --project "$GCP_PROJECT" --region "$GCP_REGION" --template-file-gcs-location "$TEMPLATE" \
   --temp-location "gs://${GCS_BUCKET}/beam_pipeline/tmp" \
-  --parameters "input=${INPUT},output=${OUTPUT},name=${NAME},run_date=${RUN_DATE},overwrite=true,max_reject_fraction=0.05${INCREMENTAL}"
+  --parameters "input=${INPUT},output=${OUTPUT},name=${NAME},run_date=${RUN_DATE},overwrite=true,max_reject_fraction=0.05,reject_allowance=10${INCREMENTAL}"

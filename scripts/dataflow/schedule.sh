@@ -20,7 +20,7 @@ if [[ -n "${KEEP_LAST:-}" ]]; then INCREMENTAL="${INCREMENTAL}, \"keep_last\": \
 BODY=$(cat <<JSON
 {"launchParameter": {"jobName": "$(echo "$NAME" | tr '[:upper:]_' '[:lower:]-')-nightly",
   "containerSpecGcsPath": "$TEMPLATE",
-  "parameters": {"input": "$INPUT", "output": "$OUTPUT", "name": "$NAME", "overwrite": "true", "max_reject_fraction": "0.05"${INCREMENTAL}},
+  "parameters": {"input": "$INPUT", "output": "$OUTPUT", "name": "$NAME", "overwrite": "true", "max_reject_fraction": "0.05", "reject_allowance": "10"${INCREMENTAL}},
   "environment": {"tempLocation": "gs://${GCS_BUCKET}/beam_pipeline/tmp"}}}
 JSON
 )
