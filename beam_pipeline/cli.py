@@ -22,7 +22,7 @@ from typing import Any
 from . import __version__
 from .config import DATE_FIELD, ConvertConfig, dataset_name_from_output, is_date, parse_split_ratios, validate
 from .errors import MissingExtraError, PipelineError, RejectsError, UsageError, one_line
-from .flags import CONFIG_KEYS, CONVERT, INSPECT, NEGATIONS, Parser, build_parser, clean_command
+from .flags import CONFIG_KEYS, CONVERT, INSPECT, NEGATIONS, TILE_SIZES, Parser, build_parser, clean_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
@@ -154,8 +154,25 @@ def check_beam_flags(flags: Sequence[str]) -> None:
         cls._add_argparse_args(parser)  # noqa: SLF001 - Beam builds its own parser this way
     _, unknown = parser.parse_known_args(list(flags))
     if unknown:
-        first = next((u for u in unknown if u.startswith("-")), unknown[0])
-        raise UsageError(f"unknown flag {first.split('=', 1)[0]} (not a beam_pipeline or Beam option)")
+        first = next((u for u in unknown if u.startswith("-")), unknown[0]).split("=", 1)[0]
+        beam = [s for action in parser._actions for s in action.option_strings]  # noqa: SLF001
+        guess = closest_flag(first, [f.name for f in CONVERT.flags if f.name.startswith("--")], beam)
+        hint = f"; did you mean {guess}?" if guess else ""
+        raise UsageError(f"unknown flag {first} (not a beam_pipeline or Beam option){hint}")
+
+
+def closest_flag(typed: str, ours: Sequence[str], beams: Sequence[str]) -> str | None:
+    """The known flag ``typed`` most likely meant (this tool's first, then Beam's), or None when none is close:
+    --split-ratio → --split-ratios, --max-reject → --max-reject-fraction, --num_workers → --num_workers."""
+    import difflib
+
+    name = typed.lower()
+    for known in (ours, beams):
+        starts = sorted(k for k in known if k.startswith(name) and len(name) >= 5)  # a cut-short flag
+        close = starts or difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close:
+            return close[0]
+    return None
 
 
 def _is_flag_value(args: Sequence[str], item: str) -> bool:
@@ -457,7 +474,12 @@ def run_inspect(argv: Sequence[str]) -> int:
     if args.contact_sheet:
         if args.n < 1:
             raise UsageError("--n must be at least 1")
-        tiles = inspection.contact_sheet(args.output, info, args.contact_sheet, args.n, args.seed, args.split)
+        low, high = TILE_SIZES
+        if not low <= args.tile_size <= high:
+            raise UsageError(f"--tile-size must be {low} to {high} pixels")
+        tiles = inspection.contact_sheet(
+            args.output, info, args.contact_sheet, args.n, args.seed, args.split, tile=args.tile_size
+        )
         print(f"contact sheet: {tiles} examples -> {args.contact_sheet}")
     if args.verify:
         try:

@@ -524,6 +524,8 @@ def config_flag(key: str) -> Flag | None:
 
 # --- inspect and clean -------------------------------------------------------------------------------
 
+TILE_SIZES = (32, 1024)  # a contact sheet's tile: a label still fits under it / 64 tiles stay under 70 MP
+
 INSPECT = Command(
     prog="beam_pipeline inspect",
     groups=(
@@ -539,6 +541,13 @@ INSPECT = Command(
                 ),
                 Flag("--contact-sheet", "write a PNG grid of random examples"),
                 Flag("--n", "examples on the contact sheet (64)", type=int, default=64),
+                Flag(
+                    "--tile-size",
+                    f"pixels per contact-sheet tile, {TILE_SIZES[0]}-{TILE_SIZES[1]} (128); larger shows boxes and "
+                    "outlines better",
+                    type=int,
+                    default=128,
+                ),
                 Flag("--seed", "which random examples (0)", type=int, default=0),
                 Flag("--verbose", None, short="-v", switch=True),
             ),

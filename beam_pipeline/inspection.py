@@ -649,7 +649,13 @@ def _draw_objects(sheet: Any, ex: dict[str, list[Any]], left: int, top: int, siz
 
 
 def contact_sheet(
-    output: str, info: dict[str, Any], path: str, n: int = 64, seed: int = 0, split: str | None = None
+    output: str,
+    info: dict[str, Any],
+    path: str,
+    n: int = 64,
+    seed: int = 0,
+    split: str | None = None,
+    tile: int = 128,
 ) -> int:
     """A PNG grid of n random examples (about √n columns), label text under each. Returns tiles drawn.
 
@@ -663,7 +669,7 @@ def contact_sheet(
         raise UsageError(f"{output}: no records to show")
     cols = math.ceil(math.sqrt(len(picks)))
     rows = math.ceil(len(picks) / cols)
-    tile, caption = 128, 16
+    caption = 16
     sheet = Image.new("RGB", (cols * tile, rows * (tile + caption)), "white")
     draw = ImageDraw.Draw(sheet)
     for k, ex in enumerate(picks):
@@ -681,7 +687,7 @@ def contact_sheet(
         if objects.SOURCE_ID in ex:  # a detection record: no image label, some objects
             count = len(ex.get(objects.XMIN, []))
             text = f"{count} object{'' if count == 1 else 's'}"
-        draw.text((x + 3, y + tile + 2), text[:20], fill="black")
+        draw.text((x + 3, y + tile + 2), text[: max(4, tile // 6)], fill="black")  # ~6 px a character
     buf = io.BytesIO()
     sheet.save(buf, "PNG")
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:

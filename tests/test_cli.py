@@ -305,3 +305,19 @@ def test_a_tiny_max_file_mb_stays_a_limit():
 
     assert ConvertConfig(output="o", name="n", max_file_mb=1e-9).image_options.max_file_bytes == 1
     assert ConvertConfig(output="o", name="n", max_file_mb=0).image_options.max_file_bytes == 0  # 0: no limit
+
+
+@pytest.mark.parametrize(
+    ("typed", "hint"),
+    [
+        ("--split-ratio", "; did you mean --split-ratios?"),
+        ("--spilt-ratios", "; did you mean --split-ratios?"),
+        ("--max-reject", "; did you mean --max-reject-fraction?"),
+        ("--num-workers", "; did you mean --num_workers?"),  # Beam's spelling
+        ("--zzz", ""),
+    ],
+)
+def test_an_unknown_flag_names_the_closest_known_one(typed, hint):
+    with pytest.raises(UsageError) as e:
+        parse_convert(["--input", "in", "--output", "out", typed, "1"])
+    assert str(e.value) == f"unknown flag {typed} (not a beam_pipeline or Beam option){hint}"

@@ -310,3 +310,15 @@ def test_an_output_whose_every_image_was_rejected_says_so(tmp_path):
     assert result.returncode == 3, result.stderr
     shown = run_cli("inspect", str(out))
     assert "INCOMPLETE: no _SUCCESS (no image converted)" in shown.stdout, shown.stdout
+
+
+def test_the_tile_size_enlarges_each_tile_and_is_bounded(dataset, tmp_path, capsys):
+    from beam_pipeline.cli import main
+
+    sheet = tmp_path / "big.png"
+    assert main(["inspect", str(dataset), "--contact-sheet", str(sheet), "--n", "4", "--tile-size", "300"]) == 0
+    assert Image.open(sheet).size == (2 * 300, 2 * (300 + 16))
+    capsys.readouterr()
+    for size in ("16", "5000"):
+        assert main(["inspect", str(dataset), "--contact-sheet", str(sheet), "--tile-size", size]) == 2
+        assert capsys.readouterr().err.strip() == "error: --tile-size must be 32 to 1024 pixels"
