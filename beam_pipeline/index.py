@@ -68,8 +68,18 @@ def extras_digest(ref: Ref) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def part_line(ref: Ref, record: int, offset: int, length: int, sha256: str, label_id: int | list[int] | None) -> str:
-    """One record's index line as the writer stores it (finalize adds the shard's final name in front)."""
+def part_line(
+    ref: Ref,
+    record: int,
+    offset: int,
+    length: int,
+    sha256: str,
+    label_id: int | list[int] | None,
+    converted: str | None = None,
+) -> str:
+    """One record's index line as the writer stores it (finalize adds the shard's final name in front).
+    ``converted``: the source format the stored bytes were converted from, so a later run that reuses the
+    record counts it in dataset.json's ``converted`` as this one did."""
     entry: dict[str, Any] = {
         "path": ref.relpath,
         "size": ref.size,
@@ -85,6 +95,8 @@ def part_line(ref: Ref, record: int, offset: int, length: int, sha256: str, labe
     digest = extras_digest(ref)
     if digest:
         entry["extras"] = digest
+    if converted:
+        entry["converted"] = converted
     return json.dumps(entry, ensure_ascii=False) + "\n"
 
 
@@ -177,6 +189,7 @@ class Previous(NamedTuple):
     label: str | tuple[str, ...] | None  # a multi-label run's: the names, sorted
     label_id: int | list[int] | None
     extras: str
+    converted: str | None = None  # the source format its stored bytes were converted from (index "converted")
 
 
 @dataclass(frozen=True)
@@ -280,6 +293,7 @@ def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
         tuple(entry["label"]) if isinstance(entry.get("label"), list) else entry.get("label"),
         entry.get("label_id"),
         str(entry.get("extras", "")),
+        entry.get("converted"),
     )
 
 

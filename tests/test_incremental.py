@@ -720,3 +720,26 @@ def test_a_failed_read_of_the_previous_dataset_json_is_one_line_exit_1_not_damag
     convert(*nightly, "--incremental-from", "latest", "--run-date", "2026-03-02")
     summary = load_info(ds / "2026-03-02")["incremental"]
     assert (summary["reused"], summary["converted"]) == (4, 1)
+
+
+def test_a_night_that_reuses_every_record_keeps_the_conversion_counts(tmp_path, capsys):
+    """Records stored as PNG from two TIFFs, reused the next night: dataset.json and the summary
+    count them as the night that converted them did (before: "converted": {} and no summary line)."""
+    from beam_pipeline.cli import main
+
+    root = tmp_path / "in"
+    write(str(root / "cat" / "a.tiff"), image_bytes("tiff", seed=1))
+    write(str(root / "cat" / "b.tif"), image_bytes("tiff", seed=2))
+    write(str(root / "dog" / "c.png"), image_bytes("png", seed=3))
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--input", str(root), "--no-transform", "--no-tfds-metadata", *ARGS]
+    assert main(["convert", *common, "--output", str(first)]) == 0
+    capsys.readouterr()
+    assert main(["convert", *common, "--output", str(second), "--incremental-from", str(first)]) == 0
+    summary = capsys.readouterr().out
+    info = load_info(second)
+    assert info["incremental"]["reused"] == 3 and info["incremental"]["converted"] == 0
+    assert info["converted"] == load_info(first)["converted"] == {"tiff": 2}
+    assert "converted" in summary and "2 stored as PNG" in summary, summary
+    converted = {e["path"]: e.get("converted") for e in index_of(second)}
+    assert converted == {"cat/a.tiff": "tiff", "cat/b.tif": "tiff", "dog/c.png": None}

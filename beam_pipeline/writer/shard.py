@@ -362,10 +362,11 @@ class ShardWrite:
             PROGRESS.add(images=self._unreported)
             self._unreported = 0
         if isinstance(result, Reused):
-            record, prepared, sha = result.record, None, ref.previous.sha256
+            record, sha, converted = result.record, ref.previous.sha256, ref.previous.converted
             self.reused += 1
         else:
             record, prepared, sha = result
+            converted = prepared.converted_from
         failpoints.hit("writer.record")
         head, tail = frame_record(record)
         out = self._out
@@ -374,7 +375,7 @@ class ShardWrite:
         out.write(tail)
         label_id, _ = class_values(ref.label, self._label_ids)
         self._index_out.write(
-            index.part_line(ref, self.records, self.offset, len(record), sha, label_id).encode("utf-8")
+            index.part_line(ref, self.records, self.offset, len(record), sha, label_id, converted).encode("utf-8")
         )
         if self._idx_out is not None:
             self._idx_out.write(index.idx_line(self.offset, len(record)))
@@ -383,8 +384,8 @@ class ShardWrite:
         self.label_counts.update(label_names(ref.label))  # a multi-label image counts under each of its labels
         for counter, n in record_counts(ref.annotations):
             self.objects[counter] += n
-        if prepared is not None and prepared.converted_from:
-            self.converted[prepared.converted_from] += 1
+        if converted:  # a reused record counts as the run that converted it did
+            self.converted[converted] += 1
 
     def write_reject(self, ref: Ref, rejected: Rejected) -> Any:
         """One reject into this attempt's rejects file (made at the first); returns it as the tagged output."""
