@@ -10,16 +10,20 @@
 #               decode to the recorded shapes; `beam-pipeline convert` and reader.load(transformed=True)
 #               fail in one line naming the extra; with [tfds]: TFDS as_supervised gives (image, label)
 #   pip picks   fresh venv, `pip install '<checkout>[tfds]'` with nothing installed: the same reads
+#   combined    fresh venv, `pip install '<checkout>[all]'`: converts with the TFT analysis, then reader.load
+#               and TFDS read it; also records that pip refuses '[transform,tfds]' (docs/install.md says why)
 #
 # <checkout> is a clone of this repository's HEAD (commit first). Downloads TensorFlow (~600 MB a
 # version; pip's cache keeps them for the next run) and Beam: not part of CI. Ends with one line per
 # venv and role (versions, PASS/FAIL); exits 1 if any failed.
 # Usage: scripts/check_install_matrix.sh [WORK_DIR]
 #        PYTHON=python3.11 TF_VERSIONS="2.16.2 2.19.1 2.21.0" scripts/check_install_matrix.sh /tmp/matrix
+#        ROLES=combined scripts/check_install_matrix.sh    (one part: converter, combined)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 TF_VERSIONS="${TF_VERSIONS:-2.16.2 2.19.1 2.21.0}"
+ROLES="${ROLES:-converter combined}"  # the reader venvs run after a passing converter (they read its output)
 WORK="${1:-$(mktemp -d -t beam_pipeline-matrix-XXXXXX)}"
 mkdir -p "$WORK"
 WORK="$(cd "$WORK" && pwd)"
@@ -124,9 +128,35 @@ converter() {
   (cd "$WORK" && "$venv/bin/beam-pipeline" inspect data --verify | tail -1) >&2 || return 1
   echo "converter  pip picks  [convert]  tensorflow $(pick "$after" tensorflow)  protobuf $(pick "$after" protobuf)  apache-beam $(pick "$after" apache-beam)  PASS: converted $(head -1 "$WORK/convert.txt" | cut -d: -f2 | cut -d, -f1 | xargs), inspect --verify" >> "$RESULTS"
 }
-if converter; then CONVERTER_OK=1; else
+wanted() { [[ " $ROLES " == *" $1 "* ]]; }
+if ! wanted converter; then :; elif converter; then CONVERTER_OK=1; else
   echo "converter  pip picks  [convert]  FAIL (see the log above)" >> "$RESULTS"
 fi
+
+# --- converting with TFT and loading with TFDS in one venv: [all]; pip refuses [transform,tfds] ---
+combined() {
+  local venv="$WORK/combined" after
+  rm -rf "$venv" "$WORK/photos-all" "$WORK/data-all"
+  "$PYTHON" -m venv "$venv" && pip_quiet "$venv/bin/python" -m pip install --quiet --upgrade pip || return 1
+  log "combined: pip install --dry-run '<checkout>[transform,tfds]' (expected to be refused: docs/install.md)"
+  if "$venv/bin/python" -m pip install --quiet --dry-run "$CHECKOUT[transform,tfds]" > "$WORK/pair.txt" 2>&1; then
+    echo "combined  [transform,tfds]  resolves now: docs/install.md and the README say it cannot" >> "$RESULTS"
+  elif grep -q "tensorflow-metadata" "$WORK/pair.txt"; then
+    echo "combined  [transform,tfds]  refused by pip on tensorflow-metadata, as documented (use [all])" >> "$RESULTS"
+  fi
+  log "combined: pip install '<checkout>[all]'"
+  pip_quiet "$venv/bin/python" -m pip install --quiet "$CHECKOUT[all]" || return 1
+  after="$(versions "$venv")"
+  [[ -n "$(pick "$after" tensorflow-transform)" && -n "$(pick "$after" tensorflow-datasets)" ]] || return 1
+  (cd "$WORK" && "$venv/bin/python" "$CHECKOUT/scripts/make_sample_images.py" photos-all --per-class 20 >/dev/null) || return 1
+  (cd "$WORK" && "$venv/bin/beam-pipeline" convert --input photos-all --output data-all --target-shard-mb 0.5 \
+    --split-ratios train=0.8,validation=0.1,test=0.1) > "$WORK/convert-all.txt" || return 1
+  grep -q "transform    tensorflow-transform graph" "$WORK/convert-all.txt" || return 1
+  local read
+  read="$(cd "$WORK" && "$venv/bin/python" check_reader.py data-all --tfds)" || return 1
+  echo "combined  [all]  tensorflow $(pick "$after" tensorflow)  tensorflow-transform $(pick "$after" tensorflow-transform)  tensorflow-metadata $(pick "$after" tensorflow-metadata)  PASS: converted with TFT; $read" >> "$RESULTS"
+}
+if wanted combined; then combined || echo "combined  [all]  FAIL (see the log above)" >> "$RESULTS"; fi
 
 # --- one role in a reader venv: install, compare versions, read ---
 reader_role() {  # venv label extra(""|"[tfds]") keep(1: TF/protobuf must not change)
