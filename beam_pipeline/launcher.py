@@ -190,8 +190,9 @@ def _note_normalized_looking_boxes(cfg: ConvertConfig, path: str, fmt: str) -> N
 
 def label_lines(path: str) -> list[str]:
     """The labels of a labels file, exactly: line k is label k, spaces included (labels.txt is written one
-    label per line, and no label holds a line break: listing rejects those as bad_label). Only the line
-    ends go (``\n``, or ``\r\n`` of a file edited on Windows); an empty line holds no label (none is empty)."""
+    label per line, and no label holds a character str.splitlines() splits on: listing rejects those as
+    bad_label). Only the line ends go (``\n``, or ``\r\n`` of a file edited on Windows); an empty line holds
+    no label (none is empty)."""
     with open_text(path) as stream:
         text = stream.read()
     lines = (line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
@@ -212,6 +213,9 @@ def _read_labels_file(path: str) -> tuple[str, ...]:
     twice = _repeated(labels)
     if twice is not None:
         raise UsageError(f"--labels-file {path}: label {twice!r} appears twice")
+    broken = _line_break_label(labels)
+    if broken:
+        raise UsageError(f"--labels-file {path}: {broken}")
     spaced = [label for label in labels if label != label.strip()]
     if spaced:
         more = f" (and {len(spaced) - 1} more)" if len(spaced) > 1 else ""
@@ -241,7 +245,19 @@ def _previous_problem(path: str, labelled: bool) -> tuple[str | None, tuple[str,
     twice = _repeated(labels)
     if twice is not None:  # line k is id k: a label on two lines has no one id
         return f"its {metadata.LABELS_TXT} lists {twice!r} twice (damaged)", None
+    broken = _line_break_label(labels)
+    if broken:  # written before such labels were rejects: this run would keep it in its labels.txt
+        return f"its {metadata.LABELS_TXT}: {broken}; start a new dataset without --incremental-from", None
     return None, labels
+
+
+def _line_break_label(labels: Iterable[str]) -> str | None:
+    """'label X holds …' for the first label holding a character str.splitlines() splits on, or None."""
+    for label in labels:
+        problem = metadata.line_break_problem(label)
+        if problem:
+            return f"label {label!r} {problem}"
+    return None
 
 
 def _repeated(labels: Iterable[str]) -> str | None:

@@ -305,3 +305,31 @@ def test_a_tiny_max_file_mb_stays_a_limit():
 
     assert ConvertConfig(output="o", name="n", max_file_mb=1e-9).image_options.max_file_bytes == 1
     assert ConvertConfig(output="o", name="n", max_file_mb=0).image_options.max_file_bytes == 0  # 0: no limit
+
+
+# --- edges left open (issue 32, item 7) ---------------------------------------------------------------
+
+
+def test_a_labels_file_line_holding_a_splitlines_break_is_a_usage_error(small_input, tmp_path):
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import prepare
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat\ndog\u2028x\n", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"--labels-file .*: label 'dog\\u2028x' holds '\\u2028' \(line separator\)"):
+        prepare(ConvertConfig(output=str(tmp_path / "o"), name="d", input=str(small_input), labels_file=str(labels)))
+
+
+def test_a_previous_labels_txt_holding_a_splitlines_break_is_not_carried_on(small_input, tmp_path):
+    """An output written before such labels were rejects: an incremental run would keep the label in its own
+    labels.txt."""
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import prepare
+
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    (previous / "_SUCCESS").write_text("")
+    (previous / "labels.txt").write_text("cat\nd\x1cog\n", encoding="utf-8")
+    cfg = ConvertConfig(output=str(tmp_path / "o"), name="d", input=str(small_input), incremental_from=str(previous))
+    with pytest.raises(UsageError, match=r"--incremental-from .*labels.txt: label 'd\\x1cog' holds '\\x1c'"):
+        prepare(cfg)

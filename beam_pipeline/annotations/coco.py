@@ -33,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..errors import UsageError, message_lines
 from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED, reject
+from ..metadata import line_break_problem
 from . import objects
 from .join import (
     COUNTS,
@@ -142,8 +143,9 @@ def read_categories(path: str) -> Categories:
             raise UsageError(f"--coco {path}: category {cat!r} needs an integer 'id' and a 'name'")
         if not 0 <= cid <= MAX_CATEGORY_ID:
             raise UsageError(f"--coco {path}: category id {cid} is outside 0-{MAX_CATEGORY_ID}")
-        if "\n" in name or "\r" in name:
-            raise UsageError(f"--coco {path}: category name {name!r} holds a line break (labels.txt has one per line)")
+        line_break = line_break_problem(name)
+        if line_break:
+            raise UsageError(f"--coco {path}: category name {name!r} {line_break}")
         if cid in seen:
             raise UsageError(f"--coco {path}: category id {cid} is given twice ({seen[cid]!r}, {name!r})")
         seen[cid] = name
