@@ -410,6 +410,16 @@ def _is_own_file(basename: str) -> bool:
     )
 
 
+def _overlap(output: str, input_root: str) -> bool:
+    """Whether the output lies inside the input folder or holds it. Local paths are compared as they resolve
+    (symlinks followed, in every existing part of the path): an output reached through a link into the input
+    is written into the folder being listed, as a plain path inside it is."""
+    if not is_remote(output) and not is_remote(input_root):
+        output, input_root = os.path.realpath(output), os.path.realpath(input_root)
+    inside = lambda a, b: a == b or a.startswith(b.rstrip("/") + "/")  # noqa: E731
+    return inside(output, input_root) or inside(input_root, output)
+
+
 def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     """The absolute output folder; refuses one that is a file, overlaps a listed folder, or is occupied.
 
@@ -423,8 +433,7 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     if not is_remote(out):
         if os.path.isfile(out):
             raise UsageError(f"--output {cfg.output}: is a file, not a folder")
-    inside = lambda a, b: a == b or a.startswith(b.rstrip("/") + "/")  # noqa: E731
-    if input_root is not None and (inside(out, input_root) or inside(input_root, out)):
+    if input_root is not None and _overlap(out, input_root):
         raise UsageError(f"--output {cfg.output}: must not be inside the input folder (or contain it)")
     entries: list[str] = []
     if is_remote(out):
