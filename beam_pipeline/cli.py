@@ -38,12 +38,31 @@ def _convert_parser() -> Parser:
     return build_parser(CONVERT)
 
 
+def _no_alias_loader(path: str) -> Any:
+    """PyYAML's safe loader, refusing aliases (``*name``): ten lines of aliases to aliases ("billion laughs")
+    under split_ratios or pipeline_options grew to gigabytes when the values were turned into flags. A
+    settings file has no need of them, so one is refused where it is read, whatever it would expand to."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise UsageError(
+                    f"--config {path}: YAML alias *{event.anchor} (line {event.start_mark.line + 1}): config files "
+                    "take no aliases or merge keys (<<); write the value out"
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
 def _load_yaml(path: str) -> dict[str, Any]:
     import yaml
 
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=_no_alias_loader(path))  # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise UsageError(f"--config {path}: no such file") from None
     except IsADirectoryError:

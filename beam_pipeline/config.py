@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,10 @@ LATEST = "latest"
 DATE_FIELD = "{date}"
 
 MB = 1_000_000
+# The largest --image-size: the TFT step holds each transformed image as side² × 3 float32 values (201 MB at
+# 4096, against 0.6 MB at the default 224), several per batch; 16000 took 7 GB. Model inputs are far smaller
+# (EfficientNet-B7 600, ViT-H/14 518).
+MAX_IMAGE_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -314,6 +319,31 @@ def closest_split(name: str) -> str | None:
     return SPLIT_FOLDERS[close[0]] if close else None
 
 
+def case_twins(names: Iterable[str]) -> tuple[str, str] | None:
+    """Two names that differ only in case (``Train``, ``train``), sorted, or None.
+
+    Shard files are named after their split: on a case-insensitive file system (macOS, Windows, a Samba
+    share) such splits would write into each other's files.
+    """
+    seen: dict[str, str] = {}
+    for name in sorted(names):
+        twin = seen.setdefault(name.casefold(), name)
+        if twin != name:
+            return twin, name
+    return None
+
+
+def case_twins_problem(names: Iterable[str]) -> str | None:
+    """Why these split names cannot be one run's splits (two differ only in case), or None."""
+    twins = case_twins(names)
+    if twins is None:
+        return None
+    return (
+        f"splits {twins[0]!r} and {twins[1]!r} differ only in case: their shard files would overwrite each "
+        "other on a case-insensitive file system (macOS, Windows); spell them the same way"
+    )
+
+
 def parse_split_ratios(text: str, allow_any_name: bool = False) -> tuple[tuple[str, float], ...]:
     """``train=0.8,validation=0.1,test=0.1`` → ordered pairs; must sum to 1.
 
@@ -343,6 +373,9 @@ def parse_split_ratios(text: str, allow_any_name: bool = False) -> tuple[tuple[s
         pairs.append((name, ratio))
     if not pairs:
         raise UsageError("--split-ratios: no splits given")
+    twins = case_twins_problem(name for name, _ in pairs)
+    if twins:
+        raise UsageError(f"--split-ratios: {twins}")
     total = sum(r for _, r in pairs)
     if abs(total - 1.0) > 1e-6:
         raise UsageError(f"--split-ratios: ratios sum to {total:g}, not 1")
@@ -444,8 +477,11 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--max-reject-fraction must be between 0 and 1")
     if cfg.reject_allowance < 0:
         raise UsageError("--reject-allowance must be 0 or more")
-    if cfg.image_size < 1:
-        raise UsageError("--image-size must be a positive number of pixels")
+    if not 1 <= cfg.image_size <= MAX_IMAGE_SIZE:
+        raise UsageError(
+            f"--image-size must be 1-{MAX_IMAGE_SIZE} pixels (the transform step holds side² × 12 bytes per image: "
+            f"{MAX_IMAGE_SIZE**2 * 12 // MB} MB at {MAX_IMAGE_SIZE})"
+        )
     if cfg.image_stats and not cfg.transform:
         raise UsageError("--image-stats needs the transform step (drop --no-transform)")
     if cfg.decode_threads < 0:

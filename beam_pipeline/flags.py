@@ -25,6 +25,7 @@ from .config import (
     LABEL_SOURCES,
     LATEST,
     MANIFEST_OBJECTS,
+    MAX_IMAGE_SIZE,
     POST_STEPS,
     SINKS,
     UNSUPPORTED_POLICIES,
@@ -148,7 +149,7 @@ examples:
 Beam options: any flag not listed above goes to Apache Beam's PipelineOptions
 (--runner, --direct_running_mode, --project, --temp_location, ...); a flag that
 neither this tool nor Beam knows is an error. Local runs use Beam's Python
-engine (never Prism, which downloads a binary).
+engine (never Prism, which downloads a binary: --runner PrismRunner is refused).
 
 exit codes:
   0  done: the dataset and _SUCCESS are in --output
@@ -460,7 +461,13 @@ CONVERT = Command(
                     switch=True,
                     negates="transform",
                 ),
-                Flag("--image-size", "side of the transformed image", metavar="PX", type=int, show_default=True),
+                Flag(
+                    "--image-size",
+                    f"side of the transformed image, 1-{MAX_IMAGE_SIZE}",
+                    metavar="PX",
+                    type=int,
+                    show_default=True,
+                ),
                 Flag(
                     "--image-stats",
                     "per-channel mean/std over the train split (reads it again) (default: off)",

@@ -226,8 +226,9 @@ def _note_normalized_looking_boxes(cfg: ConvertConfig, path: str, fmt: str) -> N
 
 def label_lines(path: str) -> list[str]:
     """The labels of a labels file, exactly: line k is label k, spaces included (labels.txt is written one
-    label per line, and no label holds a line break: listing rejects those as bad_label). Only the line
-    ends go (``\n``, or ``\r\n`` of a file edited on Windows); an empty line holds no label (none is empty)."""
+    label per line, and no label holds a character str.splitlines() splits on: listing rejects those as
+    bad_label). Only the line ends go (``\n``, or ``\r\n`` of a file edited on Windows); an empty line holds
+    no label (none is empty)."""
     with open_text(path) as stream:
         text = stream.read()
     lines = (line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
@@ -248,6 +249,9 @@ def _read_labels_file(path: str) -> tuple[str, ...]:
     twice = _repeated(labels)
     if twice is not None:
         raise UsageError(f"--labels-file {path}: label {twice!r} appears twice")
+    broken = _line_break_label(labels)
+    if broken:
+        raise UsageError(f"--labels-file {path}: {broken}")
     spaced = [label for label in labels if label != label.strip()]
     if spaced:
         more = f" (and {len(spaced) - 1} more)" if len(spaced) > 1 else ""
@@ -277,7 +281,19 @@ def _previous_problem(path: str, labelled: bool) -> tuple[str | None, tuple[str,
     twice = _repeated(labels)
     if twice is not None:  # line k is id k: a label on two lines has no one id
         return f"its {metadata.LABELS_TXT} lists {twice!r} twice (damaged)", None
+    broken = _line_break_label(labels)
+    if broken:  # written before such labels were rejects: this run would keep it in its labels.txt
+        return f"its {metadata.LABELS_TXT}: {broken}; start a new dataset without --incremental-from", None
     return None, labels
+
+
+def _line_break_label(labels: Iterable[str]) -> str | None:
+    """'label X holds …' for the first label holding a character str.splitlines() splits on, or None."""
+    for label in labels:
+        problem = metadata.line_break_problem(label)
+        if problem:
+            return f"label {label!r} {problem}"
+    return None
 
 
 def _repeated(labels: Iterable[str]) -> str | None:
@@ -448,6 +464,16 @@ def _is_own_file(basename: str) -> bool:
     )
 
 
+def _overlap(output: str, input_root: str) -> bool:
+    """Whether the output lies inside the input folder or holds it. Local paths are compared as they resolve
+    (symlinks followed, in every existing part of the path): an output reached through a link into the input
+    is written into the folder being listed, as a plain path inside it is."""
+    if not is_remote(output) and not is_remote(input_root):
+        output, input_root = os.path.realpath(output), os.path.realpath(input_root)
+    inside = lambda a, b: a == b or a.startswith(b.rstrip("/") + "/")  # noqa: E731
+    return inside(output, input_root) or inside(input_root, output)
+
+
 def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     """The absolute output folder; refuses one that is a file, overlaps a listed folder, or is occupied.
 
@@ -461,8 +487,7 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     if not is_remote(out):
         if os.path.isfile(out):
             raise UsageError(f"--output {cfg.output}: is a file, not a folder")
-    inside = lambda a, b: a == b or a.startswith(b.rstrip("/") + "/")  # noqa: E731
-    if input_root is not None and (inside(out, input_root) or inside(input_root, out)):
+    if input_root is not None and _overlap(out, input_root):
         raise UsageError(f"--output {cfg.output}: must not be inside the input folder (or contain it)")
     entries: list[str] = []
     if is_remote(out):

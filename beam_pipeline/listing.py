@@ -45,7 +45,7 @@ from .config import (
 )
 from .errors import UsageError
 from .images import BAD_FILENAME, MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL, UNREADABLE
-from .metadata import REJECT_FIELDS
+from .metadata import REJECT_FIELDS, line_break_problem
 
 REJECTS = "rejects"
 SKIPPED = "skipped"
@@ -223,7 +223,7 @@ def make_ref(
     cfg: ConvertConfig,
     layout: Layout,
     *,
-    label_value: str | list[Any] | dict[str, Any] | None = None,
+    label_value: Any = None,
     split_value: str | None = None,
     extras: tuple[tuple[str, Any], ...] = (),
     mtime: float = 0.0,
@@ -251,8 +251,8 @@ def make_ref(
         split = "train"
 
     label: str | tuple[str, ...] | None
-    if layout.label_source == "manifest" and isinstance(label_value, dict):  # its Python text is no label
-        return reject(path, BAD_LABEL, "the label is a JSON object, not text (or a list of texts)")
+    if layout.label_source == "manifest" and not isinstance(label_value, (str, list, type(None))):
+        return reject(path, BAD_LABEL, not_text_label(label_value))  # its Python text (True, nan) is no label
     if layout.label_source == "manifest" and (cfg.label_separator is not None or isinstance(label_value, list)):
         names, problem = split_labels(label_value, cfg.label_separator)
         if problem:
@@ -264,9 +264,9 @@ def make_ref(
         if label is None:
             return reject(path, NO_LABEL, f"no label from the {layout.label_source}")
         for name in label_names(label):
-            if "\n" in name or "\r" in name:  # labels.txt holds one label per line, kept exactly otherwise
-                why = f"label {name!r} holds a line break (labels.txt has one label per line)"
-                return reject(path, BAD_LABEL, why)
+            line_break = line_break_problem(name)  # labels.txt holds one label per line, kept exactly otherwise
+            if line_break:
+                return reject(path, BAD_LABEL, f"label {name!r} {line_break}")
             if layout.labels is not None and name not in layout.labels:
                 return reject(path, UNKNOWN_LABEL, f"label {name!r} is not in --labels-file")
     return Ref(path, relpath, size, split, label, hashing.shuffle_key(relpath, cfg.seed), extras, mtime)
@@ -595,7 +595,7 @@ class _StatManifestRow(beam.DoFn):
             found.size_in_bytes,
             self._cfg,
             layout,
-            label_value=_label_cell(row.get(LABEL_COLUMN)),
+            label_value=label_cell(row.get(LABEL_COLUMN)),
             split_value=None if row.get(SPLIT_COLUMN) is None else str(row.get(SPLIT_COLUMN)),
             extras=extras,
             mtime=float(getattr(found, "last_updated_in_seconds", 0.0) or 0.0),
@@ -605,9 +605,23 @@ class _StatManifestRow(beam.DoFn):
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 
-def _label_cell(value: Any) -> str | list[Any] | dict[str, Any] | None:
-    """A row's label value for make_ref: text, or a JSONL list (a multi-label row) or object (a bad label) as is."""
-    return value if value is None or isinstance(value, (list, dict)) else str(value)
+def label_cell(value: Any) -> Any:
+    """A row's label value for make_ref: text; a JSONL whole number as its digits (``3`` and ``3.0`` are the
+    class ``3``, as a CSV's ``3`` is); a list (a multi-label row) as is; any other JSON value (true, NaN, 2.5,
+    an object) as is, which make_ref rejects as not text."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():  # NaN and infinities are not
+        return str(int(value))
+    return value
+
+
+def not_text_label(value: Any) -> str:
+    """A bad_label detail for a JSONL label that is neither text, a whole number nor a list."""
+    if isinstance(value, dict):
+        return "the label is a JSON object, not text (or a list of texts)"
+    kind = "a JSON true/false" if isinstance(value, bool) else "a JSON number that is not a whole number"
+    return f"the label is {json.dumps(value)}, {kind}, not text (put it in quotes if it names a class)"
 
 
 class _OddLocalEntries(beam.DoFn):

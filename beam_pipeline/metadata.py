@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import platform
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -25,6 +26,32 @@ SUCCESS = "_SUCCESS"
 TMP_PREFIX = ".beam_pipeline-tmp-"
 
 _FEATURE_DTYPES = {"int": "int64", "float": "float32", "string": "string"}
+
+# Every character str.splitlines() splits on (tests/test_listing.py checks the list against all of Unicode).
+LINE_BREAKS = {
+    "\n": "line feed",
+    "\r": "carriage return",
+    "\x0b": "vertical tab",
+    "\x0c": "form feed",
+    "\x1c": "file separator",
+    "\x1d": "group separator",
+    "\x1e": "record separator",
+    "\x85": "next line",
+    "\u2028": "line separator",
+    "\u2029": "paragraph separator",
+}
+_LINE_BREAK = re.compile("[" + "".join(LINE_BREAKS) + "]")
+
+
+def line_break_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a line of labels.txt (it holds a character ``str.splitlines()`` splits on, so a
+    reader splitting the file that way gets one label more and shifted ids), or None. Text to follow the name:
+    ``f"label {name!r} {problem}"``."""
+    found = _LINE_BREAK.search(name)
+    if found is None:
+        return None
+    char = found.group()
+    return f"holds {char!r} ({LINE_BREAKS[char]}), a line break to str.splitlines() (labels.txt has one per line)"
 
 
 def shard_name(name: str, split: str, index: int, count: int, compression: str) -> str:

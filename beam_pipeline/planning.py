@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import apache_beam as beam
 
 from . import hashing
+from .config import case_twins_problem
+from .errors import UsageError
 from .listing import Ref, label_names
 
 # Shards may exceed the target by this factor before another shard is added:
@@ -95,11 +97,19 @@ def cut_buckets(bucket_bytes: Mapping[int, int], num_shards: int) -> ShardPlan:
 
 
 def make_plans(split_bucket_bytes: Iterable[tuple[tuple[str, int], int]], target: int) -> dict[str, ShardPlan]:
-    """((split, bucket), bytes) pairs → {split: ShardPlan}."""
+    """((split, bucket), bytes) pairs → {split: ShardPlan}.
+
+    UsageError for splits whose names differ only in case: only a manifest's split column can give them (the
+    flags are checked at the start, split folders have fixed names), and the plan is the first point that
+    sees every row's split; nothing is written before it.
+    """
     by_split: dict[str, dict[int, int]] = {}
     for (split, bucket), size in split_bucket_bytes:
         buckets = by_split.setdefault(split, {})
         buckets[bucket] = buckets.get(bucket, 0) + size
+    twins = case_twins_problem(by_split)
+    if twins:
+        raise UsageError(f"--manifest split column: {twins}")
     return {
         split: cut_buckets(buckets, shard_count(sum(buckets.values()), target))
         for split, buckets in sorted(by_split.items())

@@ -13,16 +13,40 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from .errors import UsageError
+
 # Runner names that mean "run it here": always the Python engine, never Prism
-# (which downloads a binary at run time).
-LOCAL_RUNNERS = {None, "", "direct", "directrunner", "fnapirunner"}
+# (which downloads a binary at run time). SwitchingDirectRunner is what DirectRunner names in Beam.
+LOCAL_RUNNERS = {"", "direct", "directrunner", "switchingdirectrunner", "fnapirunner"}
+# Refused: Prism fetches its binary from GitHub when the job starts, and this tool downloads nothing at run
+# time (a local run is the Python engine above, which needs no download).
+REFUSED_RUNNERS = {"prism", "prismrunner"}
+
+
+def runner_key(name: str | None) -> str:
+    """``--runner`` as compared: lower case, without a module path (``apache_beam.runners....PrismRunner``)."""
+    return (name or "").rsplit(".", 1)[-1].lower()
+
+
+def check_runner_options(options: PipelineOptions) -> None:
+    """UsageError for Beam options that would download at run time or fail inside Beam."""
+    name = options.view_as(StandardOptions).runner
+    if runner_key(name) in REFUSED_RUNNERS:
+        raise UsageError(
+            f"--runner {name}: Prism downloads its binary when the job starts, and this tool downloads nothing "
+            "at run time; leave --runner out (or DirectRunner) for a local run on Beam's Python engine"
+        )
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if workers is not None and workers < 0:
+        raise UsageError(f"--direct_num_workers {workers}: must be 0 (one worker per core) or more")
 
 
 def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
-    """PipelineOptions plus the runner object to use (the Python engine for local runs)."""
+    """PipelineOptions plus the runner object to use (the Python engine for local runs); UsageError for options
+    ``check_runner_options`` refuses."""
     options = PipelineOptions(list(beam_args))
-    runner_name = options.view_as(StandardOptions).runner
-    if (runner_name or "").lower() in LOCAL_RUNNERS:
+    check_runner_options(options)
+    if runner_key(options.view_as(StandardOptions).runner) in LOCAL_RUNNERS:
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
         # Measured (README, "Local runs"): one in-process worker whose shard

@@ -321,3 +321,123 @@ def test_an_unknown_flag_names_the_closest_known_one(typed, hint):
     with pytest.raises(UsageError) as e:
         parse_convert(["--input", "in", "--output", "out", typed, "1"])
     assert str(e.value) == f"unknown flag {typed} (not a beam_pipeline or Beam option){hint}"
+
+
+# --- edges left open (issue 32, item 7) ---------------------------------------------------------------
+
+
+def test_split_names_differing_only_in_case_are_a_usage_error():
+    """Train and train name shard files that are one file on a case-insensitive file system (macOS, Windows)."""
+    with pytest.raises(UsageError, match="'Train' and 'train' differ only in case"):
+        parse_split_ratios("Train=0.5,train=0.5", allow_any_name=True)
+    with pytest.raises(UsageError, match="--split-ratios: splits 'Test' and 'test'"):
+        parse_convert(["--input", "i", "--output", "o", "--split-ratios", "train=0.5,Test=0.25,test=0.25",
+                       "--allow-split-names"])  # fmt: skip
+
+
+def test_a_manifests_split_names_differing_only_in_case_stop_the_plan():
+    """A manifest's split column is only known inside the job: the shard plan, which every shard waits for,
+    refuses them."""
+    from beam_pipeline.planning import make_plans
+
+    assert set(make_plans([(("train", 0), 10), (("val_a", 1), 10)], 100)) == {"train", "val_a"}
+    with pytest.raises(UsageError, match="--manifest split column: splits 'Train' and 'train'"):
+        make_plans([(("train", 0), 10), (("Train", 1), 10)], 100)
+
+
+def test_image_size_has_an_upper_bound():
+    """--image-size 16000 took 7 GB in the transform step (side² × 12 bytes per image)."""
+    assert parse_convert(["--input", "i", "--output", "o", "--image-size", "4096"])[0].image_size == 4096
+    with pytest.raises(UsageError, match="--image-size must be 1-4096"):
+        parse_convert(["--input", "i", "--output", "o", "--image-size", "16000"])
+
+
+def test_a_yaml_alias_bomb_in_a_config_is_refused_at_once(tmp_path):
+    """Nine levels of aliases under pipeline_options (or split_ratios) grew to GBs in ~60 s before failing."""
+    import time
+
+    levels = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    for key in ("pipeline_options", "split_ratios"):
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(f"{key}:\n" + "".join(f"  {line}\n" for line in levels))
+        started = time.monotonic()
+        with pytest.raises(UsageError, match=r"--config .*: YAML alias \*a0 \(line 3\): config files take no aliases"):
+            parse_convert(["--config", str(path), "--input", "i", "--output", "o"])
+        assert time.monotonic() - started < 5
+    harmless = tmp_path / "harmless.yaml"  # read before; refused now: the rule is simple, and no setting needs one
+    harmless.write_text("seed: &n 2\npipeline_options:\n  direct_num_workers: *n\n")
+    with pytest.raises(UsageError, match=r"alias \*n \(line 3\)"):
+        parse_convert(["--config", str(harmless), "--input", "i", "--output", "o"])
+
+
+@pytest.mark.parametrize("link_into", ["output", "input"])
+def test_an_output_reached_through_a_symlink_into_the_input_is_a_usage_error(small_input, tmp_path, link_into):
+    """The paths were compared as text: --output link/out with link -> the input folder was not caught, nor an
+    --input reached through a link to a folder inside the output."""
+    import shutil
+
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import prepare
+
+    if link_into == "output":
+        (tmp_path / "link").symlink_to(small_input)
+        given_input, output = str(small_input), str(tmp_path / "link" / "out")
+    else:
+        output = tmp_path / "o"
+        shutil.copytree(small_input, output / "photos")
+        (tmp_path / "link").symlink_to(output / "photos")
+        given_input, output = str(tmp_path / "link"), str(output)
+    with pytest.raises(UsageError, match="must not be inside the input folder"):
+        prepare(ConvertConfig(output=output, name="d", input=given_input))
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--runner=PrismRunner"], "--runner PrismRunner: Prism downloads its binary"),
+        (["--runner", "apache_beam.runners.portability.prism_runner.PrismRunner"], "Prism downloads"),
+        (["--direct_num_workers=-1"], "--direct_num_workers -1: must be 0 (one worker per core) or more"),
+    ],
+)
+def test_runner_options_that_download_or_fail_inside_beam_are_usage_errors(flags, words):
+    from beam_pipeline.runner import make_options
+
+    with pytest.raises(UsageError) as caught:
+        make_options(flags)
+    assert words in str(caught.value)
+
+
+def test_direct_num_workers_0_is_one_worker_per_core():
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from beam_pipeline.runner import make_options
+
+    options, runner = make_options(["--direct_num_workers=0", "--direct_running_mode=multi_threading"])
+    assert runner is not None and options.view_as(DirectOptions).direct_num_workers == 0
+    assert make_options(["--runner=SwitchingDirectRunner"])[1] is not None  # the Python engine, not Prism first
+
+
+def test_a_labels_file_line_holding_a_splitlines_break_is_a_usage_error(small_input, tmp_path):
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import prepare
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat\ndog\u2028x\n", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"--labels-file .*: label 'dog\\u2028x' holds '\\u2028' \(line separator\)"):
+        prepare(ConvertConfig(output=str(tmp_path / "o"), name="d", input=str(small_input), labels_file=str(labels)))
+
+
+def test_a_previous_labels_txt_holding_a_splitlines_break_is_not_carried_on(small_input, tmp_path):
+    """An output written before such labels were rejects: an incremental run would keep the label in its own
+    labels.txt."""
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.launcher import prepare
+
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    (previous / "_SUCCESS").write_text("")
+    (previous / "labels.txt").write_text("cat\nd\x1cog\n", encoding="utf-8")
+    cfg = ConvertConfig(output=str(tmp_path / "o"), name="d", input=str(small_input), incremental_from=str(previous))
+    with pytest.raises(UsageError, match=r"--incremental-from .*labels.txt: label 'd\\x1cog' holds '\\x1c'"):
+        prepare(cfg)

@@ -395,6 +395,7 @@ def test_read_categories_refuses_a_bad_file_in_one_line(tmp_path):
         ([{"id": 1, "name": "a"}, {"id": 1, "name": "b"}], "given twice"),
         ([{"id": "1", "name": "a"}], "integer 'id'"),
         ([{"id": 1, "name": "a\nb"}], "line break"),
+        ([{"id": 1, "name": "a\x85b"}], r"'\\x85' \(next line\), a line break"),
     ):
         with pytest.raises(UsageError, match=words):
             coco.read_categories(str(categories(bad)))

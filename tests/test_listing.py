@@ -14,6 +14,7 @@ from beam_pipeline.listing import (
     InferColumnTypes,
     ListInputs,
     Ref,
+    label_cell,
     make_ref,
     read_manifest_rows,
     relative_path,
@@ -84,6 +85,65 @@ def test_label_regex_searches_the_file_name():
     lay = layout(label_source="regex")
     assert make_ref("/in/x/123_cat.png", "x/123_cat.png", 1, cfg, lay).label == "cat"
     assert make_ref("/in/x/123.png", "x/123.png", 1, cfg, lay)["reason"] == "no_label"
+
+
+def test_the_line_breaks_listed_are_exactly_those_splitlines_splits_on():
+    from beam_pipeline.metadata import LINE_BREAKS
+
+    splitting = {chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".splitlines()) > 1}
+    assert splitting == set(LINE_BREAKS)
+
+
+@pytest.mark.parametrize("char", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r"])
+def test_a_label_holding_a_splitlines_break_is_a_bad_label_from_every_source(char):
+    """labels.txt kept 'a\x0bb': a reader splitting it with str.splitlines() saw one class more and shifted ids."""
+    name = f"a{char}b"
+    regex = ConvertConfig(output="/o", name="d", input="/in", label_regex=r"_(.+)\.png$")
+    multi = ConvertConfig(output="/o", name="d", manifest="/in/m.jsonl", label_separator="|")
+    by_source = {
+        "folder": make_ref(f"/in/{name}/a.png", f"{name}/a.png", 1, CFG, layout()),
+        "regex": make_ref(f"/in/1_{name}.png", f"1_{name}.png", 1, regex, layout(label_source="regex")),
+        "manifest": make_ref("/in/a.png", "a.png", 1, CFG, layout(label_source="manifest"), label_value=name),
+        "multi-label": make_ref(
+            "/in/a.png", "a.png", 1, multi, layout(label_source="manifest"), label_value=f"cat|{name}"
+        ),
+        "multi-label list": make_ref(
+            "/in/a.png", "a.png", 1, multi, layout(label_source="manifest"), label_value=["cat", name]
+        ),
+    }
+    for source, out in by_source.items():
+        assert isinstance(out, dict) and out["reason"] == "bad_label", source
+        assert repr(char) in out["detail"] and "str.splitlines()" in out["detail"], out["detail"]
+
+
+@pytest.mark.parametrize(
+    ("value", "label"),
+    [("cat", "cat"), (7, "7"), (-2, "-2"), (3.0, "3"), (None, None), (["a", "b"], ["a", "b"])],
+)
+def test_a_jsonl_whole_number_label_is_its_digits(value, label):
+    """Numbers are read as their text (docs/input.md); 3.0 (pandas writes a whole-number column with a gap so)
+    is the class 3, as 3 is."""
+    assert label_cell(value) == label
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (True, "the label is true, a JSON true/false, not text"),
+        (False, "the label is false"),
+        (float("nan"), "the label is NaN, a JSON number that is not a whole number"),
+        (float("inf"), "the label is Infinity"),
+        (2.5, "the label is 2.5"),
+        ({"x": 1}, "JSON object"),
+    ],
+)
+def test_a_jsonl_label_that_is_not_text_is_a_bad_label(value, words):
+    """true and NaN became the classes 'True' and 'nan'."""
+    lay = layout(label_source="manifest")
+    out = make_ref("/in/a.png", "a.png", 1, CFG, lay, label_value=label_cell(value))
+    assert isinstance(out, dict) and out["reason"] == "bad_label" and words in out["detail"], out
+    multi = ConvertConfig(output="/o", name="d", manifest="/in/m.jsonl", label_separator="|")
+    assert make_ref("/in/a.png", "a.png", 1, multi, lay, label_value=label_cell(value))["reason"] == "bad_label"
 
 
 def test_unlabelled_run_has_no_labels():

@@ -326,19 +326,22 @@ def test_a_manifest_separated_by_semicolons_says_so(tmp_path):
     assert "no 'path' column" in line and "separated by ';'" in line
 
 
-def test_a_jsonl_label_that_is_an_object_is_a_bad_label_not_its_python_text(tmp_path):
-    """{"label": {"x": 1}} became the class "{'x': 1}" in labels.txt."""
-    for name in ("a", "b", "c"):
+def test_a_jsonl_label_that_is_not_text_is_a_bad_label_not_its_python_text(tmp_path):
+    """{"label": {"x": 1}} became the class "{'x': 1}" in labels.txt, true and NaN the classes True and nan."""
+    values = {"a": {"x": 1}, "b": "cat", "c": 7, "d": True, "e": float("nan"), "f": 2.5, "g": 7.0}
+    for name in values:
         write(str(tmp_path / f"{name}.jpg"), image_bytes("jpeg"))
     manifest = tmp_path / "list.jsonl"
-    rows = [{"path": "a.jpg", "label": {"x": 1}}, {"path": "b.jpg", "label": "cat"}, {"path": "c.jpg", "label": 7}]
-    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest.write_text("".join(json.dumps({"path": f"{n}.jpg", "label": v}) + "\n" for n, v in values.items()))
     out = tmp_path / "out"
     convert("--manifest", str(manifest), "--output", str(out), "--max-reject-fraction", "1")
-    assert (out / "labels.txt").read_text().splitlines() == ["7", "cat"]  # a number is its text, as before
-    [reject] = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert (reject["path"], reject["reason"]) == ("a.jpg", "bad_label")
-    assert "JSON object" in reject["detail"]
+    assert (out / "labels.txt").read_text().splitlines() == ["7", "cat"]  # a whole number is its digits
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    details = {r["path"]: r["detail"] for r in rejects if r["reason"] == "bad_label"}
+    assert sorted(details) == ["a.jpg", "d.jpg", "e.jpg", "f.jpg"] and len(rejects) == 4
+    assert "JSON object" in details["a.jpg"]
+    assert details["d.jpg"].startswith("the label is true, a JSON true/false, not text")
+    assert details["e.jpg"].startswith("the label is NaN, a JSON number that is not a whole number, not text")
 
 
 @pytest.mark.parametrize("labels_from", ["none", "folder"])

@@ -39,7 +39,7 @@ def test_object_names_are_those_of_unassigned_objects_only() -> None:
     assert list(objects.object_names(None)) == []
 
 
-@pytest.mark.parametrize("name", ["", "  ", "a\nb", BACKGROUND, 3])
+@pytest.mark.parametrize("name", ["", "  ", "a\nb", "a\x0bb", "a\u2028b", BACKGROUND, 3])
 def test_a_class_name_that_cannot_be_a_labels_line_is_invalid(name: object) -> None:
     assert isinstance(objects.check_class_name(name), objects.Invalid)
 

@@ -142,6 +142,21 @@ def test_a_misspelt_split_in_a_manifest_row_is_a_reject_not_a_split(tmp_path, tf
     assert load_info(allowed)["rejects"]["total"] == 0
 
 
+def test_manifest_splits_differing_only_in_case_stop_the_run_before_anything_is_published(tmp_path):
+    """Train and train (with --allow-split-names) wrote shard files that are one file on macOS or Windows. The
+    rows are read inside the job; the shard plan stops it with a usage error before any shard is written."""
+    from beam_pipeline.launcher import run_convert
+
+    make_images(tmp_path / "img", {"cat": 2})
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,split\nimg/cat/cat_000.png,Train\nimg/cat/cat_001.png,train\n")
+    out = tmp_path / "out"
+    cfg, flags, _ = parse_convert(["--manifest", str(manifest), "--output", str(out), "--allow-split-names", *QUICK])
+    with pytest.raises(UsageError, match="^--manifest split column: splits 'Train' and 'train' differ only in case"):
+        run_convert(cfg, flags)
+    assert not glob.glob(str(out / "*"))  # no shard, no _SUCCESS: only the run's hidden scratch folder
+
+
 # --- a flat folder ------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 from ..config import MAX_CATEGORY_ID
 from ..errors import UsageError, message_lines
 from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED, reject
+from ..metadata import line_break_problem
 from . import objects
 from .join import (
     COUNTS,
@@ -153,8 +154,9 @@ def read_categories(path: str, offset: int = 0) -> Categories:
         if not 0 <= cid + offset <= MAX_CATEGORY_ID:
             shifted = f" (+ --coco-category-offset {offset}: {cid + offset})" if offset else ""
             raise UsageError(f"--coco {path}: category id {cid}{shifted} is outside 0-{MAX_CATEGORY_ID}")
-        if "\n" in name or "\r" in name:
-            raise UsageError(f"--coco {path}: category name {name!r} holds a line break (labels.txt has one per line)")
+        line_break = line_break_problem(name)
+        if line_break:
+            raise UsageError(f"--coco {path}: category name {name!r} {line_break}")
         if cid + offset in seen:
             raise UsageError(f"--coco {path}: category id {cid} is given twice ({seen[cid + offset]!r}, {name!r})")
         seen[cid + offset] = name

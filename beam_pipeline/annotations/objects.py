@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..images import ORIENTATION_TRANSPOSE, Geometry
+from ..metadata import line_break_problem
 
 # The Example keys (in keys.py, which the reader side imports without Pillow), named here as before.
 from .keys import (
@@ -371,8 +372,9 @@ def check_class_name(name: Any, known: Collection[str] | None = None) -> Invalid
         return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is not text (one class per object)")
     if not isinstance(name, str) or not name.strip():
         return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} is empty")
-    if "\n" in name or "\r" in name:
-        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} holds a line break (labels.txt has one per line)")
+    line_break = line_break_problem(name)
+    if line_break:
+        return Invalid(UNKNOWN_CATEGORY, f"class name {name!r} {line_break}")
     if not name.isascii():
         try:
             name.encode("utf-8")
