@@ -457,12 +457,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     old = _output_sizes(out_dir)
     old_info = _old_info(FileSystems.join(out_dir, metadata.DATASET_JSON)) if metadata.DATASET_JSON in old else None
     in_tft = {rel for rel in old if rel.split("/", 1)[0] in TFT_DIRS}
-    transform = (old_info or {}).get("transform")
-    if isinstance(transform, dict) and "files" not in transform:
-        recorded = sorted(in_tft)  # a dataset.json of a version that did not list them: its TFT folders are its run's
-    else:
-        recorded = recorded_tft_files(old_info)
-    owned = runs_tft_files(out_dir, old, recorded, staging)
+    owned = runs_tft_files(out_dir, old, _recorded_tft(old_info, in_tft) or [], staging)
     if old_info != {}:  # a damaged dataset.json tells no file apart: this run's then replace what is there
         theirs = sorted(rel for rel in staged if rel in in_tft and rel not in owned)
         if theirs:
@@ -481,6 +476,39 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         "complete": complete,
         "run_id": info.get("run_id"),
     }
+
+
+def _recorded_tft(info: Mapping[str, Any] | None, in_tft: Iterable[str]) -> list[str] | None:
+    """The TFT files (of ``in_tft``, the output's) an output's dataset.json records as its run's; None when it
+    cannot say: damaged (``{}``, see _old_info) or a "transform" of another shape. No dataset.json: none."""
+    if info is None:
+        return []
+    if not info:
+        return None
+    transform = info.get("transform")
+    if transform is None:  # a run without a transform
+        return []
+    if isinstance(transform, dict) and "files" not in transform:
+        return sorted(in_tft)  # a dataset.json of a version that did not list them: its TFT folders are its run's
+    recorded = recorded_tft_files(info)
+    return recorded if recorded or (isinstance(transform, dict) and transform["files"] == []) else None
+
+
+def untold_tft_files(out_dir: str) -> list[str]:
+    """Files under the TFT folders of ``out_dir`` that neither its dataset.json (damaged, or naming no file)
+    nor a publish cut short tells as a run's: an earlier run's, to be removed, or a user's, to be kept.
+
+    Publish would leave them beside the new dataset (an old graph under a new ``_SUCCESS``): the launcher
+    refuses such an output at the start instead. [] when the dataset.json tells, or there is none.
+    """
+    info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
+    if not FileSystems.exists(info_path):
+        return []
+    info = _published_info(info_path) or {}
+    sizes = {rel: size for rel, size in _output_sizes(out_dir).items() if rel.split("/", 1)[0] in TFT_DIRS}
+    if not sizes or _recorded_tft(info, sizes) is not None:
+        return []
+    return sorted(set(sizes) - set(runs_tft_files(out_dir, sizes, [])))
 
 
 class ForeignFileInTheWay(ValueError):
