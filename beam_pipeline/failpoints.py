@@ -35,7 +35,7 @@ POINTS: dict[str, str] = {
     "finalize.write": "each metadata file finalize writes (rejects.jsonl, labels.txt, dataset.json)",
     "poststeps.step": "each post-step (TFT analysis, TFDS metadata, dataset.json)",
     "publish.manifest": "writing the publish manifest",
-    "publish.move": "each file moved from staging into the output",
+    "publish.move": "each file moved (shards and .idx files: linked, on GCS copied) from staging into the output",
     "publish.delete": "each file of an older run deleted from the output (_SUCCESS included)",
     "publish.success": "writing _SUCCESS",
 }

@@ -17,7 +17,9 @@ that failed half-way, and re-runs a step whose output was lost):
   plan. The old ``_SUCCESS`` goes right before the first change, the run's
   files move in, the older run's files go, ``dataset.json`` moves last, every
   manifest entry is checked present with its size, and only then is
-  ``_SUCCESS`` written;
+  ``_SUCCESS`` written. Shards and ``.idx`` files are linked (copied on GCS),
+  not moved: they stay in the staging folder until it is removed, so a run
+  killed inside its publish and run again takes them (resume.py);
 - ``published_run()`` tells a retried step that its run is in the output
   already (``dataset.json`` names the run id) or half-published (the
   manifest exists): it finishes the publish instead of redoing the step.
@@ -105,7 +107,11 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def move_files(
-    pairs: Sequence[tuple[str, str]], existing: set[str], point: str, guard: lease.Guard | None = None
+    pairs: Sequence[tuple[str, str]],
+    existing: set[str],
+    point: str,
+    guard: lease.Guard | None = None,
+    kept: Iterable[str] = (),
 ) -> None:
     """Renames each (src, dst); a pair whose src is gone and dst present is done already.
 
@@ -113,7 +119,10 @@ def move_files(
     before), so no request per file asks. A pair with neither side present
     raises FileNotFoundError: a file of the run is lost. ``guard`` (publish)
     checks the output lease right before each rename (locally) or batch (GCS).
+    A src in ``kept`` stays where it is: dst becomes a hard link to it
+    (locally; moved where the file system has none) or a copy (GCS).
     """
+    kept = set(kept)
     todo = []
     for src, dst in pairs:
         if src in existing:
@@ -128,7 +137,10 @@ def move_files(
         if guard:
             guard.before()
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        os.replace(src, dst)
+        if src in kept:
+            _link_in_place_of(src, dst)
+        else:
+            os.replace(src, dst)
         if guard:
             guard.after()
     for chunk in _chunks(remote, BATCH):
@@ -142,9 +154,31 @@ def move_files(
             guard.after()
         if failed:
             raise OSError(f"copying {failed[0][0]} to {failed[0][1]}: {failed[0][2]} ({len(failed)} failed)")
-        failed_deletes = [(p, e) for p, e in gcs.delete_batch([s for s, _ in chunk]) if e is not None]
+        moved = [s for s, _ in chunk if s not in kept]
+        failed_deletes = [(p, e) for p, e in (gcs.delete_batch(moved) if moved else []) if e is not None]
         if failed_deletes and not all(_not_found(e) for _, e in failed_deletes):
             raise OSError(f"deleting {failed_deletes[0][0]}: {failed_deletes[0][1]}")
+
+
+def _link_in_place_of(src: str, dst: str) -> None:
+    """``dst`` becomes a second name of ``src`` (replacing what was there in one rename); ``src`` stays.
+
+    The link is made beside ``src`` first (in the staging folder: a kill in between leaves nothing in the
+    output). Done already when they are one file (a retried publish); moved where there are no hard links.
+    """
+    if os.path.exists(dst) and os.path.samefile(src, dst):
+        return
+    part = src + ".link"
+    if os.path.lexists(part):
+        os.remove(part)
+    try:
+        os.link(src, part)
+    except OSError as e:
+        if e.errno not in resume.NO_HARD_LINKS:
+            raise
+        os.replace(src, dst)
+        return
+    os.replace(part, dst)
 
 
 def _not_found(error: Any) -> bool:
@@ -438,12 +472,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     old = _output_sizes(out_dir)
     old_info = _old_info(FileSystems.join(out_dir, metadata.DATASET_JSON)) if metadata.DATASET_JSON in old else None
     in_tft = {rel for rel in old if rel.split("/", 1)[0] in TFT_DIRS}
-    transform = (old_info or {}).get("transform")
-    if isinstance(transform, dict) and "files" not in transform:
-        recorded = sorted(in_tft)  # a dataset.json of a version that did not list them: its TFT folders are its run's
-    else:
-        recorded = recorded_tft_files(old_info)
-    owned = runs_tft_files(out_dir, old, recorded, staging)
+    owned = runs_tft_files(out_dir, old, _recorded_tft(old_info, in_tft) or [], staging)
     if old_info != {}:  # a damaged dataset.json tells no file apart: this run's then replace what is there
         theirs = sorted(rel for rel in staged if rel in in_tft and rel not in owned)
         if theirs:
@@ -462,6 +491,39 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         "complete": complete,
         "run_id": info.get("run_id"),
     }
+
+
+def _recorded_tft(info: Mapping[str, Any] | None, in_tft: Iterable[str]) -> list[str] | None:
+    """The TFT files (of ``in_tft``, the output's) an output's dataset.json records as its run's; None when it
+    cannot say: damaged (``{}``, see _old_info) or a "transform" of another shape. No dataset.json: none."""
+    if info is None:
+        return []
+    if not info:
+        return None
+    transform = info.get("transform")
+    if transform is None:  # a run without a transform
+        return []
+    if isinstance(transform, dict) and "files" not in transform:
+        return sorted(in_tft)  # a dataset.json of a version that did not list them: its TFT folders are its run's
+    recorded = recorded_tft_files(info)
+    return recorded if recorded or (isinstance(transform, dict) and transform["files"] == []) else None
+
+
+def untold_tft_files(out_dir: str) -> list[str]:
+    """Files under the TFT folders of ``out_dir`` that neither its dataset.json (damaged, or naming no file)
+    nor a publish cut short tells as a run's: an earlier run's, to be removed, or a user's, to be kept.
+
+    Publish would leave them beside the new dataset (an old graph under a new ``_SUCCESS``): the launcher
+    refuses such an output at the start instead. [] when the dataset.json tells, or there is none.
+    """
+    info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
+    if not FileSystems.exists(info_path):
+        return []
+    info = _published_info(info_path) or {}
+    sizes = {rel: size for rel, size in _output_sizes(out_dir).items() if rel.split("/", 1)[0] in TFT_DIRS}
+    if not sizes or _recorded_tft(info, sizes) is not None:
+        return []
+    return sorted(set(sizes) - set(runs_tft_files(out_dir, sizes, [])))
 
 
 class ForeignFileInTheWay(ValueError):
@@ -619,6 +681,9 @@ def publish(
             return
     else:
         run_id = manifest.get("run_id")
+        if (info := already_published(out_dir, run_id)) is not None:  # only its clean-up was cut short
+            cleanup_staging(staging, out_dir, taken_from(out_dir, info))
+            return
     guard = lease.Guard(out_dir, holder or run_id or _run_id_of(staging), must_hold=leased)
     guard.start()
     try:
@@ -654,10 +719,12 @@ def _publish_under(
     if (pending_moves or pending_stale) and success in in_output:
         delete_files([success], "publish.delete", guard)
 
-    # The run's files, dataset.json last; then the older run's files go.
+    # The run's files, dataset.json last; then the older run's files go. Shards and .idx files stay in the
+    # staging folder too (linked, or copied on GCS) until _SUCCESS: a run killed in here, run again, takes them.
     order = sorted(files, key=lambda rel: (rel == metadata.DATASET_JSON, rel))
     body = [rel for rel in order if rel != metadata.DATASET_JSON]
-    move_files([(src + rel, dst + rel) for rel in body], existing, "publish.move", guard)
+    kept = [src + rel for rel in body if metadata.is_shard_file(rel) or metadata.is_idx_file(rel)]
+    move_files([(src + rel, dst + rel) for rel in body], existing, "publish.move", guard, kept)
     delete_files([dst + rel for rel in pending_stale], "publish.delete", guard)
     for name in PUBLISHED_DIRS:
         _remove_empty_dirs(dst + name)

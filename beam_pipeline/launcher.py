@@ -44,7 +44,7 @@ from .annotations.objects import fixed_object_labels, is_background, labels_line
 from .annotations.table import PIXELS, looks_normalized, required_columns
 from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_source
 from .errors import PipelineError, RejectsError, UsageError, last_line
-from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS
+from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS, untold_tft_files
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
 from .runner import make_options
 from .storage import read_json, read_json_object
@@ -519,6 +519,15 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
         )
     if metadata.SUCCESS in top and not cfg.overwrite:
         raise UsageError(f"--output {cfg.output}: holds a complete dataset; pass --overwrite to replace it")
+    untold = untold_tft_files(out) if metadata.DATASET_JSON in top and set(top) & set(TFT_DIRS) else []
+    if untold:
+        # Publish removes only the TFT files a dataset.json records: these would stay beside the new dataset.
+        folders = ", ".join(sorted({rel.split("/", 1)[0] + "/" for rel in untold}))
+        raise UsageError(
+            f"--output {cfg.output}: its dataset.json is damaged (or names no file of its transform), so nothing "
+            f"tells whether the {len(untold)} files under {folders} ({untold[0]}) are an earlier run's or yours; "
+            "move any of yours out, delete those folders and run the same command again"
+        )
     return out
 
 

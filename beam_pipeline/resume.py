@@ -32,7 +32,10 @@ a source that vanishes half-way means the shard is written afresh.
 
 A run killed after finalize (during the TFT analysis, say) had its temp
 shards renamed in its staging folder; finalize wrote where each went
-(``_done/renamed.jsonl``) before renaming, and the lookup follows it.
+(``_done/renamed.jsonl``) before renaming, and the lookup follows it. A run
+killed inside its publish still has them there: publish links (GCS: copies)
+shards and ``.idx`` files into the output and leaves them in the staging
+folder until ``_SUCCESS`` is written (finalize.publish).
 
 Local runs hold a lock (``_run.lock``, flock, with the host's name in it) in
 their scratch folder while they run. Once a run publishes, the scratch
@@ -73,6 +76,8 @@ MARKER_FORMAT = 2
 MAX_SOURCES = 4
 # The files of a writer's result: the temp shard, its index part, its rejects part, its .idx (uncompressed).
 FILE_KEYS = ("tmp_path", "index_path", "rejects_path", "idx_path")
+# What os.link raises where a file system (or a pair of them) has no hard links: copy (or move) instead.
+NO_HARD_LINKS = (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP)
 # Settings of images.ImageOptions that do not change what is written.
 _NOT_POLICY = {"memory_budget_bytes"}
 
@@ -245,7 +250,7 @@ def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)  # no second copy of the bytes
     except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP):
+        if e.errno not in NO_HARD_LINKS:
             raise
         FileSystems.copy([src], [dst])
 

@@ -568,20 +568,28 @@ def test_a_late_finalize_attempt_stalled_before_its_first_step_leaves_nothing_in
 )
 def test_a_damaged_dataset_json_in_the_output_is_replaced_not_a_stuck_output(tmp_path, damage):
     """The output's dataset.json damaged (a disk, a hand edit): every later run into that output used to fail
-    in publish, --overwrite too. It is replaced; a user's file under the TFT folders stays (none is known
-    to be the old run's), the old run's shards go, and inspect says what is wrong instead of a traceback."""
+    in publish, --overwrite too. It is replaced, the old run's shards go, and inspect says what is wrong instead
+    of a traceback. Files under the TFT folders (the old run's transform, or a user's: nothing tells which) used
+    to stay beside the new dataset, under its _SUCCESS (a reader would apply the old graph): the run is refused
+    at the start, in one line naming them, nothing written; with them moved away the same command goes through."""
     src, out = _photos(tmp_path / "src"), tmp_path / "out"
     convert("--input", str(src), "--output", str(out), "--name", "old")
-    write(str(out / "transform_fn" / "mine.txt"), b"a user's file")
+    write(str(out / "transform_fn" / "saved_model.pb"), b"the old run's graph, or a user's file")
     (out / "dataset.json").write_bytes(damage)
     shown = run_cli("inspect", str(out))
     assert shown.returncode == 2 and "Traceback" not in shown.stderr
     assert shown.stderr.startswith(f"error: {out}: dataset.json is damaged (")
+    before = snapshot(out, raw=True)
+    refused = run_cli("convert", "--input", str(src), "--output", str(out), "--overwrite", "--no-transform")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "dataset.json is damaged" in refused.stderr and "1 files under transform_fn/" in refused.stderr
+    assert "(transform_fn/saved_model.pb)" in refused.stderr and "delete those folders" in refused.stderr
+    assert snapshot(out, raw=True) == before
+    shutil.rmtree(out / "transform_fn")
     convert("--input", str(src), "--output", str(out), "--overwrite")
     info = _check_complete(out)
     assert info["examples"] == 8
-    assert (out / "transform_fn" / "mine.txt").read_bytes() == b"a user's file"
-    assert not list(out.glob("old-*"))
+    assert not list(out.glob("old-*")) and not [d for d in finalize.TFT_DIRS if (out / d).exists()]
 
 
 @pytest.mark.parametrize(

@@ -135,21 +135,32 @@ def test_no_resume_writes_every_shard_again(tmp_path, monkeypatch):
     assert scratch_folders(out) == [dead]  # nothing was taken from it: it goes by age (finalize.STALE_TMP_AGE_S)
 
 
-@pytest.mark.parametrize("point", ["finalize.rename:2:kill", "finalize.write:1:kill", "publish.move:2:kill"])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "finalize.rename:2:kill",
+        "finalize.write:1:kill",
+        "publish.manifest:1:kill",
+        "publish.move:2:kill",
+        "publish.move:last:kill",
+        "publish.success:1:kill",
+    ],
+)
 def test_a_run_killed_in_finalize_or_publish_is_finished_by_the_same_command(tmp_path, monkeypatch, point):
-    """Finalize renames in staging (followed through renamed.jsonl); publish moves into the output, and a
-    shard already moved there is no longer in the dead run's folder: that one is written again."""
+    """Finalize renames in staging (followed through renamed.jsonl); publish links the shards and .idx files
+    into the output and keeps them in staging until _SUCCESS: every shard is taken, not one image read, wherever
+    the publish was cut short (``last``: every file in but dataset.json). Publish used to move them: each shard
+    already in the output was converted again, every one after a kill at the end of the publish."""
     src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
     make_source(src)
     convert("--input", str(src), "--output", str(ref), *ARGS, *QUICK)
-    dead = killed_run(src, out, monkeypatch, point, *QUICK)
-    moved = 1 if point.startswith("publish.") else 0  # the first file publish moves is a shard
-    if not moved:
-        spoil_taken_files(src, finished(dead))
+    published = [p for p in ref.rglob("*") if p.is_file() and p.name != "_SUCCESS"]
+    dead = killed_run(src, out, monkeypatch, point.replace(":last:", f":{len(published)}:"), *QUICK)
+    spoiled = spoil_taken_files(src, finished(dead))
     convert("--input", str(src), "--output", str(out), *ARGS, *QUICK)
-    same_output(out, ref)
+    same_output(out, ref)  # the spoiled files were not read: they would be rejects now
     shards = sum(s["num_shards"] for s in load_info(ref)["splits"].values())
-    assert load_info(out)["resumed"]["shards"] == shards - moved
+    assert load_info(out)["resumed"] == {"shards": shards, "records": spoiled, "from_runs": [dead.name[len(TMP) :]]}
     assert scratch_folders(out) == []
 
 

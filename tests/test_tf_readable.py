@@ -474,3 +474,33 @@ def test_a_decoder_warning_is_in_the_detail_of_every_reject_it_explains(tmp_path
     assert all("decoder said: UserWarning: Truncated File Read" in d for d in details), details
     assert len(set(details)) == 1, details
     assert "Truncated File Read" not in out.stderr, out.stderr
+
+
+def test_a_transparent_gif_is_stored_as_it_is_and_decodes_black_where_transparent(tf):
+    """docs/bad-input.md#transparent-gifs: a transparent GIF Pillow writes (left half transparent, index 2 = blue)
+    is stored byte for byte, 3 channels; TF's decode_image and decode_gif give its transparent pixels as (0, 0, 0),
+    not blue. Shrunk (converted) it is an RGBA PNG, alpha 0 there; re-encoded as JPEG, white there."""
+    import numpy as np
+
+    from beam_pipeline.images import ImageOptions
+
+    indices = np.zeros((8, 8), np.uint8)
+    indices[:, :4] = 2
+    img = Image.fromarray(indices, "P")
+    img.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 255])
+    data = encode(img, "GIF", transparency=2)
+
+    stored = prepare_image(data)
+    assert stored.data == data and stored.converted_from is None
+    assert (stored.info.format, stored.info.channels) == ("gif", 3)
+    for got in (tf.io.decode_image(data, expand_animations=False).numpy(), tf.io.decode_gif(data).numpy()[0]):
+        assert got.shape == (8, 8, 3)
+        assert (got[:, :4] == 0).all() and (got[:, 4:] == [255, 0, 0]).all()
+
+    shrunk = prepare_image(data, ImageOptions(resize_max_side=4))
+    assert (shrunk.info.format, shrunk.info.channels, shrunk.converted_from) == ("png", 4, "gif")
+    assert (tf.io.decode_image(shrunk.data).numpy()[:, 0] == [0, 0, 0, 0]).all()
+
+    flattened = prepare_image(data, ImageOptions(reencode_quality=90))
+    assert (flattened.info.format, flattened.info.channels) == ("jpeg", 3)
+    assert (tf.io.decode_image(flattened.data).numpy()[:, 0] >= 245).all()
