@@ -123,9 +123,14 @@ def _setting_value(key: str, value: Any, path: str) -> Any:
 
 
 def _expand(value: Any, key: str, path: str) -> Any:
-    """``${VAR}`` in a config string comes from the environment; an unset one is an error naming it."""
+    """``${VAR}`` in a config string comes from the environment; an unset one is an error naming it.
+    ``${VAR:-default}`` is ``default`` when VAR is unset or empty (``${VAR:-}``: an optional setting; a Beam
+    option that comes out empty is left out)."""
     if not isinstance(value, str) or "$" not in value:
         return value
+    value = re.sub(
+        r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}", lambda m: os.environ.get(m.group(1)) or m.group(2), value
+    )
     expanded = os.path.expandvars(value)
     missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
     if missing:
@@ -139,7 +144,7 @@ def _beam_flags_from_mapping(options: dict[str, Any], path: str = "") -> list[st
         value = [_expand(v, key, path) for v in value] if isinstance(value, list) else _expand(value, key, path)
         if value is True:
             flags.append(f"--{key}")
-        elif value is False or value is None:
+        elif value is False or value is None or value == "":
             continue
         elif isinstance(value, list):
             flags.extend(f"--{key}={item}" for item in value)

@@ -46,7 +46,7 @@ from .config import DATE_FIELD, LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, na
 from .errors import PipelineError, RejectsError, UsageError, last_line
 from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS, untold_tft_files
 from .listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
-from .runner import make_options
+from .runner import is_dataflow, make_options
 from .storage import read_json, read_json_object
 
 _LOG = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ def _exists_any(pattern: str, flag: str, text: str) -> bool:
         raise UsageError(f"{flag} {text}: cannot list {pattern}: {last_line(e)}") from None
 
 
-def _gcs_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
-    """(flag, value, is a folder) for each gs:// location the run names."""
+def _run_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
+    """(flag, value, is a folder) for each location the run names."""
     places = [
         ("--input", cfg.input, True),
         ("--manifest", cfg.manifest, False),
@@ -82,7 +82,23 @@ def _gcs_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
         ("--output", cfg.output, True),
         ("--incremental-from", None if cfg.incremental_from == LATEST else cfg.incremental_from, True),
     ]
-    return [(flag, value, folder) for flag, value, folder in places if value and value.startswith("gs://")]
+    return [(flag, value, folder) for flag, value, folder in places if value]
+
+
+def _gcs_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
+    """(flag, value, is a folder) for each gs:// location the run names."""
+    return [place for place in _run_locations(cfg) if place[1].startswith("gs://")]
+
+
+def _ask_gcs(flag: str, value: str, *, folder: bool) -> bool:
+    """storage.gcs_check of a location (a glob: the folder before its first wildcard); a UsageError naming the
+    flag when GCS cannot be asked or refuses."""
+    glob = _GLOB_CHARS.search(value)
+    path = value[: glob.start()].rsplit("/", 1)[0] if glob else value
+    try:
+        return storage.gcs_check(path, folder=folder)
+    except storage.GcsAccessError as e:
+        raise UsageError(f"{flag} {value}: {e}") from None
 
 
 def _check_gcs_locations(cfg: ConvertConfig) -> None:
@@ -90,18 +106,54 @@ def _check_gcs_locations(cfg: ConvertConfig) -> None:
     a missing bucket, missing credentials or a refused permission is one line naming the flag and the cause.
     A folder input with nothing under it, or a file that is not there, is said here too."""
     for flag, value, folder in _gcs_locations(cfg):
-        glob = _GLOB_CHARS.search(value)
-        path = value[: glob.start()].rsplit("/", 1)[0] if glob else value
-        try:
-            found = storage.gcs_check(path, folder=folder)
-        except storage.GcsAccessError as e:
-            raise UsageError(f"{flag} {value}: {e}") from None
-        if found or glob:
+        if _ask_gcs(flag, value, folder=folder) or _GLOB_CHARS.search(value):
             continue
         if not folder:
             raise UsageError(f"{flag} {value}: no such file")
         if flag in ("--input", "--voc", "--masks"):
             raise UsageError(f"{flag} {value}: nothing under it (the folder is empty or does not exist)")
+
+
+# What Dataflow workers read or write themselves (--labels-file is read by the launcher alone).
+_WORKER_FLAGS = ("--input", "--manifest", "--coco", "--voc", "--masks", "--output", "--incremental-from")
+
+
+def _dataflow_locations(options: PipelineOptions) -> list[tuple[str, str]]:
+    """(flag, value) of the Beam options that name where Dataflow stages, keeps temporary files or writes the
+    job request."""
+    gcp = options.view_as(GoogleCloudOptions)
+    places = [
+        ("--temp_location", gcp.temp_location),
+        ("--staging_location", gcp.staging_location),
+        ("--template_location", gcp.template_location),
+    ]
+    return [(flag, value) for flag, value in places if value]
+
+
+def check_dataflow_paths(cfg: ConvertConfig, options: PipelineOptions) -> None:
+    """DataflowRunner: a UsageError for a local path the workers would have to read or write (they cannot see
+    this machine's disk), before anything is asked or staged. A local --template_location is this machine's."""
+    if not is_dataflow(options):
+        return
+    places = [(flag, value) for flag, value, _ in _run_locations(cfg) if flag in _WORKER_FLAGS]
+    places += [(flag, value) for flag, value in _dataflow_locations(options) if flag != "--template_location"]
+    for flag, value in places:
+        if not is_remote(value):
+            raise UsageError(
+                f"{flag} {value}: a local path, but Dataflow workers cannot read this machine's disk; give a gs:// path"
+            )
+
+
+def check_dataflow_access(options: PipelineOptions) -> None:
+    """DataflowRunner: asks GCS about the buckets of --temp_location, --staging_location and
+    --template_location with the short deadline of the run's own locations (storage.gcs_check). Beam asks about
+    them first with its client's two-minute retries each (its soft-delete policy warning, when the options are
+    validated), so no network was minutes of silence before any error."""
+    if not is_dataflow(options):
+        return
+    for flag, value in _dataflow_locations(options):
+        if value.startswith("gs://"):
+            _ask_gcs(flag, value, folder=True)  # a prefix not there yet is fine: the bucket answered
 
 
 def _input_root_and_pattern(text: str) -> tuple[str, str]:
@@ -806,7 +858,9 @@ def use_anonymous_gcs_for_emulator() -> bool:
 def _settle_gcs_credentials(cfg: ConvertConfig, options: PipelineOptions) -> None:
     """For a run that names a gs:// location: credentials, or anonymous at once (storage.settle_gcs_credentials).
     ``--no_auth`` does not reach Beam's GCS client in 2.77 (it still looks credentials up): here it does."""
-    if _gcs_locations(cfg) or (cfg.incremental_from == LATEST and (cfg.output_template or "").startswith("gs://")):
+    dataflow = is_dataflow(options) and any(v.startswith("gs://") for _, v in _dataflow_locations(options))
+    dated = cfg.incremental_from == LATEST and (cfg.output_template or "").startswith("gs://")
+    if _gcs_locations(cfg) or dated or dataflow:
         storage.settle_gcs_credentials(no_auth=bool(options.view_as(GoogleCloudOptions).no_auth))
     else:
         use_anonymous_gcs_for_emulator()
@@ -870,6 +924,84 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("".join(f"{r}\n" for r in worker_requirements(extra)))
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
+
+
+# Said once by a run whose workers install the package at start (no worker image).
+SETUP_FILE_COST = (
+    "--setup_file: each worker pip-installs beam_pipeline and its requirements (TensorFlow, and TFT when the job "
+    "runs the analysis: over 1 GB of wheels) when it starts, minutes per worker before it converts anything; "
+    "a worker image has them (--sdk_container_image; configs/dataflow.yaml: WORKER_IMAGE; docs/dataflow.md)"
+)
+_PACKAGE_FLAGS = ("--setup_file", "--requirements_file", "--requirements_cache")
+
+
+def with_worker_packages(cfg: ConvertConfig, beam_args: Sequence[str], folder: str) -> list[str]:
+    """Beam flags that give a remote runner's workers the package, with ``folder`` for the files to stage.
+
+    A worker image (``--sdk_container_image``, the Dockerfile's, which is also the Flex Template's) has the
+    package and its requirements: the workers install nothing, so ``--setup_file`` and ``--requirements_file``
+    (the config's fallback) are not staged. Without one, the workers install the sdist of ``--setup_file``
+    and the requirements (with_worker_requirements), and the run says once what that costs. The sdist is built
+    here (_built_sdist) and staged as an extra package.
+    """
+    options = PipelineOptions(list(beam_args))
+    image = options.view_as(WorkerOptions).sdk_container_image
+    setup_file = options.view_as(SetupOptions).setup_file
+    if image:
+        if setup_file or options.view_as(SetupOptions).requirements_file:
+            _LOG.info("--sdk_container_image %s: workers run its beam_pipeline; not staging %s", image, _PACKAGE_FLAGS)
+        return _without_flags(beam_args, _PACKAGE_FLAGS)
+    args = with_worker_requirements(cfg, beam_args, folder)
+    if not setup_file or os.path.basename(setup_file) != "setup.py":
+        return args  # pyproject.toml: Beam's stager builds it (python -m build)
+    note(SETUP_FILE_COST)
+    return [*_without_flags(args, ("--setup_file",)), f"--extra_package={_built_sdist(setup_file, folder)}"]
+
+
+def _without_flags(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``args`` less ``--flag=value`` and ``--flag value`` for each of ``flags``."""
+    out: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+            if not arg.startswith("-"):
+                continue
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            skip_value = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def _built_sdist(setup_file: str, folder: str) -> str:
+    """The sdist of ``setup_file`` (a setup.py), built in ``folder``; what Beam's stager would stage.
+
+    The stager runs ``python -m build`` in the setup file's folder first, and falls back to ``setup.py sdist``
+    (what runs here) when that fails: pypa's ``build`` is not installed, and in a checkout the ``build/`` folder
+    setuptools leaves shadows it, so each run printed a stray ``No module named build.__main__`` line.
+    """
+    import glob
+    import subprocess
+    import tempfile
+
+    if not os.path.isfile(setup_file):
+        raise UsageError(f"--setup_file {setup_file}: no such file")
+    dist = tempfile.mkdtemp(prefix="sdist-", dir=folder)
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist],
+        cwd=os.path.dirname(os.path.abspath(setup_file)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    archives = glob.glob(os.path.join(dist, "*.tar.gz"))
+    if done.returncode or len(archives) != 1:
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        cause = said[-1] if said else f"exit status {done.returncode}"
+        raise UsageError(f"--setup_file {setup_file}: building its sdist failed: {cause}")
+    return archives[0]
 
 
 RUN_TEMPORARY_PREFIX = "beam_pipeline-run-"
@@ -959,13 +1091,22 @@ def _remove_dead_run_folders(system: str, own: str) -> None:
 _RUN_TEMPORARY_FOLDER = _RunTemporaryFolder()
 
 
-def run_convert(cfg: ConvertConfig, beam_args: Sequence[str], *, own_process: bool = False) -> dict[str, Any]:
-    """Runs the whole conversion; returns dataset.json's content. ``own_process``: the process is the tool's (the
-    command line), so the run may take over ``tempfile``'s folder (``_RunTemporaryFolder``)."""
+def _options_for(cfg: ConvertConfig, beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
+    """make_options, checked against the run before anything is read or staged (Dataflow: no local path, its
+    buckets answer), with the GCS credentials settled and FileSystems set to the same options."""
     options, runner = make_options(beam_args)
+    check_dataflow_paths(cfg, options)
     _settle_gcs_credentials(cfg, options)
     # gs:// checks before the pipeline use the same options.
     FileSystems.set_options(options)
+    check_dataflow_access(options)
+    return options, runner
+
+
+def run_convert(cfg: ConvertConfig, beam_args: Sequence[str], *, own_process: bool = False) -> dict[str, Any]:
+    """Runs the whole conversion; returns dataset.json's content. ``own_process``: the process is the tool's (the
+    command line), so the run may take over ``tempfile``'s folder (``_RunTemporaryFolder``)."""
+    options, runner = _options_for(cfg, beam_args)
     # One run writes into an output at a time (lease.py): taken before anything reads or writes the output,
     # held (renewed) while the job runs, released when it ends; a submitted job's publish releases it.
     writes = not options.view_as(TestOptions).dry_run and not options.view_as(GoogleCloudOptions).template_location
@@ -1013,7 +1154,7 @@ def _run_claimed(
     if cfg.detach and (runner is not None or cfg.post_steps != "job"):
         raise UsageError("--detach needs a remote runner (e.g. --runner DataflowRunner) and --post-steps job")
     if runner is None:
-        beam_args = with_worker_requirements(cfg, beam_args, tempfile.mkdtemp(dir=local))
+        beam_args = with_worker_packages(cfg, beam_args, tempfile.mkdtemp(dir=local))
         options, runner = make_options(beam_args)
         FileSystems.set_options(options)
     if options.view_as(TestOptions).dry_run:
@@ -1072,9 +1213,7 @@ def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
 
     from .pipeline import build_plan_pipeline
 
-    options, runner = make_options(beam_args)
-    _settle_gcs_credentials(cfg, options)
-    FileSystems.set_options(options)
+    options, runner = _options_for(cfg, beam_args)
     cfg, layout = prepare(cfg, check_output=False)
     with tempfile.TemporaryDirectory(prefix="beam_pipeline-plan-") as work:
         plan_path = os.path.join(work, "plan.json")
@@ -1122,6 +1261,7 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
         "max_num_workers": worker.max_num_workers,
         "sdk_container_image": worker.sdk_container_image,
         "setup_file": setup.setup_file,
+        "extra_packages": [os.path.basename(p) for p in setup.extra_packages or []],
         "steps": len(job.proto_pipeline.components.transforms) if job is not None else None,
         "post_steps": cfg.post_steps,
         "step_names": sorted(

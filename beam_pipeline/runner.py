@@ -28,6 +28,11 @@ def runner_key(name: str | None) -> str:
     return (name or "").rsplit(".", 1)[-1].lower()
 
 
+def is_dataflow(options: PipelineOptions) -> bool:
+    """Whether the run goes to Google Cloud Dataflow (its workers see gs:// only, never this machine's disk)."""
+    return runner_key(options.view_as(StandardOptions).runner) == "dataflowrunner"
+
+
 def check_runner_options(options: PipelineOptions) -> None:
     """UsageError for Beam options that would download at run time or fail inside Beam."""
     name = options.view_as(StandardOptions).runner

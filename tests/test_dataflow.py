@@ -32,7 +32,11 @@ def test_dataflow_job_builds_offline_with_the_configured_options(gcs, monkeypatc
     assert (job["project"], job["region"]) == ("my-project", "europe-west1")
     assert job["temp_location"] == f"gs://{BUCKET}/beam_pipeline/tmp"
     assert (job["machine_type"], job["max_num_workers"]) == ("n2-standard-4", 20)
-    assert job["setup_file"] == "./setup.py"
+    # No worker image: the sdist of setup.py, built here (no stray "No module named build" line), and one note
+    assert job["sdk_container_image"] is None and job["setup_file"] is None
+    assert [p.rsplit("-", 1)[0] for p in job["extra_packages"]] == ["beam_pipeline"]
+    assert "build" not in result.stderr.replace("building", "")
+    assert result.stderr.count("note: --setup_file: each worker pip-installs") == 1, result.stderr
     assert job["steps"] > 20
     # The job analyses and publishes itself: a Flex Template launcher does not wait for it.
     assert job["post_steps"] == "job" and "PostSteps" in job["step_names"]
@@ -70,15 +74,26 @@ def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
     )  # fmt: skip
     assert "use_runner_v2" in env["experiments"]
     assert env["sdkPipelineOptions"]["options"]["project"] == "my-project"
-    assert "workflow.tar.gz" in staged  # the sdist of setup.py that workers install
+    [sdist] = [name for name in staged if name.startswith("beam_pipeline-")]  # the sdist of setup.py
     # TFT is an extra: --setup_file workers that run the analysis get it from the staged requirements file
     requirements = gcs.bucket(BUCKET).blob(staged["requirements.txt"]).download_as_bytes().decode()
     assert "tensorflow-transform==" in requirements and "pillow==" in requirements  # the converter too
-    sdist = gcs.bucket(BUCKET).blob(staged["workflow.tar.gz"]).download_as_bytes()
+    sdist = gcs.bucket(BUCKET).blob(staged[sdist]).download_as_bytes()
     with tarfile.open(fileobj=io.BytesIO(sdist)) as tar:
         assert any(n.endswith("beam_pipeline/poststeps.py") for n in tar.getnames())
     graph = gcs.bucket(BUCKET).blob(staged["pickled_main_session"].rsplit("/", 1)[0] + "/pipeline.pb")
     assert b"PostSteps" in graph.download_as_bytes()  # the job analyses and publishes itself
+
+
+def test_a_worker_image_is_the_workers_sdk_container_and_nothing_is_installed(gcs, monkeypatch):
+    """WORKER_IMAGE (configs/dataflow.yaml): the job request runs the workers in it; no sdist, no requirements."""
+    image = "europe-west1-docker.pkg.dev/my-project/beam-pipeline/beam-pipeline:1.0"
+    monkeypatch.setenv("WORKER_IMAGE", image)
+    request, staged = _template_run(gcs, monkeypatch, "wi")
+    [pool] = request["environment"]["workerPools"]
+    assert {c["containerImage"] for c in pool["sdkHarnessContainerImages"]} == {image}
+    assert request["environment"]["sdkPipelineOptions"]["options"]["sdk_container_image"] == image
+    assert not [n for n in staged if n.startswith("beam_pipeline-") or n in ("requirements.txt", "workflow.tar.gz")]
 
 
 def test_a_setup_file_alone_stages_our_requirements_file_and_leaves_no_local_file(gcs, monkeypatch, tmp_path):
@@ -157,3 +172,100 @@ def test_worker_requirements_carry_the_converter_and_transform_extras_at_the_pin
         assert workers[requirement] == pins[requirement], requirement
     assert "requirements_file: ./configs/dataflow-requirements.txt" in (REPO / "configs" / "dataflow.yaml").read_text()
     assert '".[transform]"' in (REPO / "Dockerfile").read_text()  # the prebuilt worker image has the extra too
+
+
+# ---- DataflowRunner before anything is staged: local paths, unreachable buckets, the sdist ------------------
+
+DATAFLOW_FLAGS = ["--runner=DataflowRunner", "--project=my-project", "--region=europe-west1"]
+
+
+def _convert_in_process(capsys, *args: str) -> tuple[int, str, float]:
+    from beam_pipeline.cli import main
+
+    started = time.monotonic()
+    code = main(["convert", "--name", "pets", "--no-transform", "--no-tfds-metadata", *DATAFLOW_FLAGS, *args])
+    return code, capsys.readouterr().err.strip(), time.monotonic() - started
+
+
+def test_a_local_path_with_dataflow_is_a_usage_error_before_anything_is_staged(capsys, tmp_path):
+    """Workers cannot read the launcher's disk: before, the job was built with paths no worker could read."""
+    (tmp_path / "in" / "cat").mkdir(parents=True)
+    (tmp_path / "in" / "cat" / "a.jpg").write_bytes(image_bytes("jpeg"))
+    (tmp_path / "list.csv").write_text("path\n")
+    remote = ["--input", "gs://b/in", "--output", "gs://b/out", "--temp_location", "gs://b/tmp"]
+    cases = {
+        "--input": str(tmp_path / "in"),
+        "--output": str(tmp_path / "out"),
+        "--temp_location": str(tmp_path / "tmp"),
+        "--staging_location": str(tmp_path / "staging"),
+    }
+    for flag, local in cases.items():
+        args = [*remote, flag, local]
+        code, err, _ = _convert_in_process(capsys, *args)
+        assert code == 2, (flag, err)
+        assert err.splitlines() == [
+            f"error: {flag} {local}: a local path, but Dataflow workers cannot read this machine's disk; "
+            "give a gs:// path"
+        ], err
+    code, err, _ = _convert_in_process(capsys, "--manifest", str(tmp_path / "list.csv"), *remote[2:])
+    assert code == 2 and err.startswith(f"error: --manifest {tmp_path / 'list.csv'}: a local path"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "list.csv"]  # nothing written
+
+
+def test_dataflow_locations_without_an_answer_fail_in_seconds_naming_the_flag(gcs, monkeypatch, capsys):
+    """No network (here: a missing bucket, and the server down): before, Beam's option validation asked GCS about
+    --temp_location with two-minute retries per location, minutes of silence."""
+    from beam_pipeline import storage
+
+    gcs.bucket(BUCKET).blob("dl/in/cat/a.jpg").upload_from_string(image_bytes("jpeg"))
+    run = ["--input", f"gs://{BUCKET}/dl/in", "--output", f"gs://{BUCKET}/dl/out"]
+    ours = f"--temp_location=gs://{BUCKET}/tmp"
+    cases = [
+        ([*run, "--temp_location=gs://no-such-bucket/tmp"], "--temp_location gs://no-such-bucket/tmp"),
+        ([*run, ours, "--staging_location=gs://no-such-bucket/st"], "--staging_location gs://no-such-bucket/st"),
+        ([*run, ours, "--template_location=gs://no-such-bucket/t.json"], "--template_location gs://no-such-bucket/t.json"),
+    ]  # fmt: skip
+    for args, flag in cases:
+        code, err, took = _convert_in_process(capsys, *args)
+        assert code == 2 and err.splitlines() == [f"error: {flag}: no bucket gs://no-such-bucket (GCS: 404 Not Found)"]
+        assert took < 30, took
+    sock = __import__("socket").socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(storage, "GCS_CHECK_DEADLINE_S", 2.0)
+    code, err, took = _convert_in_process(capsys, *run, ours, f"--template_location=gs://{BUCKET}/t.json")
+    assert code == 2
+    assert err.splitlines() == [
+        f"error: --temp_location gs://{BUCKET}/tmp: cannot reach the GCS emulator at http://127.0.0.1:{port} "
+        "(STORAGE_EMULATOR_HOST) (Connection refused): check the network connection or proxy"
+    ]
+    assert took < 15, took
+
+
+def test_the_sdist_is_built_without_a_stray_build_line_beside_a_build_folder(gcs, monkeypatch, capfd, tmp_path):
+    """Beam's stager ran `python -m build` in the setup file's folder, where a checkout's build/ folder shadows
+    pypa's build: 'No module named build.__main__' on stderr before its setup.py fallback."""
+    import shutil
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("setup.py", "README.md"):
+        shutil.copy(REPO / name, checkout / name)
+    shutil.copytree(REPO / "beam_pipeline", checkout / "beam_pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "build" / "lib").mkdir(parents=True)  # what setuptools leaves
+    gcs.bucket(BUCKET).blob("sd/in/cat/a.jpg").upload_from_string(image_bytes("jpeg"))
+    monkeypatch.chdir(checkout)
+    from beam_pipeline.cli import main
+
+    code = main([
+        "convert", "--name", "pets", "--no-transform", "--no-tfds-metadata", *DATAFLOW_FLAGS,
+        "--input", f"gs://{BUCKET}/sd/in", "--output", f"gs://{BUCKET}/sd/out", f"--temp_location=gs://{BUCKET}/tmp",
+        f"--setup_file={checkout / 'setup.py'}", "--dry_run=True",
+    ])  # fmt: skip
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "No module named build" not in err and "No module named build" not in out
+    job = json.loads(out.split("\n", 1)[1])
+    assert job["setup_file"] is None and job["extra_packages"][0].startswith("beam_pipeline-")

@@ -168,6 +168,31 @@ def _scheduler_body(stub_dir: Path, output: str) -> dict:
     return json.loads(args[args.index("--message-body") + 1])["launchParameter"]
 
 
+def test_every_launcher_runs_the_workers_in_the_template_image(tmp_path):
+    """run_template.sh, schedule.sh and the DAG pass the image build_template.sh builds as sdk_container_image."""
+    image = "r-docker.pkg.dev/p/beam-pipeline/beam-pipeline:" + _version()
+    assert _scheduler_body(tmp_path / "s", "gs://b/out")["parameters"]["sdk_container_image"] == image
+    stub_dir = tmp_path / "run"
+    stub_dir.mkdir()
+    stub = stub_dir / "gcloud"
+    stub.write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$(dirname "$0")/args"\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "GCP_PROJECT": "p",
+           "GCP_REGION": "r", "GCS_BUCKET": "b"}  # fmt: skip
+    script = REPO / "scripts" / "dataflow" / "run_template.sh"
+    subprocess.run(["bash", str(script), "gs://b/in", "gs://b/out", "photos"], env=env, check=True, capture_output=True)
+    args = (stub_dir / "args").read_text().split("\0")
+    assert f"sdk_container_image={image}" in args[args.index("--parameters") + 1].split(",")
+    dag = (REPO / "scripts" / "airflow" / "beam_pipeline_dag.py").read_text()
+    assert '"sdk_container_image": "{{ var.value.beam_pipeline_image }}"' in dag
+
+
+def _version() -> str:
+    import re
+
+    return re.search(r'__version__ = "([^"]+)"', (REPO / "beam_pipeline" / "__init__.py").read_text()).group(1)
+
+
 def test_airflow_dag_compiles():
     py_compile.compile(str(REPO / "scripts" / "airflow" / "beam_pipeline_dag.py"), doraise=True)
 

@@ -2,7 +2,8 @@
 
 Run it in your Airflow environment (apache-airflow + apache-airflow-providers-google),
 not in beam_pipeline's: the Google provider's pins conflict with tfx-bsl's.
-Set the Airflow variables gcp_project, gcp_region, gcs_bucket and beam_pipeline_template.
+Set the Airflow variables gcp_project, gcp_region, gcs_bucket, beam_pipeline_template and beam_pipeline_image
+(the image scripts/dataflow/build_template.sh prints: the workers run in it and install nothing at start).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ with DAG(
                     "overwrite": "true",
                     "max_reject_fraction": "0.05",
                     "reject_allowance": "10",
+                    "sdk_container_image": "{{ var.value.beam_pipeline_image }}",
                     # the newest complete earlier date's dataset; the first night converts everything
                     "incremental_from": "latest",
                 },

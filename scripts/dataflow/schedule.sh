@@ -7,8 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${GCP_PROJECT:?}" "${GCP_REGION:?}" "${GCS_BUCKET:?}" "${SCHEDULER_SA:?set SCHEDULER_SA}"
 INPUT="$1" OUTPUT="$2" NAME="$3" SCHEDULE="${SCHEDULE:-0 2 * * *}"
-VERSION="$(python3 -c 'import re;print(re.search(r"__version__ = \"([^\"]+)\"", open("beam_pipeline/__init__.py").read()).group(1))')"
-TEMPLATE="gs://${GCS_BUCKET}/beam_pipeline/templates/convert-${VERSION}.json"
+source scripts/dataflow/env.sh
 # Cloud Scheduler cannot compute dates: run_date is left out, so the job uses
 # today's date (UTC) for {date} and for its job name. With {date} in OUTPUT,
 # incremental_from=latest builds on the newest complete earlier date's dataset
@@ -20,7 +19,7 @@ if [[ -n "${KEEP_LAST:-}" ]]; then INCREMENTAL="${INCREMENTAL}, \"keep_last\": \
 BODY=$(cat <<JSON
 {"launchParameter": {"jobName": "$(echo "$NAME" | tr '[:upper:]_' '[:lower:]-')-nightly",
   "containerSpecGcsPath": "$TEMPLATE",
-  "parameters": {"input": "$INPUT", "output": "$OUTPUT", "name": "$NAME", "overwrite": "true", "max_reject_fraction": "0.05", "reject_allowance": "10"${INCREMENTAL}},
+  "parameters": {"input": "$INPUT", "output": "$OUTPUT", "name": "$NAME", "overwrite": "true", "max_reject_fraction": "0.05", "reject_allowance": "10", "sdk_container_image": "$IMAGE"${INCREMENTAL}},
   "environment": {"tempLocation": "gs://${GCS_BUCKET}/beam_pipeline/tmp"}}}
 JSON
 )
