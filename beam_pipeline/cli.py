@@ -481,6 +481,7 @@ def run_inspect(argv: Sequence[str]) -> int:
 
     use_anonymous_gcs_for_emulator()
     args = _inspect_parser().parse_args(list(argv))
+    inspection.check_access(args.output)
     try:
         info = inspection.read_info(args.output)
     except UsageError as e:
@@ -522,11 +523,12 @@ def _clean_parser() -> Parser:
 
 
 def run_clean(argv: Sequence[str]) -> int:
-    from . import scratch
+    from . import inspection, scratch
     from .launcher import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     args = _clean_parser().parse_args(list(argv))
+    inspection.check_access(args.output)
     older_than = scratch.parse_age(args.older_than)
     results = scratch.clean(args.output, older_than, args.force, args.dry_run)
     print("\n".join(scratch.clean_lines(results, older_than, args.dry_run)))

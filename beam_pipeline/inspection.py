@@ -42,17 +42,20 @@ class VerifyError(Exception):
     """A shard that does not hold what dataset.json says; the message names shard and record."""
 
 
-def read_info(output: str) -> dict[str, Any]:
-    path = FileSystems.join(output, metadata.DATASET_JSON)
-    if path.startswith("gs://"):  # asked with a short deadline: no network or credentials is said as such
+def check_access(output: str) -> None:
+    """A gs:// output is asked about first, with a short deadline (storage.gcs_check): no network, no bucket
+    or no credentials is one line saying so, not minutes of the GCS client's retries."""
+    if output.startswith("gs://"):
         storage.settle_gcs_credentials()
         try:
-            found = storage.gcs_check(path, folder=False)
+            storage.gcs_check(output, folder=True)
         except storage.GcsAccessError as e:
             raise UsageError(f"{output}: {e}") from None
-    else:
-        found = FileSystems.exists(path)
-    if not found:
+
+
+def read_info(output: str) -> dict[str, Any]:
+    path = FileSystems.join(output, metadata.DATASET_JSON)
+    if not FileSystems.exists(path):
         raise UsageError(f"{output}: no dataset.json (not a beam_pipeline output, or an unfinished run)")
     try:
         return read_json_object(path)

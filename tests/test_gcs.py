@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import apache_beam as beam
@@ -313,9 +314,12 @@ def test_a_gcs_server_that_does_not_answer_is_named_not_an_empty_folder(monkeypa
 
     from beam_pipeline.cli import main
 
-    assert main(["inspect", "gs://b/out"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: gs://b/out: cannot reach the GCS emulator at http://127.0.0.1:{port}")
+    for command in ("inspect", "clean"):
+        started = time.monotonic()
+        assert main([command, "gs://b/out"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: gs://b/out: cannot reach the GCS emulator at http://127.0.0.1:{port}")
+        assert time.monotonic() - started < 15, command
 
 
 def test_a_missing_bucket_or_an_empty_prefix_is_said_so(gcs, capsys, tmp_path):
