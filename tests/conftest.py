@@ -23,6 +23,20 @@ class CliResult:
     stderr: str
 
 
+def gcs_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Points STORAGE_EMULATOR_HOST at a closed loopback port and lets the gs:// checks give up after 2 s:
+    a GCS server that is down. Returns the address."""
+    from beam_pipeline import storage
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    address = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", address)
+    monkeypatch.setattr(storage, "GCS_CHECK_DEADLINE_S", 2.0)
+    return address
+
+
 def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 300) -> CliResult:
     """``python -m beam_pipeline ARGS`` as a user runs it."""
     env = dict(os.environ)

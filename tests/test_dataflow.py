@@ -10,7 +10,7 @@ import sys
 import tarfile
 import time
 
-from .conftest import BUCKET, REPO, run_cli
+from .conftest import BUCKET, REPO, gcs_that_does_not_answer, run_cli
 from .imagegen import image_bytes
 
 DATAFLOW_ENV = {"GCP_PROJECT": "my-project", "GCP_REGION": "europe-west1", "GCS_BUCKET": BUCKET}
@@ -215,7 +215,6 @@ def test_a_local_path_with_dataflow_is_a_usage_error_before_anything_is_staged(c
 def test_dataflow_locations_without_an_answer_fail_in_seconds_naming_the_flag(gcs, monkeypatch, capsys):
     """No network (here: a missing bucket, and the server down): before, Beam's option validation asked GCS about
     --temp_location with two-minute retries per location, minutes of silence."""
-    from beam_pipeline import storage
 
     gcs.bucket(BUCKET).blob("dl/in/cat/a.jpg").upload_from_string(image_bytes("jpeg"))
     run = ["--input", f"gs://{BUCKET}/dl/in", "--output", f"gs://{BUCKET}/dl/out"]
@@ -229,16 +228,11 @@ def test_dataflow_locations_without_an_answer_fail_in_seconds_naming_the_flag(gc
         code, err, took = _convert_in_process(capsys, *args)
         assert code == 2 and err.splitlines() == [f"error: {flag}: no bucket gs://no-such-bucket (GCS: 404 Not Found)"]
         assert took < 30, took
-    sock = __import__("socket").socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-    monkeypatch.setattr(storage, "GCS_CHECK_DEADLINE_S", 2.0)
+    address = gcs_that_does_not_answer(monkeypatch)
     code, err, took = _convert_in_process(capsys, *run, ours, f"--template_location=gs://{BUCKET}/t.json")
     assert code == 2
     assert err.splitlines() == [
-        f"error: --temp_location gs://{BUCKET}/tmp: cannot reach the GCS emulator at http://127.0.0.1:{port} "
+        f"error: --temp_location gs://{BUCKET}/tmp: cannot reach the GCS emulator at {address} "
         "(STORAGE_EMULATOR_HOST) (Connection refused): check the network connection or proxy"
     ]
     assert took < 15, took

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import apache_beam as beam
 
-from .conftest import BUCKET, convert, load_info, run_cli
+from .conftest import BUCKET, convert, gcs_that_does_not_answer, load_info, run_cli
 from .imagegen import broken_bytes, image_bytes, write
 
 
@@ -295,18 +295,11 @@ def _convert_in_process(capsys, *args: str) -> tuple[int, str, float]:
 
 def test_a_gcs_server_that_does_not_answer_is_named_not_an_empty_folder(monkeypatch, capsys, tmp_path):
     """The server down (a closed loopback port): before, ~2 min of retries, then 'the folder is empty'."""
-    from beam_pipeline import storage
-
-    sock = __import__("socket").socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-    monkeypatch.setattr(storage, "GCS_CHECK_DEADLINE_S", 2.0)
+    address = gcs_that_does_not_answer(monkeypatch)
     code, err, took = _convert_in_process(capsys, "--input", "gs://b/photos", "--output", str(tmp_path / "out"))
     assert code == 2
     assert err.splitlines() == [
-        f"error: --input gs://b/photos: cannot reach the GCS emulator at http://127.0.0.1:{port} "
+        f"error: --input gs://b/photos: cannot reach the GCS emulator at {address} "
         "(STORAGE_EMULATOR_HOST) (Connection refused): check the network connection or proxy"
     ]
     assert took < 15
@@ -318,7 +311,7 @@ def test_a_gcs_server_that_does_not_answer_is_named_not_an_empty_folder(monkeypa
         started = time.monotonic()
         assert main([command, "gs://b/out"]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"error: gs://b/out: cannot reach the GCS emulator at http://127.0.0.1:{port}")
+        assert err.startswith(f"error: gs://b/out: cannot reach the GCS emulator at {address}")
         assert time.monotonic() - started < 15, command
 
 
