@@ -326,7 +326,54 @@ def running(engine: str, role: str) -> int | None:
     return pid if _start_ticks(pid) == record["start"] else None
 
 
-def _launch(engine: str, role: str, cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> int:
+def netns(engine: str) -> str | None:
+    """The engine's network namespace (loopback only), or None when BEAM_CLUSTER_NETNS=off."""
+    if os.environ.get("BEAM_CLUSTER_NETNS", "").lower() in ("off", "0", "no"):
+        return None
+    return f"beam-{engine}"
+
+
+def _ensure_netns(engine: str) -> None:
+    name = netns(engine)
+    if name is None:
+        say(
+            "cluster: BEAM_CLUSTER_NETNS=off: Beam's job server and the TaskManager's Fn API servers listen on "
+            "every interface of this host"
+        )
+        return
+    if not Path(f"/var/run/netns/{name}").exists():
+        done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+        if done.returncode:
+            raise ClusterError(
+                f"ip netns add {name}: {_last_line(done.stderr)} (needs root and iproute2; "
+                "BEAM_CLUSTER_NETNS=off runs the cluster in this host's network instead)"
+            )
+    done = subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True, text=True)
+    if done.returncode:
+        raise ClusterError(f"ip -n {name} link set lo up: {_last_line(done.stderr)}")
+
+
+def _answers_inside(engine: str, p: int) -> bool:
+    """Whether 127.0.0.1:``p`` answers where the cluster runs (its namespace, or this host's network)."""
+    name = netns(engine)
+    if name is None:
+        return _listening(p)
+    from netns_forward import NamespaceDialer
+
+    return NamespaceDialer(name).answers(p)
+
+
+def _launch(
+    engine: str, role: str, cmd: list[str], env: dict[str, str], cwd: Path | None = None, forward: tuple[int, ...] = ()
+) -> int:
+    """Starts a role in the engine's namespace; ``forward``: its ports that answer on the host's 127.0.0.1 too
+    (through scripts/netns_forward.py, whose pid is then the role's)."""
+    name = netns(engine)
+    if name and forward:
+        relay = [sys.executable, str(ROOT / "scripts" / "netns_forward.py"), "--netns", name]
+        cmd = [*relay, *(f"--forward={p}" for p in forward), "--", *cmd]
+    elif name:
+        cmd = ["ip", "netns", "exec", name, *cmd]
     logs = run_dir(engine) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / f"{role}.log", "ab") as log:
@@ -453,7 +500,8 @@ def _start_role(engine: str, role: str) -> None:
     if role in ("jobmanager", "taskmanager"):
         env = _flink_env(engine)
         if role == "jobmanager":
-            pid = _launch(engine, role, [str(dist / "bin" / "jobmanager.sh"), "start-foreground"], env)
+            cmd = [str(dist / "bin" / "jobmanager.sh"), "start-foreground"]
+            pid = _launch(engine, role, cmd, env, forward=(port("FLINK_REST_PORT"),))
             _wait_for("REST API", lambda: _http_json(_flink_url("/overview")) is not None, engine, role, pid)
         else:
             resource = f"taskmanager-{int(time.time() * 1000)}"
@@ -477,7 +525,7 @@ def _start_role(engine: str, role: str) -> None:
                 "--webui-port",
                 str(port("SPARK_MASTER_UI_PORT")),
             ]
-            pid = _launch(engine, role, cmd, env)
+            pid = _launch(engine, role, cmd, env, forward=(port("SPARK_MASTER_UI_PORT"),))
             _wait_for("master", lambda: _http_json(_spark_url("/json/")) is not None, engine, role, pid)
         else:
             cmd = [
@@ -523,8 +571,9 @@ def _start_role(engine: str, role: str) -> None:
         ]
         if engine == "flink":
             cmd.append(f"--flink-conf-dir={env['FLINK_CONF_DIR']}")
-        pid = _launch(engine, role, cmd, env)
-        _wait_for("job service", lambda: _listening(port(prefix + "_JOB_PORT")), engine, role, pid)
+        jobs = (port(prefix + "_JOB_PORT"), port(prefix + "_ARTIFACT_PORT"))
+        pid = _launch(engine, role, cmd, env, forward=jobs)
+        _wait_for("job service", lambda: all(_listening(p) for p in jobs), engine, role, pid)
     else:
         _start_pool(engine)
 
@@ -559,7 +608,7 @@ def _start_pool(engine: str) -> None:
         env["TMPDIR"] = str(own_tmp)
         cmd = pool
     pid = _launch(engine, "workerpool", cmd, env, cwd=own_cwd)
-    _wait_for("worker pool", lambda: _listening(pool_port), engine, "workerpool", pid)
+    _wait_for("worker pool", lambda: _answers_inside(engine, pool_port), engine, "workerpool", pid)
 
 
 def _private_tmp_works(folder: Path) -> bool:
@@ -616,6 +665,7 @@ def options_line(engine: str) -> str:
 def start(engine: str) -> None:
     if not fetched(engine):
         fetch(engine)
+    _ensure_netns(engine)
     for role in ROLES[engine]:
         pid = running(engine, role)
         if pid:
@@ -643,6 +693,9 @@ def stop(engine: str) -> None:
             say(f"cluster: stopping {engine} {role} (pid {pid})")
             _end_group(pid)
         _pid_file(engine, role).unlink(missing_ok=True)
+    name = netns(engine)
+    if name and Path(f"/var/run/netns/{name}").exists():
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
 
 def _end_group(pid: int) -> None:
