@@ -270,6 +270,11 @@ def process_started() -> float:
 _IMPORTED = time.time()
 
 
+def _not_job_messages(record: logging.LogRecord) -> bool:
+    """False for the job messages Beam's portable runner logs while it waits for a Flink or Spark job."""
+    return not (record.name == "root" and record.pathname.endswith("portable_runner.py"))
+
+
 def _quiet_logs(verbose: bool) -> None:
     """The CLI's log setup (never done on import): WARNING and above, and none of TF's start-up lines."""
     logging.basicConfig(
@@ -280,6 +285,10 @@ def _quiet_logs(verbose: bool) -> None:
         # would repeat them with a traceback.
         for noisy in ("apache_beam", "absl", "tensorflow", "tensorflow_transform"):
             logging.getLogger(noisy).setLevel(logging.CRITICAL)
+        # A portable runner (Flink, Spark) relays the job's messages through the root logger, a worker's
+        # traceback among them.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_not_job_messages)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
         # absl's C++ logger prints TF's oneDNN/CUDA notices before it reads

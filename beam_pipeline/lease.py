@@ -300,7 +300,11 @@ def renew(output: str, run_id: str) -> dict[str, Any]:
     for _ in range(_RETRIES):
         found = store.read()
         if found is None:
-            raise LeaseLost(f"{output}: run {run_id} no longer holds the output lease (it was released)")
+            raise LeaseLost(
+                f"{output}: run {run_id} no longer holds the output lease: host {socket.gethostname()} finds none "
+                "there (it was released, or this host does not see the disk the run started on: on a cluster "
+                "every worker must see the output, on a shared file system at the same path or in gs://)"
+            )
         record, token = found
         if record.get("run_id") != run_id:
             raise LeaseLost(f"{output}: {describe(record)} took the output lease from run {run_id}")

@@ -693,6 +693,18 @@ def _bucket_and_prefix(folder: str) -> tuple[str, str]:
     return bucket, prefix + "/" if prefix else ""
 
 
+def not_on_this_worker(folder: str) -> str:
+    """The launcher found ``folder`` (its pre-flight checks passed) but the worker listing it does not: a local
+    path on a cluster whose workers do not share this machine's disk. Said as such, not as an empty input."""
+    import socket
+
+    return (
+        f"--input {folder}: no such folder on the worker that lists it (host {socket.gethostname()}), though "
+        "the machine that started the run has it: on a cluster every worker must see the input, on a shared "
+        "file system mounted at the same path or in gs://"
+    )
+
+
 class _Lister:
     """Direct-entry and recursive listings of a local folder or a gs:// prefix.
 
@@ -727,6 +739,8 @@ class _Lister:
             return
         import os
 
+        if folder == self._root and not os.path.isdir(folder):
+            raise UsageError(not_on_this_worker(folder))
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError:  # as os.walk: an unreadable folder lists nothing

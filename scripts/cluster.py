@@ -465,9 +465,10 @@ def _flink_conf(engine: str) -> Path:
         "io.tmp.dirs": str(tmp),
         # A lost TaskManager fails its tasks; the job restarts them once slots are back (a new TaskManager:
         # `cluster.sh flink start`) instead of failing at once. Attempts made while the dead TaskManager is still
-        # registered fail fast, hence several, 5 s apart.
+        # registered fail fast, hence several, 5 s apart (not many: a failure in the pipeline's own code fails
+        # every attempt the same way).
         "restart-strategy.type": "fixed-delay",
-        "restart-strategy.fixed-delay.attempts": 10,
+        "restart-strategy.fixed-delay.attempts": 6,
         "restart-strategy.fixed-delay.delay": "5 s",
         "heartbeat.interval": 2000,
         "heartbeat.timeout": 10000,

@@ -1,0 +1,221 @@
+"""convert on a real Apache Flink cluster (scripts/cluster.sh): the same bytes as the local runner, a killed
+TaskManager, two runs at once.
+
+One cluster for the module: a JobManager, a TaskManager with 2 slots, Beam's job server and the Python worker
+pool, on 127.0.0.1 in a network namespace of their own, the pool with a private /tmp. Inputs and outputs
+therefore live in a folder both sides see (``.cluster/shared``), as they would on a shared file system; a test
+folder under /tmp would be invisible to the workers (test_a_local_input_the_workers_cannot_see_is_named).
+The first start downloads Flink and the job server (a fresh clone: a few minutes, see docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import imagegen
+from tests.conftest import REPO, convert, load_info, run_cli
+from tests.test_coco import make_coco
+
+CLUSTER = str(REPO / "scripts" / "cluster.sh")
+HOME = Path(os.environ.get("BEAM_CLUSTER_HOME") or REPO / ".cluster")
+SPLITS = ("--split-ratios", "train=0.7,validation=0.15,test=0.15")
+# dataset.json fields that describe the data (not the run: its id, timings, runner settings, versions)
+SAME_FIELDS = ("name", "splits", "examples", "bytes", "labels", "num_classes", "features", "rejects", "skipped")
+
+
+def cluster(action: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([CLUSTER, "flink", action], capture_output=True, text=True, timeout=timeout)
+
+
+def roles() -> dict[str, int]:
+    return {line.split()[0]: int(line.split()[1]) for line in cluster("status").stdout.splitlines()}
+
+
+@pytest.fixture(scope="module")
+def flink() -> Iterator[list[str]]:
+    """The Beam options `cluster.sh flink start` prints; the cluster is stopped (by pid) afterwards."""
+    started = cluster("start")
+    assert started.returncode == 0, started.stderr
+    lines = started.stdout.splitlines()
+    assert len(lines) == 1, started.stdout  # stdout is exactly the options line
+    options = shlex.split(lines[0])
+    assert options[0] == "--runner=FlinkRunner"
+    assert set(roles()) == {"jobmanager", "taskmanager", "jobserver", "workerpool"}
+    again = cluster("start")  # idempotent: nothing new starts, the same line
+    assert again.stdout == started.stdout and "starting" not in again.stderr
+    yield options
+    pids = roles()
+    stopped = cluster("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert cluster("status").returncode == 1  # none running
+    for pid in pids.values():
+        assert not _alive(pid), f"pid {pid} still runs after stop"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A folder the launcher and the cluster's workers both see (outside /tmp)."""
+    folder = HOME / "shared" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def make_folder(root: Path, per_class: int, start: int = 0) -> None:
+    """Classes a/b/c of small JPEGs and PNGs, plus files that are rejected (broken, empty)."""
+    for c, label in enumerate("abc"):
+        for i in range(start, start + per_class):
+            kind = "png" if i % 4 == 0 else "jpeg"
+            ext = "png" if kind == "png" else "jpg"
+            imagegen.write(str(root / label / f"{i:04d}.{ext}"), imagegen.image_bytes(kind, 48, 64, seed=c * 1000 + i))
+    imagegen.write(str(root / "a" / "broken.jpg"), imagegen.broken_bytes("truncated"))
+    imagegen.write(str(root / "b" / "empty.png"), b"")
+
+
+def assert_same_dataset(local: Path, engine: Path) -> None:
+    """Shards, index.jsonl, rejects.jsonl, labels.txt byte for byte; dataset.json's description of the data."""
+    files = sorted(p.name for p in local.iterdir() if ".tfrecord" in p.name)
+    assert files and files == sorted(p.name for p in engine.iterdir() if ".tfrecord" in p.name)
+    for name in [*files, "index.jsonl", "rejects.jsonl", "labels.txt"]:
+        assert (local / name).read_bytes() == (engine / name).read_bytes(), name
+    a, b = load_info(local), load_info(engine)
+    assert {k: a.get(k) for k in SAME_FIELDS} == {k: b.get(k) for k in SAME_FIELDS}
+    assert (engine / "_SUCCESS").exists()
+
+
+def test_classification_and_an_incremental_night_match_the_local_runner(flink: list[str], shared: Path) -> None:
+    src = shared / "photos"
+    make_folder(src, per_class=14)
+    convert("--input", str(src), "--output", str(shared / "local" / "ds"), *SPLITS)
+    convert("--input", str(src), "--output", str(shared / "flink" / "ds"), *SPLITS, *flink)
+    assert_same_dataset(shared / "local" / "ds", shared / "flink" / "ds")
+    assert load_info(shared / "flink" / "ds")["rejects"]["total"] == 2
+
+    # The next night: new images, one gone; each run reuses its own previous dataset.
+    make_folder(src, per_class=4, start=100)
+    (src / "c" / "0001.jpg").unlink()
+    for side, extra in (("local", []), ("flink", flink)):
+        previous = str(shared / side / "ds")
+        convert(
+            "--input",
+            str(src),
+            "--output",
+            str(shared / f"{side}2" / "ds"),
+            *SPLITS,
+            "--incremental-from",
+            previous,
+            *extra,
+        )
+    assert_same_dataset(shared / "local2" / "ds", shared / "flink2" / "ds")
+    assert load_info(shared / "flink2" / "ds")["examples"] == 3 * 18 - 1
+
+
+def test_a_coco_dataset_matches_the_local_runner(flink: list[str], shared: Path) -> None:
+    root = shared / "images"
+    path = shared / "instances.json"
+    path.write_text(json.dumps(make_coco(root)))
+    args = ("--input", str(root), "--coco", str(path), "--max-reject-fraction", "1")
+    convert(*args, "--output", str(shared / "local" / "ds"))
+    convert(*args, "--output", str(shared / "flink" / "ds"), *flink)
+    assert_same_dataset(shared / "local" / "ds", shared / "flink" / "ds")
+
+
+def _flink_job_running() -> bool:
+    url = f"http://127.0.0.1:{os.environ.get('FLINK_REST_PORT', '8081')}/jobs/overview"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        jobs = json.loads(response.read())["jobs"]
+    return any(job["state"] == "RUNNING" and job["tasks"].get("running", 0) for job in jobs)
+
+
+def _converting(args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "beam_pipeline", "convert", *args, "--no-transform", "--no-tfds-metadata"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_killed_taskmanager_leaves_the_old_dataset_or_the_new_one(flink: list[str], shared: Path) -> None:
+    """The TaskManager dies (SIGKILL, by the pid `status` gives) while the job's tasks run; `start` brings a new
+    one. The engine restarts the tasks, or the same command is run again: the output is the old dataset or the
+    new one, complete and verified, never a mix."""
+    old_src, new_src, out = shared / "old", shared / "new", shared / "out" / "ds"
+    make_folder(old_src, per_class=6)
+    make_folder(new_src, per_class=40)
+    convert("--input", str(old_src), "--output", str(out), *SPLITS)
+    old = load_info(out)
+    args = ["--input", str(new_src), "--output", str(out), *SPLITS, "--overwrite", *flink]
+    run = _converting(args)
+    deadline = time.monotonic() + 300
+    while not _flink_job_running():
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.5)
+    taskmanager = roles()["taskmanager"]
+    os.kill(taskmanager, signal.SIGKILL)
+    started = cluster("start")
+    assert started.returncode == 0 and "starting flink taskmanager" in started.stderr, started.stderr
+    assert roles()["taskmanager"] != taskmanager
+    _, err = run.communicate(timeout=900)
+
+    info = load_info(out)
+    if run.returncode != 0:  # the engine gave up: the old dataset is intact, and the same command finishes it
+        assert info["run_id"] == old["run_id"], err
+        again = _converting(args)
+        _, err = again.communicate(timeout=900)
+        assert again.returncode == 0, err
+        info = load_info(out)
+    assert info["examples"] == 3 * 40 and info["run_id"] != old["run_id"]
+    verified = run_cli("inspect", str(out), "--verify")
+    assert verified.returncode == 0, verified.stderr + verified.stdout
+    assert_same_dataset(_local_twin(new_src, shared), out)
+
+
+def _local_twin(src: Path, shared: Path) -> Path:
+    twin = shared / "twin" / "ds"
+    convert("--input", str(src), "--output", str(twin), *SPLITS)
+    return twin
+
+
+def test_two_runs_into_one_output_at_once_one_writes_the_other_is_refused(flink: list[str], shared: Path) -> None:
+    src, out = shared / "photos", shared / "out" / "ds"
+    make_folder(src, per_class=8)
+    runs = [_converting(["--input", str(src), "--output", str(out), *SPLITS, *flink]) for _ in range(2)]
+    results = [(run.wait(timeout=900), run.communicate()[1]) for run in runs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, err in results if code == 2)
+    assert "is writing into it" in refused and "Traceback" not in refused
+    verified = run_cli("inspect", str(out), "--verify")
+    assert verified.returncode == 0, verified.stderr + verified.stdout
+
+
+def test_a_local_input_the_workers_cannot_see_is_named(flink: list[str], tmp_path: Path, shared: Path) -> None:
+    """An input under the launcher's /tmp: the workers (their own /tmp, as on another host) do not see it. The
+    run says so in one line instead of calling the folder empty."""
+    make_folder(tmp_path / "photos", per_class=2)
+    result = run_cli("convert", "--input", str(tmp_path / "photos"), "--output", str(shared / "ds"), *flink)
+    assert result.returncode != 0
+    err = result.stderr.strip()
+    assert "no such folder on the worker that lists it" in err and "every worker must see the input" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not (shared / "ds" / "_SUCCESS").exists()
