@@ -121,6 +121,11 @@ def _forward(port: int, dialer: NamespaceDialer, child: subprocess.Popen) -> Non
         threading.Thread(target=_relay, args=(client, dialer, port), daemon=True).start()
 
 
+def _end_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent (this relay) dies (prctl PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--netns", required=True)
@@ -131,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no command")
     dialer = NamespaceDialer(args.netns)
-    child = subprocess.Popen(["ip", "netns", "exec", args.netns, *command])
+    # The command ends with this process even when it is killed outright (SIGKILL, by pid): a job server left
+    # behind would hold its ports in the namespace and the next `cluster.sh start` could not start one.
+    child = subprocess.Popen(["ip", "netns", "exec", args.netns, *command], preexec_fn=_end_with_parent)
 
     def stop(signum: int, _frame: object) -> None:
         child.terminate()

@@ -1,0 +1,188 @@
+"""The same data converted locally and on the local Flink cluster (scripts/cluster.sh), in one run.
+
+    .venv/bin/python scripts/engine_benchmark.py --per-class 300      # 900 JPEGs of 640x480
+    .venv/bin/python scripts/engine_benchmark.py --per-class 300 --engine spark
+
+Starts the cluster if it is not running (``cluster.sh ENGINE start``), then runs, interleaved and ``--rounds``
+times each: a tiny job on the cluster (its fixed cost: submission, translation, worker start), the full job on
+the cluster, and the full job on the local runner. Each run's process tree is sampled every 0.2 s: for a local
+run the convert process and its children, for a cluster run the convert process plus every process of the
+cluster (JVMs, job server, worker pool and its SDK workers). Printed per run: wall time, CPU seconds, peak RSS
+of the tree (the cluster's idle RSS is printed on its own), images/s, images/s per slot, and the marginal rate
+per slot once the fixed cost is taken off, which is what a cluster of N such slots scales by.
+CPU of a process that ends between two samples is counted up to its last sample (under 0.2 s each).
+Data lives under .cluster/shared/bench (outside /tmp: the workers have their own /tmp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = str(ROOT / "scripts" / "cluster.sh")
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+SLOTS = 2
+
+
+def _stat(pid: str) -> tuple[int, float, int] | None:
+    """(session id, CPU seconds, RSS bytes) of a live process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[3]), (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
+
+
+class TreeSampler:
+    """CPU seconds and peak RSS of every process in ``sessions`` while it runs."""
+
+    def __init__(self, sessions: set[int]) -> None:
+        self.sessions = sessions
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._sample()
+        self.first = dict(self.last)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        rss = 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            found = _stat(pid)
+            if found and found[0] in self.sessions:
+                self.last[pid] = found[1]
+                rss += found[2]
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def stop(self) -> tuple[float, int]:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        cpu = sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.last.items())
+        return cpu, self.peak_rss
+
+
+def cluster_sessions(engine: str) -> set[int]:
+    out = subprocess.run([CLUSTER, engine, "status"], capture_output=True, text=True).stdout
+    sessions = set()
+    for line in out.splitlines():
+        found = _stat(line.split()[1])
+        if found:
+            sessions.add(found[0])
+    return sessions
+
+
+def idle_rss(sessions: set[int]) -> int:
+    total = 0
+    for pid in os.listdir("/proc"):
+        found = _stat(pid) if pid.isdigit() else None
+        if found and found[0] in sessions:
+            total += found[2]
+    return total
+
+
+def run(label: str, args: list[str], sessions: set[int], images: int) -> dict[str, float | str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "beam_pipeline", "convert", *args, "--overwrite"]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    sampler = TreeSampler(sessions | {proc.pid})
+    _, err = proc.communicate()
+    wall = time.monotonic() - started
+    cpu, peak = sampler.stop()
+    if proc.returncode:
+        raise SystemExit(f"{label} failed: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
+    return {"run": label, "images": images, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=("flink", "spark"), default="flink")
+    parser.add_argument("--per-class", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    base = Path(os.environ.get("BEAM_CLUSTER_HOME") or ROOT / ".cluster") / "shared" / "bench"
+    data, tiny = base / f"photos-{args.per_class}", base / "tiny"
+    for folder, per_class in ((data, args.per_class), (tiny, 4)):
+        if not folder.exists():
+            make = [sys.executable, str(ROOT / "scripts" / "make_sample_images.py"), str(folder)]
+            subprocess.run([*make, "--per-class", str(per_class), "--size", "640x480", "--no-corrupt"], check=True)
+    images = 3 * args.per_class
+    started = subprocess.run([CLUSTER, args.engine, "start"], capture_output=True, text=True)
+    if started.returncode:
+        raise SystemExit(started.stderr.strip())
+    options = shlex.split(started.stdout.strip())
+    sessions = cluster_sessions(args.engine)
+    common = ["--split-ratios", "train=0.8,validation=0.1,test=0.1", "--no-transform", "--no-tfds-metadata"]
+    rows = []
+    idle = idle_rss(sessions)
+    for _ in range(args.rounds):
+        out = base / "out"
+        rows.append(
+            run(
+                f"{args.engine} tiny",
+                ["--input", str(tiny), "--output", str(out / "tiny"), *common, *options],
+                sessions,
+                12,
+            )
+        )
+        rows.append(
+            run(
+                args.engine,
+                ["--input", str(data), "--output", str(out / "engine"), *common, *options],
+                sessions,
+                images,
+            )
+        )
+        rows.append(run("local", ["--input", str(data), "--output", str(out / "local"), *common], set(), images))
+    shutil.rmtree(base / "out", ignore_errors=True)
+
+    print(f"{images} images of 640x480, {os.cpu_count()} cores; {args.engine} cluster idle RSS {idle / 2**20:.0f} MB")
+    print("| run | images | wall s | CPU s | peak RSS MB | img/s | img/s per slot |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        rate = row["images"] / row["wall_s"]
+        per_slot = f"{rate / SLOTS:.1f}" if row["run"] != "local" else "-"
+        print(
+            f"| {row['run']} | {row['images']} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['peak_rss_mb']:.0f} "
+            f"| {rate:.1f} | {per_slot} |"
+        )
+    fixed = statistics.median(r["wall_s"] for r in rows if r["run"].endswith("tiny"))
+    full = statistics.median(r["wall_s"] for r in rows if r["run"] == args.engine)
+    local = statistics.median(r["wall_s"] for r in rows if r["run"] == "local")
+    print(f"\nmedians: {args.engine} {full:.1f} s (fixed cost, the tiny job: {fixed:.1f} s), local {local:.1f} s")
+    if full - fixed < 0.2 * full:
+        print("the full job is within the fixed cost's noise: use more images (--per-class) for a marginal rate")
+    else:
+        marginal = images / (full - fixed) / SLOTS
+        print(
+            f"marginal rate {marginal:.1f} img/s per slot: N slots convert about {marginal:.0f}*N images/s "
+            f"after the fixed {fixed:.0f} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
