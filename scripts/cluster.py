@@ -24,6 +24,11 @@ Everything lives in BEAM_CLUSTER_HOME (default: .cluster/ in the checkout, ignor
 unpacked distributions, Maven's local repository, and run/<engine>/ with pid files, logs, config and the
 engine's temporary folders. Nothing is downloaded by ``start`` once ``fetch`` has run.
 
+The cluster runs in a network namespace with loopback only (``ip netns``, root): Beam's job server and the
+TaskManager's Fn API servers listen on every interface, so only the job service, artifact service and web UI
+are relayed to this host's 127.0.0.1 (scripts/netns_forward.py). BEAM_CLUSTER_NETNS=off runs it in this host's
+network instead; BEAM_CLUSTER_PRIVATE_TMP=off lets the worker pool see this host's /tmp.
+
 Ports (127.0.0.1 only), each changeable by the environment variable of the same name:
 FLINK_REST_PORT 8081, FLINK_RPC_PORT 6123, FLINK_BLOB_PORT 6124, FLINK_TM_RPC_PORT 6125, FLINK_TM_DATA_PORT
 6126, FLINK_JOB_PORT 8099, FLINK_ARTIFACT_PORT 8098, FLINK_EXPANSION_PORT 8097, FLINK_POOL_PORT 50000;
@@ -591,7 +596,16 @@ def _start_pool(engine: str) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("TMPDIR", None)
-    if _private_tmp_works(own_tmp):
+    shared_tmp = os.environ.get("BEAM_CLUSTER_PRIVATE_TMP", "").lower() in ("off", "0", "no")
+    if shared_tmp:
+        say("cluster: BEAM_CLUSTER_PRIVATE_TMP=off: the worker pool sees this host's /tmp (its TMPDIR is its own)")
+        env["TMPDIR"] = str(own_tmp)
+        cmd = pool
+    elif _private_tmp_works(own_tmp):
+        say(
+            "cluster: the worker pool has a /tmp of its own, as on another host: input and output must be outside "
+            "/tmp (BEAM_CLUSTER_PRIVATE_TMP=off shares it)"
+        )
         cmd = [
             "unshare",
             "--mount",
