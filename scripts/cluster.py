@@ -498,6 +498,8 @@ def _spark_env(engine: str) -> dict[str, str]:
     env["SPARK_PID_DIR"] = str(run_dir(engine) / "pids")
     env["SPARK_WORKER_DIR"] = str(run_dir(engine) / "spark-work")
     env["SPARK_LOCAL_DIRS"] = str(run_dir(engine) / "spark-tmp")
+    # The master drops a worker that stopped answering after 15 s (default 60 s).
+    env["SPARK_MASTER_OPTS"] = "-Dspark.worker.timeout=15"
     return env
 
 
@@ -566,6 +568,10 @@ def _start_role(engine: str, role: str) -> None:
             *JAVA_OPENS,
             "-Dspark.driver.host=127.0.0.1",
             "-Dspark.driver.bindAddress=127.0.0.1",
+            # A lost executor (its worker killed) is noticed in seconds, not after Spark's default 120 s.
+            "-Dspark.network.timeout=20s",
+            "-Dspark.network.timeoutInterval=10s",
+            "-Dspark.executor.heartbeatInterval=5s",
             "-jar",
             str(launcher_jar(engine)),
             master,

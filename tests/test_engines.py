@@ -22,6 +22,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,33 +37,39 @@ SPLITS = ("--split-ratios", "train=0.7,validation=0.15,test=0.15")
 SAME_FIELDS = ("name", "splits", "examples", "bytes", "labels", "num_classes", "features", "rejects", "skipped")
 
 
-def cluster(action: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([CLUSTER, "flink", action], capture_output=True, text=True, timeout=timeout)
+def cluster(action: str, engine: str = "flink", timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([CLUSTER, engine, action], capture_output=True, text=True, timeout=timeout)
 
 
-def roles() -> dict[str, int]:
-    return {line.split()[0]: int(line.split()[1]) for line in cluster("status").stdout.splitlines()}
+def roles(engine: str = "flink") -> dict[str, int]:
+    return {line.split()[0]: int(line.split()[1]) for line in cluster("status", engine).stdout.splitlines()}
+
+
+def running_cluster(engine: str, runner: str, names: set[str]) -> Iterator[list[str]]:
+    """Starts the engine's cluster, yields the Beam options `start` printed, then stops it (by pid) and checks
+    that none of its processes is left."""
+    started = cluster("start", engine)
+    assert started.returncode == 0, started.stderr
+    lines = started.stdout.splitlines()
+    assert len(lines) == 1, started.stdout  # stdout is exactly the options line
+    options = shlex.split(lines[0])
+    assert options[0] == f"--runner={runner}"
+    assert set(roles(engine)) == names
+    again = cluster("start", engine)  # idempotent: nothing new starts, the same line
+    assert again.stdout == started.stdout and "starting" not in again.stderr
+    yield options
+    pids = roles(engine)
+    stopped = cluster("stop", engine)
+    assert stopped.returncode == 0, stopped.stderr
+    assert cluster("status", engine).returncode == 1  # none running
+    for pid in pids.values():
+        assert not _alive(pid), f"pid {pid} still runs after stop"
 
 
 @pytest.fixture(scope="module")
 def flink() -> Iterator[list[str]]:
     """The Beam options `cluster.sh flink start` prints; the cluster is stopped (by pid) afterwards."""
-    started = cluster("start")
-    assert started.returncode == 0, started.stderr
-    lines = started.stdout.splitlines()
-    assert len(lines) == 1, started.stdout  # stdout is exactly the options line
-    options = shlex.split(lines[0])
-    assert options[0] == "--runner=FlinkRunner"
-    assert set(roles()) == {"jobmanager", "taskmanager", "jobserver", "workerpool"}
-    again = cluster("start")  # idempotent: nothing new starts, the same line
-    assert again.stdout == started.stdout and "starting" not in again.stderr
-    yield options
-    pids = roles()
-    stopped = cluster("stop")
-    assert stopped.returncode == 0, stopped.stderr
-    assert cluster("status").returncode == 1  # none running
-    for pid in pids.values():
-        assert not _alive(pid), f"pid {pid} still runs after stop"
+    yield from running_cluster("flink", "FlinkRunner", {"jobmanager", "taskmanager", "jobserver", "workerpool"})
 
 
 def _alive(pid: int) -> bool:
@@ -158,23 +165,29 @@ def test_a_killed_taskmanager_leaves_the_old_dataset_or_the_new_one(flink: list[
     """The TaskManager dies (SIGKILL, by the pid `status` gives) while the job's tasks run; `start` brings a new
     one. The engine restarts the tasks, or the same command is run again: the output is the old dataset or the
     new one, complete and verified, never a mix."""
+    killed_mid_run("flink", "taskmanager", _flink_job_running, flink, shared)
+
+
+def killed_mid_run(engine: str, role: str, job_running: Any, options: list[str], shared: Path) -> None:
+    """Kills ``role`` of the engine's cluster while a job that replaces a published dataset runs, starts the
+    cluster again, and checks the output is old or new (re-running the command if the engine gave up)."""
     old_src, new_src, out = shared / "old", shared / "new", shared / "out" / "ds"
     make_folder(old_src, per_class=6)
     make_folder(new_src, per_class=40)
     convert("--input", str(old_src), "--output", str(out), *SPLITS)
     old = load_info(out)
-    args = ["--input", str(new_src), "--output", str(out), *SPLITS, "--overwrite", *flink]
+    args = ["--input", str(new_src), "--output", str(out), *SPLITS, "--overwrite", *options]
     run = _converting(args)
     deadline = time.monotonic() + 300
-    while not _flink_job_running():
+    while not job_running():
         assert run.poll() is None, run.communicate()
         assert time.monotonic() < deadline, "the job never ran"
         time.sleep(0.5)
-    taskmanager = roles()["taskmanager"]
-    os.kill(taskmanager, signal.SIGKILL)
-    started = cluster("start")
-    assert started.returncode == 0 and "starting flink taskmanager" in started.stderr, started.stderr
-    assert roles()["taskmanager"] != taskmanager
+    victim = roles(engine)[role]
+    os.kill(victim, signal.SIGKILL)
+    started = cluster("start", engine)
+    assert started.returncode == 0 and f"starting {engine} {role}" in started.stderr, started.stderr
+    assert roles(engine)[role] != victim
     _, err = run.communicate(timeout=900)
 
     info = load_info(out)
