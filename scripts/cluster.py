@@ -38,6 +38,7 @@ SPARK_JOB_PORT 8199, SPARK_ARTIFACT_PORT 8198, SPARK_EXPANSION_PORT 8197, SPARK_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -309,17 +310,22 @@ def _pid_file(engine: str, role: str) -> Path:
     return run_dir(engine) / "pids" / f"{role}.json"
 
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start time in clock ticks (/proc/PID/stat field 22), or None if it is gone or a zombie:
-    a pid file names one process, never a later one that got the same pid."""
+def proc_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first: field 3 of proc(5) is index 0), or None if
+    the process is gone or a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
+    return None if fields[0] in ("Z", "X") else fields
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks (field 22), or None if it is gone or a zombie: a pid file names
+    one process, never a later one that got the same pid."""
+    fields = proc_fields(pid)
+    return fields[19] if fields else None
 
 
 def running(engine: str, role: str) -> int | None:
@@ -335,7 +341,8 @@ def netns(engine: str) -> str | None:
     """The engine's network namespace (loopback only), or None when BEAM_CLUSTER_NETNS=off."""
     if os.environ.get("BEAM_CLUSTER_NETNS", "").lower() in ("off", "0", "no"):
         return None
-    return f"beam-{engine}"
+    # One per BEAM_CLUSTER_HOME: two checkouts' clusters never share (or delete) each other's namespace.
+    return f"beam-{engine}-{hashlib.sha1(str(HOME).encode()).hexdigest()[:8]}"
 
 
 def _ensure_netns(engine: str) -> None:
@@ -521,37 +528,15 @@ def _start_role(engine: str, role: str) -> None:
         env = _spark_env(engine)
         for key in ("SPARK_WORKER_DIR", "SPARK_LOCAL_DIRS"):
             Path(env[key]).mkdir(parents=True, exist_ok=True)
-        spark_class = str(dist / "bin" / "spark-class")
+        daemon = [str(dist / "bin" / "spark-class"), f"org.apache.spark.deploy.{role}.{role.title()}", "--host"]
         if role == "master":
-            cmd = [
-                spark_class,
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port("SPARK_MASTER_PORT")),
-                "--webui-port",
-                str(port("SPARK_MASTER_UI_PORT")),
-            ]
-            pid = _launch(engine, role, cmd, env, forward=(port("SPARK_MASTER_UI_PORT"),))
+            ports = ["--port", str(port("SPARK_MASTER_PORT")), "--webui-port", str(port("SPARK_MASTER_UI_PORT"))]
+            pid = _launch(engine, role, [*daemon, "127.0.0.1", *ports], env, forward=(port("SPARK_MASTER_UI_PORT"),))
             _wait_for("master", lambda: _http_json(_spark_url("/json/")) is not None, engine, role, pid)
         else:
-            cmd = [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port("SPARK_WORKER_PORT")),
-                "--webui-port",
-                str(port("SPARK_WORKER_UI_PORT")),
-                "--cores",
-                "2",
-                "--memory",
-                "3g",
-                f"spark://127.0.0.1:{port('SPARK_MASTER_PORT')}",
-            ]
-            pid = _launch(engine, role, cmd, env)
+            ports = ["--port", str(port("SPARK_WORKER_PORT")), "--webui-port", str(port("SPARK_WORKER_UI_PORT"))]
+            size = ["--cores", "2", "--memory", "3g", f"spark://127.0.0.1:{port('SPARK_MASTER_PORT')}"]
+            pid = _launch(engine, role, [*daemon, "127.0.0.1", *ports, *size], env)
             _wait_for("registration", lambda: _spark_has_worker(), engine, role, pid)
     elif role == "jobserver":
         prefix = engine.upper()
@@ -735,14 +720,8 @@ def _end_group(pid: int) -> None:
 def _group_gone(pgid: int) -> bool:
     """No live (non-zombie) process is left in process group ``pgid``."""
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        fields = proc_fields(entry.name) if entry.name.isdigit() else None
+        if fields and int(fields[2]) == pgid:
             return False
     return True
 

@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from cluster import proc_fields  # scripts/cluster.py (this folder is on sys.path when run as a script)
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = str(ROOT / "scripts" / "cluster.sh")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -36,12 +38,8 @@ SLOTS = 2
 
 def _stat(pid: str) -> tuple[int, float, int] | None:
     """(session id, CPU seconds, RSS bytes) of a live process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
+    fields = proc_fields(pid)
+    if not fields:
         return None
     return int(fields[3]), (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
 

@@ -111,13 +111,20 @@ def assert_same_dataset(local: Path, engine: Path) -> None:
     assert (engine / "_SUCCESS").exists()
 
 
-def test_classification_and_an_incremental_night_match_the_local_runner(flink: list[str], shared: Path) -> None:
+def classification_matches(engine: str, options: list[str], shared: Path) -> Path:
+    """A folder of 42 images and 2 bad files converted locally and on the engine: the same dataset. Returns the
+    input folder (outputs: shared/local/ds, shared/ENGINE/ds)."""
     src = shared / "photos"
     make_folder(src, per_class=14)
     convert("--input", str(src), "--output", str(shared / "local" / "ds"), *SPLITS)
-    convert("--input", str(src), "--output", str(shared / "flink" / "ds"), *SPLITS, *flink)
-    assert_same_dataset(shared / "local" / "ds", shared / "flink" / "ds")
-    assert load_info(shared / "flink" / "ds")["rejects"]["total"] == 2
+    convert("--input", str(src), "--output", str(shared / engine / "ds"), *SPLITS, *options)
+    assert_same_dataset(shared / "local" / "ds", shared / engine / "ds")
+    assert load_info(shared / engine / "ds")["rejects"]["total"] == 2
+    return src
+
+
+def test_classification_and_an_incremental_night_match_the_local_runner(flink: list[str], shared: Path) -> None:
+    src = classification_matches("flink", flink, shared)
 
     # The next night: new images, one gone; each run reuses its own previous dataset.
     make_folder(src, per_class=4, start=100)

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import convert, load_info
-from tests.test_engines import SPLITS, assert_same_dataset, killed_mid_run, make_folder, running_cluster
+from tests.test_engines import classification_matches, killed_mid_run, running_cluster
 from tests.test_engines import shared as shared  # noqa: F401  (the fixture)
 
 
@@ -24,12 +23,7 @@ def spark() -> Iterator[list[str]]:
 
 
 def test_classification_matches_the_local_runner(spark: list[str], shared: Path) -> None:
-    src = shared / "photos"
-    make_folder(src, per_class=14)
-    convert("--input", str(src), "--output", str(shared / "local" / "ds"), *SPLITS)
-    convert("--input", str(src), "--output", str(shared / "spark" / "ds"), *SPLITS, *spark)
-    assert_same_dataset(shared / "local" / "ds", shared / "spark" / "ds")
-    assert load_info(shared / "spark" / "ds")["rejects"]["total"] == 2
+    classification_matches("spark", spark, shared)
 
 
 def _spark_app_running() -> bool:
