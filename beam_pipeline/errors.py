@@ -7,6 +7,8 @@ line, no traceback.  ``PipelineError`` is a run that started and failed: exit 1.
 ``[transform]``): one line naming the install command.
 """
 
+import re
+
 
 class UsageError(Exception):
     """A config/CLI/input mistake found before (or instead of) running the job."""
@@ -33,9 +35,15 @@ def one_line(e: BaseException) -> str:
 
 
 def last_line(e: BaseException) -> str:
-    """The last non-empty line of an exception's message (runners wrap worker errors in long texts)."""
-    lines = message_lines(e)
+    """The last non-empty line of an exception's message (runners wrap worker errors in long texts) that is not
+    a Java stack frame: a Flink or Spark job's failure ends with its Java stack trace, whose last line
+    (``java.base/java.lang.Thread.run(Thread.java:840)``) says nothing."""
+    lines = [line for line in message_lines(e) if not _JAVA_FRAME.match(line)]
     return lines[-1] if lines else type(e).__name__
+
+
+# "\tat org.x.Y.m(Y.java:12)", "java.base/java.lang.Thread.run(Thread.java:840)", "... 12 more"
+_JAVA_FRAME = re.compile(r"^\s*(at\s+)?[\w$./]+\([\w$]+\.(java|scala):\d+\)\s*$|^\s*\.\.\. \d+ more\s*$")
 
 
 def install_hint(extra: str) -> str:

@@ -441,3 +441,18 @@ def test_a_previous_labels_txt_holding_a_splitlines_break_is_not_carried_on(smal
     cfg = ConvertConfig(output=str(tmp_path / "o"), name="d", input=str(small_input), incremental_from=str(previous))
     with pytest.raises(UsageError, match=r"--incremental-from .*labels.txt: label 'd\\x1cog' holds '\\x1c'"):
         prepare(cfg)
+
+
+def test_a_flink_or_spark_failure_is_told_by_its_message_not_its_last_java_frame():
+    """A portable runner's job failure ends with a Java stack trace; the one line is the error above it."""
+    from beam_pipeline.errors import last_line
+
+    failure = RuntimeError(
+        "Pipeline BeamApp-1 failed in state FAILED: org.apache.spark.SparkException: Only one SparkContext "
+        "should be running in this JVM (see SPARK-2243).\n"
+        "\tat org.apache.spark.SparkContext$.assertNoOtherContextIsRunning(SparkContext.scala:2838)\n"
+        "\tjava.base/java.lang.Thread.run(Thread.java:840)\n"
+        "\t... 12 more\n"
+    )
+    assert last_line(failure).endswith("Only one SparkContext should be running in this JVM (see SPARK-2243).")
+    assert last_line(RuntimeError("first\nsecond")) == "second"
