@@ -24,8 +24,9 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from .images import DUPLICATE
-from .listing import REJECTS, Ref, reject
+from .listing import REJECTS
+from .vocab.reasons import DUPLICATE
+from .vocab.refs import Ref, reject
 
 _CHUNK = 1 << 20
 

@@ -45,28 +45,21 @@ from typing import Any, TypeVar
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from .decoder_noise import captured
+from .vocab.reasons import (
+    DECODE_ERROR,
+    EMPTY,
+    NOT_AN_IMAGE,
+    TOO_MANY_CHUNKS,
+    TOO_MANY_FRAMES,
+    TOO_MANY_PIXELS,
+    TOO_MANY_SCANS,
+    TOO_SMALL,
+    TRUNCATED,
+    UNSUPPORTED_FORMAT,
+)
 
 _T = TypeVar("_T")
 
-# Reason codes (stable: they appear in rejects.jsonl and dataset.json).
-EMPTY = "empty"
-TRUNCATED = "truncated"
-NOT_AN_IMAGE = "not_an_image"
-UNREADABLE = "unreadable"
-MISSING = "missing"
-UNSUPPORTED_FORMAT = "unsupported_format"
-DECODE_ERROR = "decode_error"
-TOO_MANY_PIXELS = "too_many_pixels"
-TOO_MANY_FRAMES = "too_many_frames"
-TOO_MANY_SCANS = "too_many_scans"
-TOO_MANY_CHUNKS = "too_many_chunks"
-TOO_LARGE = "too_large"
-TOO_SMALL = "too_small"
-NO_LABEL = "no_label"
-UNKNOWN_LABEL = "unknown_label"
-NO_SPLIT = "no_split"
-DUPLICATE = "duplicate"
-BAD_FILENAME = "bad_filename"
 
 # Limits (README, "Bad input"). One frame: Pillow's own hard limit (2 × its
 # 89 MP warning level), e.g. a 13,000 × 13,000 scan; far above imgproxy's 16.8 MP

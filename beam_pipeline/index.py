@@ -42,10 +42,11 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples
 from .annotations.objects import digest as annotations_digest
-from .images import MISSING, UNREADABLE
-from .listing import Ref, class_values
+from .listing import class_values
 from .metadata import REJECTS_JSONL
 from .storage import open_lines
+from .vocab.reasons import MISSING, UNREADABLE
+from .vocab.refs import Ref
 
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.

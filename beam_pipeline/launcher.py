@@ -1276,8 +1276,8 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
 def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
     """Reads finalize's verdict; runs the post-steps on the staging folder and publishes, unless the job did."""
     from .finalize import NO_OBJECT_KEPT, NOTHING_CONVERTED, OK, TOO_MANY_REJECTS
-    from .images import NO_LABEL
     from .poststeps import run_post_steps
+    from .vocab.reasons import NO_LABEL
 
     staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
     success = FileSystems.join(cfg.output, metadata.SUCCESS)

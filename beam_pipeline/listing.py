@@ -25,7 +25,7 @@ import json
 import posixpath
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -44,61 +44,28 @@ from .config import (
     split_name_problem,
 )
 from .errors import UsageError
-from .images import BAD_FILENAME, MISSING, NO_LABEL, NO_SPLIT, UNKNOWN_LABEL, UNREADABLE
 from .metadata import REJECT_FIELDS, line_break_problem
+from .vocab.reasons import (
+    BAD_FILENAME,
+    BAD_LABEL,
+    BAD_SPLIT,
+    DUPLICATE_ROW,
+    MISSING,
+    NO_LABEL,
+    NO_SPLIT,
+    UNKNOWN_LABEL,
+    UNREADABLE,
+)
+from .vocab.refs import Ref, printable_path, reject
 
 REJECTS = "rejects"
 SKIPPED = "skipped"
 
 # Manifest columns with a meaning of their own; every other column is an extra feature.
 PATH_COLUMN, LABEL_COLUMN, SPLIT_COLUMN = "path", "label", "split"
-BAD_SPLIT = "bad_split"  # a manifest split value outside the usual names (or no safe name at all)
 # A label that cannot be a line of labels.txt (it holds a line break).
-BAD_LABEL = "bad_label"
 RESERVED_COLUMNS = frozenset({PATH_COLUMN, LABEL_COLUMN, SPLIT_COLUMN})
 # A manifest row naming a file an earlier row (by canonical JSON) names too.
-DUPLICATE_ROW = "duplicate_row"
-
-
-@dataclass(frozen=True)
-class Ref:
-    """One input image, before its bytes are read."""
-
-    path: str  # as listed: absolute path or URL
-    relpath: str  # relative to the input root; image/filename
-    size: int
-    split: str
-    # The label text; a multi-label run (--label-separator): the image's labels, distinct, sorted by name.
-    label: str | tuple[str, ...] | None
-    key: int  # salted shuffle key: the record's place in the global order
-    extras: tuple[tuple[str, Any], ...] = ()
-    # Source modification time (seconds; GCS: the object's update time), as
-    # listed: with the size it says whether a file changed since an earlier run.
-    mtime: float = 0.0
-    # --incremental-from: where the previous run stored this unchanged file's
-    # record (an index.Previous), set by index.JoinPrevious; None otherwise.
-    previous: tuple[Any, ...] | None = None
-    # An annotation source's objects for this image (annotations.objects.Annotations), attached by
-    # its join (e.g. annotations.coco.JoinCoco); None for a dataset without objects.
-    annotations: Any = None
-
-
-def printable_path(path: str) -> str:
-    """``path`` as valid UTF-8 text: bytes of a local name that are not UTF-8 become ``\\xNN``."""
-    try:
-        path.encode("utf-8")
-        return path
-    except UnicodeEncodeError:  # Python keeps such bytes as lone surrogates
-        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def reject(path: str, reason: str, detail: str = "") -> dict[str, str]:
-    return {"path": printable_path(path), "reason": reason, "detail": detail}
-
-
-def file_reject(ref: Ref, reason: str, detail: str = "") -> dict[str, Any]:
-    """A reject of a listed file, with its listed size and mtime: an incremental run keeps it while they stay."""
-    return {**reject(ref.path, reason, detail), "size": ref.size, "mtime": ref.mtime}
 
 
 def with_relative_path(row: dict[str, str], root: str) -> dict[str, str]:

@@ -24,7 +24,8 @@ import apache_beam as beam
 from . import hashing
 from .config import case_twins_problem
 from .errors import UsageError
-from .listing import Ref, label_names
+from .listing import label_names
+from .vocab.refs import Ref
 
 # Shards may exceed the target by this factor before another shard is added:
 # with the default 150 MB target every shard of a split over 100 MB lands in 100–200 MB.

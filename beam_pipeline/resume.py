@@ -63,8 +63,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import metadata
 from .annotations.objects import digest as annotations_digest
-from .images import MISSING
 from .storage import open_lines, permanent_reason
+from .vocab.reasons import MISSING
 
 DONE = "_done"  # markers and rejects parts, inside a run's scratch folder; never published
 RUN_LOCK = "_run.lock"  # held by a local run's launcher while it runs

@@ -26,7 +26,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from .errors import last_line
-from .images import MISSING, TOO_LARGE, UNREADABLE, ImageOptions, Rejected, check_header
+from .images import ImageOptions, Rejected, check_header
+from .vocab.reasons import MISSING, TOO_LARGE, UNREADABLE
 
 # A file larger than this has its head read and checked (check_header) before the rest.
 HEADER_BYTES = 256 * 1024

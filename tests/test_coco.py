@@ -13,6 +13,7 @@ import pytest
 
 from beam_pipeline.annotations import coco, objects
 from beam_pipeline.errors import UsageError
+from beam_pipeline.vocab import reasons
 
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
@@ -283,30 +284,30 @@ def test_every_validation_reason_with_its_path(converted):
     out, _ = converted
     rejects = {(r["path"], r["reason"]) for r in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
     assert rejects == {
-        ("missing.jpg", coco.MISSING_IMAGE),
-        ("dup.jpg", coco.DUPLICATE_FILE_NAME),
-        ("e.jpg", coco.DUPLICATE_IMAGE_ID),
-        ("f.jpg", coco.DUPLICATE_IMAGE_ID),
-        ("wrong.jpg", objects.ANNOTATION_SIZE_MISMATCH),
+        ("missing.jpg", reasons.MISSING_IMAGE),
+        ("dup.jpg", reasons.DUPLICATE_FILE_NAME),
+        ("e.jpg", reasons.DUPLICATE_IMAGE_ID),
+        ("f.jpg", reasons.DUPLICATE_IMAGE_ID),
+        ("wrong.jpg", reasons.ANNOTATION_SIZE_MISMATCH),
     }
     lines = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     got = {(r["annotation_id"], r["reason"], r["path"], r.get("object")) for r in lines}
     assert got == {
-        (202, objects.BOX_OUTSIDE_IMAGE, "c.jpg", 1),
-        (203, objects.BAD_BOX, "c.jpg", 2),
-        (204, objects.UNKNOWN_CATEGORY, "c.jpg", 3),
-        (206, objects.MASK_SIZE_MISMATCH, "c.jpg", 5),
-        (207, objects.BAD_MASK, "c.jpg", 6),
-        (301, objects.BAD_BOX, "d.jpg", 0),
-        (401, coco.UNKNOWN_IMAGE_ID, str(Path(load_info(out)["config"]["coco"]).resolve()), None),
+        (202, reasons.BOX_OUTSIDE_IMAGE, "c.jpg", 1),
+        (203, reasons.BAD_BOX, "c.jpg", 2),
+        (204, reasons.UNKNOWN_CATEGORY, "c.jpg", 3),
+        (206, reasons.MASK_SIZE_MISMATCH, "c.jpg", 5),
+        (207, reasons.BAD_MASK, "c.jpg", 6),
+        (301, reasons.BAD_BOX, "d.jpg", 0),
+        (401, reasons.UNKNOWN_IMAGE_ID, str(Path(load_info(out)["config"]["coco"]).resolve()), None),
     }
     assert all(r["detail"] for r in lines)
     info = load_info(out)
     assert info["rejects"]["by_reason"] == {
-        coco.DUPLICATE_IMAGE_ID: 2,
-        objects.ANNOTATION_SIZE_MISMATCH: 1,
-        coco.DUPLICATE_FILE_NAME: 1,
-        coco.MISSING_IMAGE: 1,
+        reasons.DUPLICATE_IMAGE_ID: 2,
+        reasons.ANNOTATION_SIZE_MISMATCH: 1,
+        reasons.DUPLICATE_FILE_NAME: 1,
+        reasons.MISSING_IMAGE: 1,
     }
     assert info["skipped"]["by_reason"] == {coco.NOT_IN_COCO: 1}
     assert info["objects"] == {
@@ -314,12 +315,12 @@ def test_every_validation_reason_with_its_path(converted):
         "rejects": {
             "total": 7,
             "by_reason": {
-                objects.BAD_BOX: 2,
-                objects.BAD_MASK: 1,
-                objects.BOX_OUTSIDE_IMAGE: 1,
-                coco.UNKNOWN_IMAGE_ID: 1,
-                objects.MASK_SIZE_MISMATCH: 1,
-                objects.UNKNOWN_CATEGORY: 1,
+                reasons.BAD_BOX: 2,
+                reasons.BAD_MASK: 1,
+                reasons.BOX_OUTSIDE_IMAGE: 1,
+                reasons.UNKNOWN_IMAGE_ID: 1,
+                reasons.MASK_SIZE_MISMATCH: 1,
+                reasons.UNKNOWN_CATEGORY: 1,
             },
         },
         coco.IMAGES_WITHOUT_OBJECTS: 1,
@@ -360,15 +361,15 @@ def test_label_map_quotes_names():
     [
         ([1, 2, 3, 4], (1.0, 2.0, 4.0, 6.0)),
         ([-1, -1, 11, 11], (0.0, 0.0, 10.0, 10.0)),  # one pixel over each edge: clipped
-        ([-1.01, 0, 5, 5], objects.BOX_OUTSIDE_IMAGE),
-        ([0, 0, 5, 11.5], objects.BOX_OUTSIDE_IMAGE),
-        ([0, 0, 0, 5], objects.BAD_BOX),
-        ([0, 0, 5, -1], objects.BAD_BOX),
-        ([0, float("nan"), 5, 5], objects.BAD_BOX),
-        ([0, 0, float("inf"), 5], objects.BAD_BOX),
-        ([0, 0, "5", 5], objects.BAD_BOX),
-        ([0, 0, 5], objects.BAD_BOX),
-        ([10.5, 0, 0.4, 5], objects.BAD_BOX),  # nothing left inside once clipped
+        ([-1.01, 0, 5, 5], reasons.BOX_OUTSIDE_IMAGE),
+        ([0, 0, 5, 11.5], reasons.BOX_OUTSIDE_IMAGE),
+        ([0, 0, 0, 5], reasons.BAD_BOX),
+        ([0, 0, 5, -1], reasons.BAD_BOX),
+        ([0, float("nan"), 5, 5], reasons.BAD_BOX),
+        ([0, 0, float("inf"), 5], reasons.BAD_BOX),
+        ([0, 0, "5", 5], reasons.BAD_BOX),
+        ([0, 0, 5], reasons.BAD_BOX),
+        ([10.5, 0, 0.4, 5], reasons.BAD_BOX),  # nothing left inside once clipped
     ],
 )
 def test_check_box(box, want):
@@ -544,7 +545,7 @@ def test_the_shard_digest_covers_annotations():
     """Resume takes a finished shard only when its images' annotations are the same."""
     from beam_pipeline import resume
     from beam_pipeline.images import ImageOptions
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     obj = objects.Obj(bbox=(1.0, 2.0, 3.0, 4.0), label=3, text="car")
     ref = Ref("/in/a.jpg", "a.jpg", 10, "train", None, 1, annotations=objects.Annotations("1", 8, 8, (obj,)))
@@ -631,7 +632,7 @@ def test_a_corrupt_compressed_rle_is_a_bad_mask_not_a_crash_in_the_writer(counts
     """pycocotools raises (or, in older versions, writes past its buffer) on compressed counts that do not cover
     the image: the check turns them into the object's bad_mask, before the writer rasterizes them."""
     invalid = objects.check_segmentation({"size": [48, 64], "counts": counts}, 64, 48)
-    assert isinstance(invalid, objects.Invalid) and invalid.reason == objects.BAD_MASK, invalid
+    assert isinstance(invalid, objects.Invalid) and invalid.reason == reasons.BAD_MASK, invalid
     assert objects.check_segmentation(compressed_rle(48, 64), 64, 48) is None
 
 
@@ -641,7 +642,7 @@ def test_a_polygon_point_far_outside_the_image_is_a_bad_mask(far):
     allocate gigabytes and die (a segfault under a memory limit). A point beyond the image by more than the
     image's own size is refused; nearer ones are clipped by the rasterizer, as before."""
     invalid = objects.check_segmentation([[0.0, 0.0, far, 0.0, 0.0, 10.0]], 20, 20)
-    assert isinstance(invalid, objects.Invalid) and invalid.reason == objects.BAD_MASK, invalid
+    assert isinstance(invalid, objects.Invalid) and invalid.reason == reasons.BAD_MASK, invalid
     assert objects.check_segmentation([[-19.0, 0.0, 39.0, 0.0, 0.0, 39.0]], 20, 20) is None
 
 
@@ -667,7 +668,7 @@ def test_a_corrupt_compressed_rle_rejects_its_object_and_the_job_finishes(tmp_pa
     rows = parsed_records(out, tf)
     assert len(rows["a.jpg"]["image/object/mask"]) == 1
     rejects = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
-    assert sorted((r["annotation_id"], r["reason"]) for r in rejects) == [(2, objects.BAD_MASK), (3, objects.BAD_MASK)]
+    assert sorted((r["annotation_id"], r["reason"]) for r in rejects) == [(2, reasons.BAD_MASK), (3, reasons.BAD_MASK)]
 
 
 def test_a_polygon_under_3_points_is_left_out_of_its_objects_mask_and_the_object_kept(tmp_path, tf):
@@ -704,11 +705,11 @@ def test_a_polygon_under_3_points_is_left_out_of_its_objects_mask_and_the_object
     lines = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     assert sorted((r["annotation_id"], r["reason"], r.get("polygon")) for r in lines) == [
         (1, objects.POLYGON_DROPPED, 1),
-        (2, objects.BAD_MASK, None),
+        (2, reasons.BAD_MASK, None),
     ]
     objs = load_info(out)["objects"]
     assert objs["polygons_dropped"] == 1 and objs["kept"] == 1
-    assert objs["rejects"] == {"total": 1, "by_reason": {objects.BAD_MASK: 1}}
+    assert objs["rejects"] == {"total": 1, "by_reason": {reasons.BAD_MASK: 1}}
 
 
 def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
@@ -782,7 +783,7 @@ def test_counters_summed_per_bundle_are_exact_over_several_bundles():
         return (str(i), [(coco.IMAGES, entry), (coco.ANNOTATIONS, list(enumerate(good + bad)))])
 
     n = 200
-    want = {objects.UNKNOWN_CATEGORY: sum(i % 3 for i in range(n))}
+    want = {reasons.UNKNOWN_CATEGORY: sum(i % 3 for i in range(n))}
 
     def check(partial: list[tuple[str, int]]) -> None:
         assert len(partial) >= 2, partial  # several bundles
@@ -932,9 +933,9 @@ def test_masks_over_max_mask_pixels_reject_their_image_before_any_is_drawn(tmp_p
     assert len(rows["one.jpg"]["image/object/mask"]) == 1
     assert len(rows["boxes.jpg"]["image/object/bbox/xmin"]) == 8
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert [(Path(r["path"]).name, r["reason"]) for r in rejects] == [("many.jpg", objects.MASKS_TOO_LARGE)]
+    assert [(Path(r["path"]).name, r["reason"]) for r in rejects] == [("many.jpg", reasons.MASKS_TOO_LARGE)]
     assert "9,216 mask pixels, over --max-mask-pixels 9000" in rejects[0]["detail"]
-    assert load_info(out)["rejects"]["by_reason"] == {objects.MASKS_TOO_LARGE: 1}
+    assert load_info(out)["rejects"]["by_reason"] == {reasons.MASKS_TOO_LARGE: 1}
     assert "masks_too_large" in result.stdout
     # the default limit writes all three (3 x 64 x 48 is far under it)
     convert("--input", str(root), "--coco", str(path), "--output", str(tmp_path / "default"))
@@ -1112,7 +1113,7 @@ def test_objects_kept_count_only_the_records_written(tmp_path, tf, sink):
     assert written == 4
     assert info["objects"]["kept"] == written
     assert info["objects"]["images_without_annotations"] == 1  # neg.jpg; negbad.jpg is no record
-    assert info["objects"]["rejects"] == {"total": 1, "by_reason": {objects.UNKNOWN_CATEGORY: 1}}
+    assert info["objects"]["rejects"] == {"total": 1, "by_reason": {reasons.UNKNOWN_CATEGORY: 1}}
 
 
 def test_an_absolute_file_name_through_a_link_to_the_input_folder_is_found(tmp_path):
@@ -1150,7 +1151,7 @@ def test_odd_image_id_text_and_an_area_beyond_float32_are_object_rejects_not_a_f
     convert("--input", str(root), "--coco", str(path), "--output", str(out))
     rows = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     assert sorted((r["annotation_id"], r["reason"]) for r in rows) == [
-        (2, coco.UNKNOWN_IMAGE_ID), (3, coco.UNKNOWN_IMAGE_ID), (4, objects.BAD_ANNOTATION)
+        (2, reasons.UNKNOWN_IMAGE_ID), (3, reasons.UNKNOWN_IMAGE_ID), (4, reasons.BAD_ANNOTATION)
     ]  # fmt: skip
     [record] = parsed_records(out, tf).values()
     assert list(record["image/object/area"]) == [pytest.approx(16 * 12)]
@@ -1176,7 +1177,7 @@ def test_coco_category_offset_adds_to_every_category_id(tmp_path):
     obj = coco.check_annotation({"category_id": 0, "bbox": [8, 4, 16, 12]}, names, 64, 48, offset=1)
     assert isinstance(obj, objects.Obj) and (obj.label, obj.text) == (1, "Cat")
     unknown = coco.check_annotation({"category_id": 2, "bbox": [8, 4, 16, 12]}, names, 64, 48, offset=1)
-    assert unknown == objects.Invalid(objects.UNKNOWN_CATEGORY, "category_id 2 is not in the file's categories")
+    assert unknown == objects.Invalid(reasons.UNKNOWN_CATEGORY, "category_id 2 is not in the file's categories")
     with pytest.raises(UsageError, match=r"category id 1 \(\+ --coco-category-offset 100000: 100001\) is outside"):
         coco.read_categories(str(path), coco.MAX_CATEGORY_ID)
 

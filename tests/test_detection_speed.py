@@ -13,7 +13,7 @@ from beam_pipeline import index, resume
 from beam_pipeline.annotations import objects
 from beam_pipeline.annotations.objects import Annotations, Obj
 from beam_pipeline.images import ImageOptions
-from beam_pipeline.listing import Ref
+from beam_pipeline.vocab.refs import Ref
 
 VARIANTS = {
     "boxes": (),

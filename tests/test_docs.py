@@ -84,3 +84,50 @@ def test_detection_docs_name_every_background_spelling_the_code_takes():
     assert "`background` in any letter case with any underscores around it" in " ".join(text.split())
     for other in ("backgrounds", "back_ground", "-background-", " background"):
         assert not is_background(other), other
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bad_input_reasons_table_is_the_code_table():
+    page = (REPO / "docs" / "bad-input.md").read_text()
+    assert page == _load_script("gen_docs_tables").render(page), (
+        "docs/bad-input.md's reasons table is stale: run scripts/gen_docs_tables.py"
+    )
+
+
+def test_reasons_table_follows_a_new_reason(monkeypatch):
+    """A reason added to the code's table shows up on the page."""
+    from beam_pipeline.vocab import reasons
+
+    added = reasons.Reason("brand_new_reason", "a meaning nobody wrote before", (reasons.CHECK,))
+    monkeypatch.setattr(reasons, "GENERAL", (*reasons.GENERAL, added))
+    monkeypatch.setattr(reasons.markdown_table, "__defaults__", (reasons.GENERAL,))
+    page = _load_script("gen_docs_tables").render((REPO / "docs" / "bad-input.md").read_text())
+    assert "| `brand_new_reason` | check | a meaning nobody wrote before |" in page
+
+
+def test_every_reason_a_page_names_is_in_the_code_table_and_every_code_is_emitted():
+    """The reason tables of the detection page name codes the code has; each code of the table is emitted
+    somewhere outside vocab/, and each reason constant is a row of the table."""
+    from beam_pipeline.vocab import reasons
+
+    codes = {r.code for r in reasons.REASONS}
+    named = set()
+    for page in ("detection.md", "bad-input.md"):
+        text = (REPO / "docs" / page).read_text()
+        for table in re.findall(r"^\| reason \|[^\n]*\n\|[-| ]+\|\n((?:\|[^\n]*\n)+)", text, re.M):
+            named |= set(re.findall(r"^\| `([a-z_]+)`", table, re.M))
+    assert named - codes == set()
+    assert len(named) > 30
+    constants = {v for k, v in vars(reasons).items() if k.isupper() and isinstance(v, str) and v.islower()}
+    constants -= {*reasons.STAGES, reasons.IMAGE, reasons.OBJECT}
+    assert constants == codes
+    assert len({(r.code, r.file) for r in reasons.REASONS}) == len(reasons.REASONS)
+    source = "\n".join(p.read_text() for p in (REPO / "beam_pipeline").rglob("*.py") if p.parent.name != "vocab")
+    names = {v: k for k, v in vars(reasons).items() if k.isupper() and isinstance(v, str)}
+    assert [c for c in sorted(codes) if not re.search(rf"\b{names[c]}\b", source)] == []

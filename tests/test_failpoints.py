@@ -29,7 +29,7 @@ import pytest
 from beam_pipeline import failpoints, hashing
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.finalize import PUBLISHED_DIRS, FinalizeFn, WriteRejectPartFn, publish, reject_bucket
-from beam_pipeline.listing import Ref
+from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.shard import WriteShardFn
 
 from .imagegen import broken_bytes, image_bytes, write

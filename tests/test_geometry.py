@@ -18,6 +18,7 @@ from PIL import Image, ImageOps
 
 from beam_pipeline.annotations import objects
 from beam_pipeline.images import ORIENTATION_TRANSPOSE, Geometry, ImageOptions, prepare_image
+from beam_pipeline.vocab import reasons
 
 from .conftest import convert, load_info, run_cli
 from .test_coco import parsed_records
@@ -231,7 +232,7 @@ def test_the_size_check_is_against_the_stored_frame(runs):
     --apply-exif-orientation; the o6.jpg entry (the stored size) is not."""
     for name in ("stored", "exif", "exif_resized"):
         rejects = [json.loads(line) for line in (runs[name] / "rejects.jsonl").read_text().splitlines()]
-        assert [(r["path"], r["reason"]) for r in rejects] == [("wrong6.jpg", objects.ANNOTATION_SIZE_MISMATCH)]
+        assert [(r["path"], r["reason"]) for r in rejects] == [("wrong6.jpg", reasons.ANNOTATION_SIZE_MISMATCH)]
         assert "160x120" in rejects[0]["detail"]
 
 

@@ -18,7 +18,7 @@ from PIL import Image
 
 from beam_pipeline import images, storage
 from beam_pipeline.images import ImageOptions, Rejected, check_header, prepare_image
-from beam_pipeline.listing import Ref
+from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer import budget, shard
 
 from . import hostile
@@ -139,7 +139,7 @@ def test_a_real_memory_error_fails_instead_of_rejecting(tmp_path):
         f"""
         import resource, sys
         from beam_pipeline.writer import records
-        from beam_pipeline.listing import Ref
+        from beam_pipeline.vocab.refs import Ref
         ref = Ref({path!r}, "big.png", 0, "train", None, 1)
         data = open({path!r}, "rb").read()
         with open("/proc/self/statm") as fh:

@@ -236,7 +236,7 @@ def test_previous_rejects_are_kept_unread_unless_the_file_changed(tmp_path):
 
 def test_which_previous_rejects_are_kept():
     from beam_pipeline.index import kept_reject, reject_key
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     ref = Ref("/in/a.png", "a.png", 12, "train", None, 1, mtime=5.0)
     entry = {"path": "a.png", "reason": "not_an_image", "detail": "", "source": "/in/a.png", "size": 12, "mtime": 5.0}

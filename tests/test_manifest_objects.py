@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from beam_pipeline.annotations import join, objects, table
+from beam_pipeline.vocab import reasons
 
 from .conftest import convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
@@ -144,19 +145,19 @@ def test_every_reason_with_its_path(converted):
     out, _ = converted
     rejects = sorted((r["path"], r["reason"]) for r in jsonl_lines(out / "rejects.jsonl"))
     assert rejects == [
-        ("badsize.jpg", table.BAD_IMAGE_SIZE),
-        ("conflict.jpg", table.CONFLICTING_ROWS),
+        ("badsize.jpg", reasons.BAD_IMAGE_SIZE),
+        ("conflict.jpg", reasons.CONFLICTING_ROWS),
         ("gone.jpg", "missing"),
         ("junk.jpg", "unreadable"),
-        ("wrong.jpg", objects.ANNOTATION_SIZE_MISMATCH),
+        ("wrong.jpg", reasons.ANNOTATION_SIZE_MISMATCH),
     ]
     lines = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
     assert sorted((r["path"], r["reason"]) for r in lines) == [
-        ("allbad.jpg", objects.BAD_BOX),
-        *[("sub/b.png", objects.BAD_BOX)] * 3,
-        ("sub/b.png", objects.BOX_OUTSIDE_IMAGE),
-        ("sub/b.png", table.DUPLICATE_OBJECT),
-        *[("sub/b.png", objects.UNKNOWN_CATEGORY)] * 2,
+        ("allbad.jpg", reasons.BAD_BOX),
+        *[("sub/b.png", reasons.BAD_BOX)] * 3,
+        ("sub/b.png", reasons.BOX_OUTSIDE_IMAGE),
+        ("sub/b.png", reasons.DUPLICATE_OBJECT),
+        *[("sub/b.png", reasons.UNKNOWN_CATEGORY)] * 2,
     ]
     assert all(r["detail"] and isinstance(r["object"], int) for r in lines)
     details = " ".join(r["detail"] for r in lines)
@@ -167,10 +168,10 @@ def test_every_reason_with_its_path(converted):
         "rejects": {
             "total": 8,
             "by_reason": {
-                objects.BAD_BOX: 4,
-                objects.BOX_OUTSIDE_IMAGE: 1,
-                table.DUPLICATE_OBJECT: 1,
-                objects.UNKNOWN_CATEGORY: 2,
+                reasons.BAD_BOX: 4,
+                reasons.BOX_OUTSIDE_IMAGE: 1,
+                reasons.DUPLICATE_OBJECT: 1,
+                reasons.UNKNOWN_CATEGORY: 2,
             },
         },
         join.IMAGES_WITHOUT_OBJECTS: 1,
@@ -198,7 +199,7 @@ def test_normalized_boxes_clip_within_one_pixels_worth(object_set, tmp_path, tf)
         [("cat", 1, (0.5, 0.25, 1.0, 0.75), 32 * 24), ("dog", 2, (0.25, 0.5, 0.75, 1.0), 32 * 24)],
     )
     assert_objects(objects_of(rows["sub/b.png"]), [("cat", 1, (0.1, 0.1, 0.5, 0.5), 0.4 * 32 * 0.4 * 24)])
-    assert [r["reason"] for r in jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)] == [objects.BOX_OUTSIDE_IMAGE]
+    assert [r["reason"] for r in jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)] == [reasons.BOX_OUTSIDE_IMAGE]
 
 
 def test_a_jsonl_objects_column_and_a_csv_one_with_json_text(object_set, tmp_path, tf):
@@ -225,10 +226,12 @@ def test_a_jsonl_objects_column_and_a_csv_one_with_json_text(object_set, tmp_pat
     # the list's order is kept
     assert [t.decode() for t in rows["a.jpg"]["image/object/class/text"]] == ["dog", "ant"]
     assert objects_of(rows["sub/b.png"]) == objects_of(rows["neg.jpg"]) == objects_of(rows["sized.jpg"]) == []
-    assert [(r["path"], r["reason"]) for r in jsonl_lines(out / "rejects.jsonl")] == [("allbad.jpg", table.BAD_OBJECTS)]
+    assert [(r["path"], r["reason"]) for r in jsonl_lines(out / "rejects.jsonl")] == [
+        ("allbad.jpg", reasons.BAD_OBJECTS)
+    ]
     assert sorted(r["reason"] for r in jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)) == [
-        objects.BAD_ANNOTATION,
-        objects.UNKNOWN_CATEGORY,
+        reasons.BAD_ANNOTATION,
+        reasons.UNKNOWN_CATEGORY,
     ]
 
     cell = json.dumps([{**box, "label": "dog"}])
@@ -319,7 +322,7 @@ def test_cli_errors_name_the_flag(object_set, tmp_path):
 def test_a_transient_error_reading_the_size_is_retried_not_a_reject(monkeypatch):
     """A busy server while reading a header fails the bundle (the runner retries it); a file that is not an
     image is the image's reject."""
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     ref = Ref("/data/a.jpg", "a.jpg", 10, "train", None, 1, annotations=table.RawObjects(None, ()))
     check = table._CheckObjects("pixels")  # noqa: SLF001 - the DoFn's own step
@@ -410,22 +413,22 @@ def test_rows_of_one_file_group_the_same_whatever_their_order():
     assert [o["label"] for o in raw.objects] == ["a", "b"]  # the empty row is no object
     rows[1][1]["split"] = "test"
     [out] = list(group(("/m/a.jpg", rows)))
-    assert out.value["reason"] == table.CONFLICTING_ROWS and "split" in out.value["detail"]
+    assert out.value["reason"] == reasons.CONFLICTING_ROWS and "split" in out.value["detail"]
 
 
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
         ({"xmin": "1", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, None),
-        ({"xmin": "1_000", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, objects.BAD_BOX),
-        ({"xmin": "inf", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, objects.BAD_BOX),
-        ({"xmin": float("nan"), "ymin": 1, "xmax": 5, "ymax": 5, "label": "cat"}, objects.BAD_BOX),
-        ({"xmin": True, "ymin": 1, "xmax": 5, "ymax": 5, "label": "cat"}, objects.BAD_BOX),
-        ({"xmin": 1, "ymin": 1, "xmax": 5, "label": "cat"}, objects.BAD_BOX),
+        ({"xmin": "1_000", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, reasons.BAD_BOX),
+        ({"xmin": "inf", "ymin": "1", "xmax": "5", "ymax": "5", "label": "cat"}, reasons.BAD_BOX),
+        ({"xmin": float("nan"), "ymin": 1, "xmax": 5, "ymax": 5, "label": "cat"}, reasons.BAD_BOX),
+        ({"xmin": True, "ymin": 1, "xmax": 5, "ymax": 5, "label": "cat"}, reasons.BAD_BOX),
+        ({"xmin": 1, "ymin": 1, "xmax": 5, "label": "cat"}, reasons.BAD_BOX),
         ({"xmin": 1, "ymin": 1, "xmax": 11, "ymax": 5, "label": "cat"}, None),  # 1 px beyond: clipped
-        ({"xmin": 1, "ymin": 1, "xmax": 11.5, "ymax": 5, "label": "cat"}, objects.BOX_OUTSIDE_IMAGE),
-        ({"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": "a\nb"}, objects.UNKNOWN_CATEGORY),
-        ("cat", objects.BAD_ANNOTATION),
+        ({"xmin": 1, "ymin": 1, "xmax": 11.5, "ymax": 5, "label": "cat"}, reasons.BOX_OUTSIDE_IMAGE),
+        ({"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": "a\nb"}, reasons.UNKNOWN_CATEGORY),
+        ("cat", reasons.BAD_ANNOTATION),
     ],
 )
 def test_check_object(raw, reason):
@@ -480,7 +483,7 @@ def test_a_csv_objects_cell_nested_too_deep_is_that_images_bad_objects(object_se
     convert("--manifest", str(manifest), "--manifest-objects", "column", "--output", str(out),
             "--max-reject-fraction", "1")  # fmt: skip
     [row] = jsonl_lines(out / "rejects.jsonl")
-    assert (row["path"], row["reason"]) == ("neg.jpg", table.BAD_OBJECTS)
+    assert (row["path"], row["reason"]) == ("neg.jpg", reasons.BAD_OBJECTS)
     assert "nested deeper" in row["detail"]
     assert load_info(out)["examples"] == 1
 
@@ -537,10 +540,10 @@ def test_an_object_of_other_keys_or_a_label_list_is_rejected_saying_so():
     """A JSON object in x/y/width/height (COCO's box) said its box 'holds a value that is not a number' and a
     label given as a list said the name 'is empty': neither said what was wrong."""
     other = table.check_object({"x": 1, "y": 1, "width": 4, "height": 4, "label": "cat"}, 10, 8, "pixels")
-    assert isinstance(other, objects.Invalid) and other.reason == objects.BAD_BOX
+    assert isinstance(other, objects.Invalid) and other.reason == reasons.BAD_BOX
     assert "no xmin, ymin, xmax, ymax" in other.detail and "'width'" in other.detail
     listed = table.check_object({"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": ["cat"]}, 10, 8, "pixels")
-    assert isinstance(listed, objects.Invalid) and listed.reason == objects.UNKNOWN_CATEGORY
+    assert isinstance(listed, objects.Invalid) and listed.reason == reasons.UNKNOWN_CATEGORY
     assert "not text" in listed.detail
 
 
@@ -562,7 +565,7 @@ def test_a_labels_file_fixes_the_ids_of_manifest_objects(object_set, tmp_path, t
     assert [(t, c) for t, c, _, _ in objects_of(parsed_records(out, tf)["a.jpg"])] == [("cat", 2), ("dog", 1)]
     assert (out / "labels.txt").read_text().splitlines() == ["background", "dog", "cat"]
     [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
-    assert row["reason"] == objects.UNKNOWN_CATEGORY and "not in --labels-file" in row["detail"]
+    assert row["reason"] == reasons.UNKNOWN_CATEGORY and "not in --labels-file" in row["detail"]
 
 
 @pytest.mark.parametrize("form", ["rows", "column"])
@@ -583,7 +586,7 @@ def test_an_integer_coordinate_beyond_a_floats_range_is_a_bad_box_not_a_failed_j
     result = convert("--manifest", str(manifest), "--manifest-objects", form, "--output", str(out))
     assert result.returncode == 0, result.stderr
     [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
-    assert row["reason"] == objects.BAD_BOX and "not a finite number" in row["detail"]
+    assert row["reason"] == reasons.BAD_BOX and "not a finite number" in row["detail"]
     assert load_info(out)["objects"]["kept"] == 1
 
 
@@ -603,7 +606,7 @@ def test_a_frame_size_no_image_can_have_is_the_images_bad_image_size_not_a_faile
     convert("--manifest", str(manifest), "--manifest-objects", "rows", "--output", str(out),
             "--max-reject-fraction", "1")  # fmt: skip
     [row] = jsonl_lines(out / "rejects.jsonl")
-    assert row["path"] == "a.jpg" and row["reason"] == table.BAD_IMAGE_SIZE
+    assert row["path"] == "a.jpg" and row["reason"] == reasons.BAD_IMAGE_SIZE
     assert load_info(out)["objects"]["kept"] == 1
 
 
@@ -621,7 +624,7 @@ def test_over_4300_digit_numbers_and_half_surrogates_in_csv_cells_are_rejects_no
     convert("--manifest", str(write_csv(object_set / "digits.csv", rows)), "--manifest-objects", "rows",
             "--output", str(out), "--max-reject-fraction", "1")  # fmt: skip
     [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
-    assert row["reason"] == objects.BAD_BOX and "not a finite number" in row["detail"]
+    assert row["reason"] == reasons.BAD_BOX and "not a finite number" in row["detail"]
     big = '[{"xmin": ' + digits + ', "ymin": 1, "xmax": 5, "ymax": 5, "label": "dog"}]'
     half = '[{"xmin": 1, "ymin": 1, "xmax": 5, "ymax": 5, "label": "\\ud800"}, ' \
         '{"xmin": 1, "ymin": 1, "xmax": 6, "ymax": 6, "label": "cat"}]'  # fmt: skip
@@ -629,9 +632,9 @@ def test_over_4300_digit_numbers_and_half_surrogates_in_csv_cells_are_rejects_no
     out = tmp_path / "cells"
     convert("--manifest", str(cells), "--manifest-objects", "column", "--output", str(out),
             "--max-reject-fraction", "1")  # fmt: skip
-    assert [(r["path"], r["reason"]) for r in jsonl_lines(out / "rejects.jsonl")] == [("a.jpg", table.BAD_OBJECTS)]
+    assert [(r["path"], r["reason"]) for r in jsonl_lines(out / "rejects.jsonl")] == [("a.jpg", reasons.BAD_OBJECTS)]
     [row] = jsonl_lines(out / objects.OBJECT_REJECTS_JSONL)
-    assert row["reason"] == objects.UNKNOWN_CATEGORY and "surrogate" in row["detail"]
+    assert row["reason"] == reasons.UNKNOWN_CATEGORY and "surrogate" in row["detail"]
     assert (out / "labels.txt").read_text().splitlines() == ["background", "cat"]
 
 

@@ -16,6 +16,7 @@ from PIL import Image
 
 from beam_pipeline.annotations import masks
 from beam_pipeline.images import Rejected
+from beam_pipeline.vocab import reasons
 
 from .conftest import convert, load_info, run_cli
 from .imagegen import encode, image_bytes, pixels, write
@@ -140,15 +141,15 @@ def test_each_bad_mask_is_a_reject_with_its_reason(converted):
     rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     reasons = {r["path"]: r["reason"] for r in rows}
     assert reasons == {
-        "nomask.jpg": masks.MISSING_MASK,
-        "rgb.jpg": masks.MASK_NOT_SINGLE_CHANNEL,
-        "small.jpg": masks.MASK_SIZE_MISMATCH,
-        "broken.jpg": masks.BAD_MASK,
-        "lossy.jpg": masks.BAD_MASK,
-        "two.jpg": masks.DUPLICATE_MASK,
+        "nomask.jpg": reasons.MISSING_MASK,
+        "rgb.jpg": reasons.MASK_NOT_SINGLE_CHANNEL,
+        "small.jpg": reasons.MASK_SIZE_MISMATCH,
+        "broken.jpg": reasons.BAD_MASK,
+        "lossy.jpg": reasons.BAD_MASK,
+        "two.jpg": reasons.DUPLICATE_MASK,
     }
     info = load_info(out)
-    assert info["rejects"]["by_reason"][masks.BAD_MASK] == 2
+    assert info["rejects"]["by_reason"][reasons.BAD_MASK] == 2
     # the mask without an image and the file that is no PNG are counted, not fatal
     assert info["skipped"]["by_reason"] == {masks.MASK_WITHOUT_IMAGE: 1, masks.NOT_A_MASK: 1}
     assert info["features"][masks.SEGMENTATION_ENCODED]["dtype"] == "string"
@@ -191,14 +192,14 @@ def test_a_class_id_beyond_255_is_a_bad_mask():
     data = encode(Image.fromarray(np.array([[0, 300]], np.uint16)), "PNG")
     with pytest.raises(Rejected) as e:
         masks.label_map_png(data, (2, 1), 1, (2, 1))
-    assert e.value.reason == masks.BAD_MASK and "300" in e.value.detail
+    assert e.value.reason == reasons.BAD_MASK and "300" in e.value.detail
 
 
 def test_grey_with_alpha_is_not_a_label_map():
     data = encode(Image.fromarray(np.zeros((2, 2, 2), np.uint8), "LA"), "PNG")
     with pytest.raises(Rejected) as e:
         masks.label_map_png(data, (2, 2), 1, (2, 2))
-    assert e.value.reason == masks.MASK_NOT_SINGLE_CHANNEL
+    assert e.value.reason == reasons.MASK_NOT_SINGLE_CHANNEL
 
 
 def test_masks_follow_resize_and_exif_orientation(tmp_path):
@@ -259,10 +260,10 @@ def test_a_changed_mask_never_reuses_the_old_record(mask_set, tmp_path):
     inc = load_info(second)["incremental"]
     assert inc["reused"] == 1 and inc["converted"] == 3, inc
     assert load_info(second)["rejects"]["by_reason"] == {
-        masks.MASK_NOT_SINGLE_CHANNEL: 1,
-        masks.MASK_SIZE_MISMATCH: 1,
-        masks.BAD_MASK: 1,
-        masks.DUPLICATE_MASK: 1,
+        reasons.MASK_NOT_SINGLE_CHANNEL: 1,
+        reasons.MASK_SIZE_MISMATCH: 1,
+        reasons.BAD_MASK: 1,
+        reasons.DUPLICATE_MASK: 1,
     }
 
 
@@ -270,7 +271,7 @@ def test_the_shard_digest_covers_the_mask_file():
     """Resume takes a finished shard only when its images' mask files are the same (size, mtime)."""
     from beam_pipeline import resume
     from beam_pipeline.images import ImageOptions
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     def digest(label_map: masks.LabelMap) -> str:
         ref = Ref("/in/a.jpg", "a.jpg", 10, "train", None, 1, annotations=label_map)
@@ -386,7 +387,7 @@ def test_a_transient_error_reading_a_mask_fails_the_bundle_not_the_image(tmp_pat
     """A reset connection while reading the label map is not bad input: the error is raised (the runner retries
     the bundle), never turned into a reject. A mask gone since the listing is a missing_mask reject."""
     from beam_pipeline import storage
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
     from beam_pipeline.writer.records import decode_one
 
     image = image_bytes("jpeg", 24, 32, 0)
@@ -408,7 +409,7 @@ def test_a_transient_error_reading_a_mask_fails_the_bundle_not_the_image(tmp_pat
     monkeypatch.setattr(storage, "read_bytes", real)
     os.remove(mask_path)
     gone = decode_one(ref, image, {}, {})
-    assert isinstance(gone, Rejected) and gone.reason == masks.MISSING_MASK
+    assert isinstance(gone, Rejected) and gone.reason == reasons.MISSING_MASK
 
 
 def test_the_write_to_tfrecord_sink_writes_the_label_maps_too(mask_set, tmp_path):
@@ -419,7 +420,7 @@ def test_the_write_to_tfrecord_sink_writes_the_label_maps_too(mask_set, tmp_path
     rows = records_by_name(out)
     for name, values in expected.items():
         np.testing.assert_array_equal(decoded_mask(rows[name])[..., 0], values)
-    assert load_info(out)["rejects"]["by_reason"][masks.MISSING_MASK] == 1
+    assert load_info(out)["rejects"]["by_reason"][reasons.MISSING_MASK] == 1
 
 
 def test_the_same_masks_read_from_another_folder_leave_every_record_reusable(mask_set, tmp_path):

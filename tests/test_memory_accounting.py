@@ -121,7 +121,7 @@ def test_an_early_stop_gives_back_what_results_finished_later_were_charged():
 def test_writer_instances_of_one_process_share_its_read_and_decode_pools(tmp_path):
     from beam_pipeline import hashing
     from beam_pipeline.examples import parse_example
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
     from beam_pipeline.writer.shard import IO_THREADS, WriteShardFn, count_records
 
     from .imagegen import image_bytes, write
@@ -166,7 +166,7 @@ def test_writer_instances_of_one_process_share_its_read_and_decode_pools(tmp_pat
 
 def _denied_refs(n: int, bucket: str = "secret-bucket") -> list:
     from beam_pipeline import hashing
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     return [
         Ref(f"gs://{bucket}/cat/{i}.jpg", f"cat/{i}.jpg", 1000, "train", "cat", hashing.shuffle_key(f"{i}", 0))

@@ -123,7 +123,7 @@ def test_dedupe_transform_keeps_the_same_copy_whatever_the_order(tmp_path):
     from apache_beam.testing.util import assert_that, equal_to
 
     from beam_pipeline.dedupe import DropDuplicates, split_duplicates
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     from .conftest import local_pipeline
 

@@ -7,8 +7,8 @@ import pytest
 
 from beam_pipeline import hashing
 from beam_pipeline.config import MB
-from beam_pipeline.listing import Ref
 from beam_pipeline.planning import cut_buckets, estimated_record_bytes, make_plans, shard_count
+from beam_pipeline.vocab.refs import Ref
 
 TARGET = 150 * MB
 

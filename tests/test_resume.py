@@ -22,7 +22,7 @@ from beam_pipeline import hashing, lease, metadata, resume, storage
 from beam_pipeline.finalize import cleanup_staging, stale_tmp_dirs
 from beam_pipeline.images import ImageOptions
 from beam_pipeline.index import Previous, PreviousReject
-from beam_pipeline.listing import Ref
+from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.shard import WriteShardFn
 
 from .conftest import BUCKET, convert, load_info, run_cli

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from beam_pipeline.annotations import coco, join, objects, voc
+from beam_pipeline.vocab import reasons
 
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
@@ -204,41 +205,41 @@ def test_every_validation_reason_with_its_path(converted):
     rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     got = {(Path(r["path"]).name, r["reason"]) for r in rows}
     assert got == {
-        ("broken.xml", objects.BAD_ANNOTATION),
-        ("not_voc.xml", objects.BAD_ANNOTATION),
-        ("bomb.xml", objects.BAD_ANNOTATION),  # billion laughs: refused before any entity is expanded
-        ("external.xml", objects.BAD_ANNOTATION),  # an external entity is never read
-        ("missing.jpg", voc.MISSING_IMAGE),
-        ("000007.jpg", voc.DUPLICATE_FILE_NAME),
-        ("000006.jpg", objects.ANNOTATION_SIZE_MISMATCH),
+        ("broken.xml", reasons.BAD_ANNOTATION),
+        ("not_voc.xml", reasons.BAD_ANNOTATION),
+        ("bomb.xml", reasons.BAD_ANNOTATION),  # billion laughs: refused before any entity is expanded
+        ("external.xml", reasons.BAD_ANNOTATION),  # an external entity is never read
+        ("missing.jpg", reasons.MISSING_IMAGE),
+        ("000007.jpg", reasons.DUPLICATE_FILE_NAME),
+        ("000006.jpg", reasons.ANNOTATION_SIZE_MISMATCH),
     }
     bomb = next(r for r in rows if r["path"].endswith("bomb.xml"))
     assert "DOCTYPE" in bomb["detail"]
-    duplicate = next(r for r in rows if r["reason"] == voc.DUPLICATE_FILE_NAME)
+    duplicate = next(r for r in rows if r["reason"] == reasons.DUPLICATE_FILE_NAME)
     assert "000007a.xml" in duplicate["detail"] and "000007b.xml" in duplicate["detail"]
-    assert "000008.xml" in next(r for r in rows if r["reason"] == voc.MISSING_IMAGE)["detail"]
+    assert "000008.xml" in next(r for r in rows if r["reason"] == reasons.MISSING_IMAGE)["detail"]
 
     lines = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
     got_objects = {(r["path"], r["object"], r["reason"]) for r in lines}
     assert got_objects == {
-        ("000002.png", 1, objects.UNKNOWN_CATEGORY),
-        ("000002.png", 2, objects.BAD_BOX),
-        ("000002.png", 3, objects.BAD_BOX),
-        ("000002.png", 4, objects.BAD_BOX),
-        ("000002.png", 5, objects.BAD_BOX),
-        ("000002.png", 6, objects.BOX_OUTSIDE_IMAGE),
-        ("000002.png", 8, objects.BAD_ANNOTATION),
-        ("000002.png", 9, objects.UNKNOWN_CATEGORY),
-        ("000009.bmp", 0, objects.BAD_BOX),
+        ("000002.png", 1, reasons.UNKNOWN_CATEGORY),
+        ("000002.png", 2, reasons.BAD_BOX),
+        ("000002.png", 3, reasons.BAD_BOX),
+        ("000002.png", 4, reasons.BAD_BOX),
+        ("000002.png", 5, reasons.BAD_BOX),
+        ("000002.png", 6, reasons.BOX_OUTSIDE_IMAGE),
+        ("000002.png", 8, reasons.BAD_ANNOTATION),
+        ("000002.png", 9, reasons.UNKNOWN_CATEGORY),
+        ("000009.bmp", 0, reasons.BAD_BOX),
     }
     assert all(r["annotation_id"].endswith(".xml") and r["detail"] for r in lines)
 
     info = load_info(out)
     assert info["rejects"]["by_reason"] == {
-        objects.BAD_ANNOTATION: 4,
-        objects.ANNOTATION_SIZE_MISMATCH: 1,
-        voc.DUPLICATE_FILE_NAME: 1,
-        voc.MISSING_IMAGE: 1,
+        reasons.BAD_ANNOTATION: 4,
+        reasons.ANNOTATION_SIZE_MISMATCH: 1,
+        reasons.DUPLICATE_FILE_NAME: 1,
+        reasons.MISSING_IMAGE: 1,
     }
     assert info["skipped"]["by_reason"] == {voc.NOT_IN_VOC: 1}
     assert info["objects"] == {
@@ -246,10 +247,10 @@ def test_every_validation_reason_with_its_path(converted):
         "rejects": {
             "total": 9,
             "by_reason": {
-                objects.BAD_ANNOTATION: 1,
-                objects.BAD_BOX: 5,
-                objects.BOX_OUTSIDE_IMAGE: 1,
-                objects.UNKNOWN_CATEGORY: 2,
+                reasons.BAD_ANNOTATION: 1,
+                reasons.BAD_BOX: 5,
+                reasons.BOX_OUTSIDE_IMAGE: 1,
+                reasons.UNKNOWN_CATEGORY: 2,
             },
         },
         coco.IMAGES_WITHOUT_OBJECTS: 1,
@@ -324,13 +325,13 @@ def test_the_pairing_rule(filename, path, xml_relpath, want):
     [
         ({"name": "dog", "bndbox": ("1", "2", "10", "10")}, (1.0, 2.0, 10.0, 10.0)),
         ({"name": "dog", "bndbox": ("0", "0", "11", "10")}, (0.0, 0.0, 10.0, 10.0)),  # a pixel over: clipped
-        ({"name": "dog", "bndbox": ("1", "2", "11.5", "10")}, objects.BOX_OUTSIDE_IMAGE),
-        ({"name": "dog", "bndbox": ("5", "2", "5", "10")}, objects.BAD_BOX),
-        ({"name": "dog", "bndbox": ("5", "2", "inf", "10")}, objects.BAD_BOX),
-        ({"name": "dog", "bndbox": ("5", None, "6", "10")}, objects.BAD_BOX),
-        ({"name": "dog\ncat", "bndbox": ("1", "2", "10", "10")}, objects.UNKNOWN_CATEGORY),
-        ({"name": None, "bndbox": ("1", "2", "10", "10")}, objects.UNKNOWN_CATEGORY),
-        ({"name": "dog", "bndbox": ("1", "2", "10", "10"), "truncated": "yes"}, objects.BAD_ANNOTATION),
+        ({"name": "dog", "bndbox": ("1", "2", "11.5", "10")}, reasons.BOX_OUTSIDE_IMAGE),
+        ({"name": "dog", "bndbox": ("5", "2", "5", "10")}, reasons.BAD_BOX),
+        ({"name": "dog", "bndbox": ("5", "2", "inf", "10")}, reasons.BAD_BOX),
+        ({"name": "dog", "bndbox": ("5", None, "6", "10")}, reasons.BAD_BOX),
+        ({"name": "dog\ncat", "bndbox": ("1", "2", "10", "10")}, reasons.UNKNOWN_CATEGORY),
+        ({"name": None, "bndbox": ("1", "2", "10", "10")}, reasons.UNKNOWN_CATEGORY),
+        ({"name": "dog", "bndbox": ("1", "2", "10", "10"), "truncated": "yes"}, reasons.BAD_ANNOTATION),
     ],
 )
 def test_check_object(fields, want):
@@ -385,7 +386,7 @@ def test_an_oversized_xml_is_a_reject_and_is_not_read(tmp_path, monkeypatch):
     [out] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(big), 63)))  # noqa: SLF001
     assert out.tag == "rejects" and "larger than" in out.value["detail"]  # it grew past the cap since listed
     [out] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(tmp_path / "absent.xml"), 10**9)))  # noqa: SLF001
-    assert out.value["reason"] == objects.BAD_ANNOTATION and "larger than" in out.value["detail"]
+    assert out.value["reason"] == reasons.BAD_ANNOTATION and "larger than" in out.value["detail"]
     monkeypatch.setattr(voc, "MAX_XML_BYTES", 10**6)
     [(key, (tag, parsed))] = list(voc._ParseXml(str(tmp_path)).process(FileMetadata(str(big), big.stat().st_size)))  # noqa: SLF001
     assert key == "a.jpg" and tag == voc.VOC and parsed.objects[0]["name"] == "dog"
@@ -394,7 +395,7 @@ def test_an_oversized_xml_is_a_reject_and_is_not_read(tmp_path, monkeypatch):
 def test_an_image_without_size_or_readable_header_gets_no_frame(tmp_path):
     """<size> missing: the header's size is the frame; a file that is not an image gets none (0 x 0) and no
     object rejects (its boxes were not wrong): the writer rejects the image with why."""
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     from .imagegen import broken_bytes
 
@@ -580,7 +581,7 @@ def test_a_labels_file_gives_split_by_split_runs_the_same_ids(tmp_path, tf):
                 ids.setdefault(text, set()).add(int(label))
         rows = [json.loads(line) for line in (out / objects.OBJECT_REJECTS_JSONL).read_text().splitlines()]
         assert [(r["reason"], "not in --labels-file" in r["detail"]) for r in rows] == (
-            [(objects.UNKNOWN_CATEGORY, True)] if name == "valid" else []
+            [(reasons.UNKNOWN_CATEGORY, True)] if name == "valid" else []
         )  # yak
     assert ids == {"zebra": {1}, "ant": {2}, "bee": {3}}
     # built on a run whose ids were sorted names: no record of it may be copied with its ids
@@ -609,7 +610,7 @@ def test_a_coco_runs_labels_txt_as_labels_file_keeps_its_gaps_out_of_the_categor
             str(labels))  # fmt: skip
     assert load_info(out)["categories"] == [{"id": 1, "name": "cat"}, {"id": 3, "name": "dog"}]
     assert "unused_2" not in (out / objects.LABEL_MAP_PBTXT).read_text()
-    assert load_info(out)["objects"]["rejects"]["by_reason"] == {objects.UNKNOWN_CATEGORY: 1}
+    assert load_info(out)["objects"]["rejects"]["by_reason"] == {reasons.UNKNOWN_CATEGORY: 1}
 
 
 def test_class_names_that_differ_only_in_case_get_a_note(tmp_path):
@@ -633,6 +634,6 @@ def test_a_size_beyond_a_float_or_an_unknown_encoding_is_one_files_problem_not_a
     out = tmp_path / "out"
     convert("--input", str(images), "--voc", str(annotations), "--output", str(out), "--max-reject-fraction", "1")
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert [(Path(r["path"]).name, r["reason"]) for r in rejects] == [("001.xml", objects.BAD_ANNOTATION)]
+    assert [(Path(r["path"]).name, r["reason"]) for r in rejects] == [("001.xml", reasons.BAD_ANNOTATION)]
     assert "x-bogus" in rejects[0]["detail"]
     assert load_info(out)["objects"]["kept"] == 2  # 000's box kept in its image's own 32x32 frame, and 002's

@@ -36,8 +36,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..config import MAX_CATEGORY_ID
 from ..errors import UsageError, message_lines
-from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED, reject
+from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED
 from ..metadata import line_break_problem
+from ..vocab import reasons
+from ..vocab.reasons import BAD_IMAGE_ENTRY, DUPLICATE_FILE_NAME, DUPLICATE_IMAGE_ID, MISSING_IMAGE, UNKNOWN_IMAGE_ID
+from ..vocab.refs import reject
 from . import objects
 from .join import (
     COUNTS,
@@ -62,11 +65,6 @@ COCO = "coco"  # the joined images' tag in the join by file name
 # the join concatenates every run a key receives, whatever the file's order.
 MAX_RUN = 256
 
-MISSING_IMAGE = "missing_image"
-DUPLICATE_IMAGE_ID = "duplicate_image_id"
-DUPLICATE_FILE_NAME = "duplicate_file_name"
-BAD_IMAGE_ENTRY = "bad_image_entry"
-UNKNOWN_IMAGE_ID = "unknown_image_id"
 NOT_IN_COCO = "not_in_coco"  # skip reason
 
 
@@ -333,17 +331,17 @@ def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int
     ``names``: the dataset's ids (the file's + ``offset``, --coco-category-offset) and their names.
     """
     if not isinstance(ann, dict):
-        return Invalid(objects.BAD_ANNOTATION, "not a JSON object")
+        return Invalid(reasons.BAD_ANNOTATION, "not a JSON object")
     cid = ann.get("category_id")
     if isinstance(cid, bool) or not isinstance(cid, int) or cid + offset not in names:
-        return Invalid(objects.UNKNOWN_CATEGORY, f"category_id {cid!r} is not in the file's categories")
+        return Invalid(reasons.UNKNOWN_CATEGORY, f"category_id {cid!r} is not in the file's categories")
     cid += offset
     box = objects.check_box(ann.get("bbox"), width, height)
     if isinstance(box, Invalid):
         return box
     crowd = ann.get("iscrowd", 0)
     if crowd not in (0, 1) or isinstance(crowd, float):
-        return Invalid(objects.BAD_ANNOTATION, f"iscrowd {crowd!r} is not 0 or 1")
+        return Invalid(reasons.BAD_ANNOTATION, f"iscrowd {crowd!r} is not 0 or 1")
     segmentation = objects.drawn_polygons(ann.get("segmentation")) or None  # [] or absent: no mask
     if segmentation is not None:
         invalid = objects.check_segmentation(segmentation, width, height)
@@ -353,7 +351,7 @@ def check_annotation(ann: Any, names: Mapping[int, str], width: int, height: int
     if area is None:
         area = (box[2] - box[0]) * (box[3] - box[1])  # no mask area given: the box's
     elif objects._number(area) is None or not 0 <= area <= objects.MAX_FLOAT32:  # noqa: SLF001 - same module family
-        return Invalid(objects.BAD_ANNOTATION, f"area {area!r} is not a non-negative number within float32's range")
+        return Invalid(reasons.BAD_ANNOTATION, f"area {area!r} is not a non-negative number within float32's range")
     return Obj(
         bbox=box,
         label=cid,

@@ -33,7 +33,9 @@ from typing import Any
 import apache_beam as beam
 
 from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected, png_problem
-from ..listing import FILES, REJECTS, SKIPPED, ListFolder, Ref, reject, relative_path
+from ..listing import FILES, REJECTS, SKIPPED, ListFolder, relative_path
+from ..vocab.reasons import BAD_MASK, DUPLICATE_MASK, MASK_NOT_SINGLE_CHANNEL, MASK_SIZE_MISMATCH, MISSING_MASK
+from ..vocab.refs import Ref, reject
 from . import objects
 from .join import REFS, join_tagged, untag
 
@@ -41,11 +43,6 @@ SEGMENTATION_ENCODED = "image/segmentation/class/encoded"
 SEGMENTATION_FORMAT = "image/segmentation/class/format"
 
 MASKS = "masks"  # the label maps' tag in the join by stem
-MISSING_MASK = "missing_mask"  # an image without its label map: it cannot train segmentation
-DUPLICATE_MASK = "duplicate_mask"  # two files in DIR for one image (a/b.png and a/b.PNG)
-BAD_MASK = "bad_mask"  # not a PNG Pillow decodes, or a class id a uint8 label map cannot hold
-MASK_NOT_SINGLE_CHANNEL = "mask_not_single_channel"  # RGB(A), grey + alpha: colours, not class ids
-MASK_SIZE_MISMATCH = "mask_size_mismatch"  # another size than its image's pixels
 # skip reasons (dataset.json "skipped")
 MASK_WITHOUT_IMAGE = "mask_without_image"
 NOT_A_MASK = "not_a_png_mask"  # a file in DIR that does not end in .png

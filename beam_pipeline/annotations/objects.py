@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from ..images import ORIENTATION_TRANSPOSE, Geometry
 from ..metadata import line_break_problem
+from ..vocab.reasons import BAD_BOX, BAD_MASK, BOX_OUTSIDE_IMAGE, MASK_SIZE_MISMATCH, UNKNOWN_CATEGORY
 
 # The Example keys (in keys.py, which the reader side imports without Pillow), named here as before.
 from .keys import (
@@ -43,20 +44,10 @@ from .keys import (
     YMIN,
 )
 
-# Per-object reasons (the image stays; object_rejects.jsonl).
-BAD_BOX = "bad_box"  # zero or negative width/height, NaN, not four numbers
-BOX_OUTSIDE_IMAGE = "box_outside_image"  # more than EDGE_TOLERANCE pixels beyond an edge
-UNKNOWN_CATEGORY = "unknown_category"
-BAD_ANNOTATION = "bad_annotation"  # not an object, or a field of the wrong kind (iscrowd, area)
-BAD_MASK = "bad_mask"  # a segmentation that is neither polygons nor an RLE
-MASK_SIZE_MISMATCH = "mask_size_mismatch"  # an RLE of another size than its image
-# Not a reject: one polygon of a written object left out of its mask (a stray 2-point polygon beside good ones);
+# Not a reject (reject reasons live in vocab.reasons): one polygon of a written object left out of its mask (a
+# stray 2-point polygon beside good ones);
 # a line of object_rejects.jsonl with "polygon", counted apart (dataset.json objects.polygons_dropped).
 POLYGON_DROPPED = "polygon_dropped"
-# Per-image reasons (rejects.jsonl): the recorded image is not the size the boxes refer to; its masks would
-# take more pixels than --max-mask-pixels allows.
-ANNOTATION_SIZE_MISMATCH = "annotation_size_mismatch"
-MASKS_TOO_LARGE = "masks_too_large"
 
 # Obj.label of a names-only source until the writer assigns it: ids 1…N follow the run's label list
 # (labels.txt line k = id k; line 0 is BACKGROUND, the TF Object Detection API's id 0).

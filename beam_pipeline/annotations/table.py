@@ -36,19 +36,19 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from ..config import BOX_UNITS, MANIFEST_OBJECTS
-from ..images import UNREADABLE
 from ..listing import (
     LABEL_COLUMN,
     MAX_JSON_DEPTH,
     PATH_COLUMN,
     REJECTS,
-    Ref,
     canonical_row,
     is_transient,
     nested_deeper,
-    reject,
     value_type,
 )
+from ..vocab import reasons
+from ..vocab.reasons import BAD_IMAGE_SIZE, BAD_OBJECTS, CONFLICTING_ROWS, DUPLICATE_OBJECT, UNREADABLE
+from ..vocab.refs import Ref, reject
 from . import objects
 from .join import COUNTS, OBJECT_REJECTS, CountingDoFn, sum_counts
 from .objects import UNASSIGNED, Annotations, Invalid, Obj
@@ -61,12 +61,8 @@ FRAME_COLUMNS = (WIDTH_COLUMN, HEIGHT_COLUMN)
 PIXELS, NORMALIZED = BOX_UNITS
 
 # Image rejects (rejects.jsonl).
-CONFLICTING_ROWS = "conflicting_rows"  # rows of one file disagree on split, an extra column, width or height
-BAD_OBJECTS = "bad_objects"  # an 'objects' cell that is not a JSON list: the image's objects are unknown
-BAD_IMAGE_SIZE = "bad_image_size"  # width/height columns that are not positive whole numbers
-# Object rejects (object_rejects.jsonl; the image stays): besides objects.BAD_BOX, BOX_OUTSIDE_IMAGE,
+# Object rejects (object_rejects.jsonl; the image stays): besides reasons.BAD_BOX, BOX_OUTSIDE_IMAGE,
 # UNKNOWN_CATEGORY (an empty or unusable class name) and BAD_ANNOTATION (not an object):
-DUPLICATE_OBJECT = "duplicate_object"  # the same box and class again for one image: one is kept
 
 
 def object_columns(form: str) -> tuple[str, ...]:
@@ -208,7 +204,7 @@ def check_object(raw: Any, width: int, height: int, units: str, known: Collectio
     """One manifest object as a checked names-only Obj (box clipped within one pixel), or why not. ``known``: the
     classes of a --labels-file (None: any name)."""
     if not isinstance(raw, dict):
-        return Invalid(objects.BAD_ANNOTATION, f"{raw!r} is not an object with xmin, ymin, xmax, ymax and label")
+        return Invalid(reasons.BAD_ANNOTATION, f"{raw!r} is not an object with xmin, ymin, xmax, ymax and label")
     name = raw.get(LABEL_COLUMN)
     name = name.strip() if isinstance(name, str) else name
     invalid = objects.check_class_name(name, known)
@@ -219,9 +215,9 @@ def check_object(raw: Any, width: int, height: int, units: str, known: Collectio
     absent = [c for c in BOX_COLUMNS if c not in raw]
     if absent:
         keys = ", ".join(map(repr, raw)) or "none"
-        return Invalid(objects.BAD_BOX, f"the object has no {', '.join(absent)} (its keys: {keys})")
+        return Invalid(reasons.BAD_BOX, f"the object has no {', '.join(absent)} (its keys: {keys})")
     if any(v is None for v in corners):
-        return Invalid(objects.BAD_BOX, f"box {given} holds a value that is not a number")
+        return Invalid(reasons.BAD_BOX, f"box {given} holds a value that is not a number")
     xmin, ymin, xmax, ymax = corners  # type: ignore[misc]
     if units == NORMALIZED:  # one pixel's worth of tolerance, as for pixel boxes
         xmin, xmax, ymin, ymax = xmin * width, xmax * width, ymin * height, ymax * height

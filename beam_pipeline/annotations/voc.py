@@ -39,14 +39,15 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from ..listing import REJECTS, SKIPPED, is_transient, reject
+from ..listing import REJECTS, SKIPPED, is_transient
+from ..vocab import reasons
+from ..vocab.reasons import DUPLICATE_FILE_NAME, MISSING_IMAGE
+from ..vocab.refs import reject
 from . import objects
 from .join import COUNTS, OBJECT_REJECTS, REFS, CountingDoFn, join_tagged, keyed_ref, sum_counts, untag
 from .objects import Annotations, Invalid, Obj
 
 VOC = "voc"  # the parsed XML files' tag in the join by file name
-MISSING_IMAGE = "missing_image"
-DUPLICATE_FILE_NAME = "duplicate_file_name"
 NOT_IN_VOC = "not_in_voc"  # skip reason: a listed image no XML names
 UNSPECIFIED_POSE = "Unspecified"  # VOC's own value for an object without a pose
 # A VOC file is a few KB; a bigger one is not an annotation file (and is not read into memory).
@@ -136,17 +137,17 @@ class _ParseXml(beam.DoFn):
                 data = fh.read(MAX_XML_BYTES + 1)  # the file may have grown since it was listed
         if meta.size_in_bytes > MAX_XML_BYTES or len(data) > MAX_XML_BYTES:
             detail = f"larger than {MAX_XML_BYTES} bytes (not a VOC annotation file)"
-            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, objects.BAD_ANNOTATION, detail))
+            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, reasons.BAD_ANNOTATION, detail))
             return
         try:
             root = parse_xml(data)
         except (ET.ParseError, ValueError, LookupError) as e:  # LookupError: an encoding Python does not know
-            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, objects.BAD_ANNOTATION, f"not a VOC XML file: {e}"))
+            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, reasons.BAD_ANNOTATION, f"not a VOC XML file: {e}"))
             return
         key = image_key(root, relpath) if root.tag == "annotation" else None
         if key is None:
             why = "no <filename> or <path>" if root.tag == "annotation" else f"root element <{root.tag}>"
-            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, objects.BAD_ANNOTATION, f"not a VOC XML file: {why}"))
+            yield beam.pvalue.TaggedOutput(REJECTS, reject(path, reasons.BAD_ANNOTATION, f"not a VOC XML file: {why}"))
             return
         width, height = _size(root)
         source_id = _text(root, "filename") or key
@@ -171,13 +172,13 @@ def check_object(
         return invalid
     corners = raw.get("bndbox")
     if corners is None:
-        return Invalid(objects.BAD_BOX, "no <bndbox>")
+        return Invalid(reasons.BAD_BOX, "no <bndbox>")
     values = [_number(v) for v in corners]
     if any(v is None for v in values):
-        return Invalid(objects.BAD_BOX, f"bndbox {list(corners)!r} holds a value that is not a finite number")
+        return Invalid(reasons.BAD_BOX, f"bndbox {list(corners)!r} holds a value that is not a finite number")
     xmin, ymin, xmax, ymax = (float(v) for v in values)  # type: ignore[arg-type]
     if xmax <= xmin or ymax <= ymin:
-        return Invalid(objects.BAD_BOX, f"bndbox {list(corners)!r} has zero or negative size")
+        return Invalid(reasons.BAD_BOX, f"bndbox {list(corners)!r} has zero or negative size")
     box = objects.check_box([xmin, ymin, xmax - xmin, ymax - ymin], width, height)
     if isinstance(box, Invalid):
         return Invalid(box.reason, f"bndbox {list(corners)!r}: {box.detail}")
@@ -185,7 +186,7 @@ def check_object(
     for key in ("difficult", "truncated"):
         text = raw.get(key) or "0"
         if text not in ("0", "1"):
-            return Invalid(objects.BAD_ANNOTATION, f"<{key}> {text!r} is not 0 or 1")
+            return Invalid(reasons.BAD_ANNOTATION, f"<{key}> {text!r} is not 0 or 1")
         flags[key] = text == "1"
     return Obj(
         bbox=box,

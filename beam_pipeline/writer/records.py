@@ -15,19 +15,14 @@ from typing import Any, NamedTuple
 
 from .. import examples, index, metadata
 from ..annotations.masks import LabelMap, TransientMaskRead, segmentation_features
-from ..annotations.objects import (
-    ANNOTATION_SIZE_MISMATCH,
-    MASKS_TOO_LARGE,
-    masks_too_large,
-    object_features,
-    size_mismatch,
-)
-from ..images import DECODE_ERROR, Geometry, ImageOptions, Prepared, Rejected, prepare_image
-from ..listing import Ref, class_values, coerce, file_reject
+from ..annotations.objects import masks_too_large, object_features, size_mismatch
+from ..images import Geometry, ImageOptions, Prepared, Rejected, prepare_image
+from ..listing import class_values, coerce
 from ..storage import read_bytes
+from ..vocab.reasons import ANNOTATION_SIZE_MISMATCH, BAD_VALUE, DECODE_ERROR, MASKS_TOO_LARGE
+from ..vocab.refs import Ref, file_reject
 
 # A manifest row whose value cannot be stored (an int column's value beyond int64).
-BAD_VALUE = "bad_value"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 

@@ -47,8 +47,9 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 from .. import failpoints, index, resume
 from ..annotations.join import CountingDoFn, record_counts
 from ..images import ImageOptions, Prepared, Rejected
-from ..listing import REJECTS, Ref, class_values, label_names
+from ..listing import REJECTS, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
+from ..vocab.refs import Ref
 from .budget import budgets, decode_threads, process_pool
 from .readahead import read_then_convert
 from .records import Reused, convert_one, decode_one, examples_features, read_cost, reject_row, result_bytes

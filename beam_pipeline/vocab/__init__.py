@@ -1,0 +1,12 @@
+"""The ground floor: words every stage shares, importing nothing of the project.
+
+- ``reasons``: every reject reason code as one table (code, what it means, the
+  stage that emits it, the file it is written to); docs/bad-input.md's table is
+  generated from it (``scripts/gen_docs_tables.py``).
+- ``refs``: ``Ref``, one listed input image before its bytes are read, and the
+  reject rows stages pass on (``reject``, ``file_reject``).
+
+Anything here is imported by listing, the image check, the writer, the index,
+resume and the annotation sources alike; nothing here imports them, so a module
+needing a reason's name no longer imports the image decoder to get it.
+"""
