@@ -486,7 +486,7 @@ def _inspect_parser() -> Parser:
 
 def run_inspect(argv: Sequence[str]) -> int:
     from . import inspection
-    from .launcher import use_anonymous_gcs_for_emulator
+    from .run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     args = _inspect_parser().parse_args(list(argv))
@@ -533,7 +533,7 @@ def _clean_parser() -> Parser:
 
 def run_clean(argv: Sequence[str]) -> int:
     from . import inspection, scratch
-    from .launcher import use_anonymous_gcs_for_emulator
+    from .run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     args = _clean_parser().parse_args(list(argv))
@@ -658,7 +658,7 @@ def _run(command: str, rest: list[str], verbose: bool, started: float) -> int:
         return run_clean(rest)
     cfg, beam_flags, _ = parse_convert(rest)
     if command == "plan":
-        from .launcher import run_plan
+        from .run.convert import run_plan
 
         print(_plan_text(run_plan(cfg, beam_flags)))
         return EXIT_OK
@@ -667,7 +667,7 @@ def _run(command: str, rest: list[str], verbose: bool, started: float) -> int:
 
 def _run_convert(cfg: ConvertConfig, beam_flags: list[str], started: float) -> int:
     """Runs (or submits, or only builds) the job and prints what became of it."""
-    from .launcher import run_convert
+    from .run.convert import run_convert
 
     cfg, transform_note = without_missing_transform(cfg)
     info = run_convert(cfg, beam_flags, own_process=True)

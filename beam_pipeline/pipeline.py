@@ -25,9 +25,9 @@ from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
-from .finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
 from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, label_names, with_relative_path
 from .planning import PlanShards, ShardPlan, assign_shard
+from .run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
 from .storage import read_json
 from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records
 
@@ -410,7 +410,7 @@ def _after_finalize(finalized: beam.PCollection, cfg: ConvertConfig, layout: Lay
     job's step names say what it does (the launcher's ``--dry_run`` lists them).
     """
     if cfg.needs_post_steps and cfg.post_steps == "job":
-        from .poststeps import PostStepsFn
+        from .run.poststeps import PostStepsFn
 
         # The Reshuffle commits finalize's output before the post-steps start:
         # a failed (retried) post-step does not run finalize again.
@@ -431,7 +431,7 @@ def _after_finalize(finalized: beam.PCollection, cfg: ConvertConfig, layout: Lay
 def _keep_last_after_publish(info: Mapping[str, Any], cfg: ConvertConfig, layout: Layout) -> None:
     """--keep-last in the job, once this run's dataset is published (its dataset.json and _SUCCESS are there)."""
     from . import retention
-    from .finalize import OK
+    from .run.outcome import OK
 
     published = info.get("status", OK) == OK and info.get("run_id") == layout.run_id
     if not published or not FileSystems.exists(FileSystems.join(cfg.output, metadata.SUCCESS)):

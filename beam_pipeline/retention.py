@@ -37,7 +37,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import index, lease, metadata, resume
 from .config import DATE_FIELD, ConvertConfig, Layout, is_date
-from .finalize import PUBLISHED_DIRS, PUBLISHED_FILES, delete_files, stale_tmp_dirs
+from .finalize import delete_files, stale_tmp_dirs
+from .run.publish import PUBLISHED_DIRS, PUBLISHED_FILES
 
 _LOG = logging.getLogger(__name__)
 # {date} as a glob (Beam's match has character classes; every file system lists by prefix).

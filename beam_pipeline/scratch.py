@@ -32,7 +32,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import lease, metadata, resume
 from .errors import UsageError
-from .finalize import PUBLISH_MANIFEST, STALE_TMP_AGE_S, read_json, run_started
+from .finalize import STALE_TMP_AGE_S, run_started
+from .run.publish import PUBLISH_MANIFEST
+from .storage import read_json
 
 
 @dataclass(frozen=True)

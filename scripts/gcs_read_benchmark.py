@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         from google.cloud import storage
 
         from beam_pipeline import storage as bp_storage
-        from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+        from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
         from beam_pipeline.writer.shard import IO_THREADS
         from tests.imagegen import image_bytes
 

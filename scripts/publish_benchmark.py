@@ -125,7 +125,7 @@ def main() -> None:
     from google.cloud import storage
 
     from beam_pipeline import finalize
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     client = storage.Client(project="bench", credentials=AnonymousCredentials())

@@ -378,7 +378,7 @@ def test_an_output_reached_through_a_symlink_into_the_input_is_a_usage_error(sma
     import shutil
 
     from beam_pipeline.config import ConvertConfig
-    from beam_pipeline.launcher import prepare
+    from beam_pipeline.run.preflight import prepare
 
     if link_into == "output":
         (tmp_path / "link").symlink_to(small_input)
@@ -420,7 +420,7 @@ def test_direct_num_workers_0_is_one_worker_per_core():
 
 def test_a_labels_file_line_holding_a_splitlines_break_is_a_usage_error(small_input, tmp_path):
     from beam_pipeline.config import ConvertConfig
-    from beam_pipeline.launcher import prepare
+    from beam_pipeline.run.preflight import prepare
 
     labels = tmp_path / "labels.txt"
     labels.write_text("cat\ndog\u2028x\n", encoding="utf-8")
@@ -432,7 +432,7 @@ def test_a_previous_labels_txt_holding_a_splitlines_break_is_not_carried_on(smal
     """An output written before such labels were rejects: an incremental run would keep the label in its own
     labels.txt."""
     from beam_pipeline.config import ConvertConfig
-    from beam_pipeline.launcher import prepare
+    from beam_pipeline.run.preflight import prepare
 
     previous = tmp_path / "previous"
     previous.mkdir()

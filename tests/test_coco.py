@@ -1266,7 +1266,7 @@ def test_a_panoptic_file_is_refused_at_the_start_naming_segments_info(tmp_path, 
 def test_a_keypoints_file_converts_its_objects_with_a_note_that_keypoints_are_not_written(tmp_path, capsys):
     """A person_keypoints file: its boxes and masks convert, its keypoints were dropped without a word."""
     from beam_pipeline.config import ConvertConfig
-    from beam_pipeline.launcher import prepare
+    from beam_pipeline.run.preflight import prepare
 
     root = tmp_path / "images"
     write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
@@ -1299,7 +1299,7 @@ def test_a_coco_run_builds_on_no_dataset_whose_labels_txt_gives_other_ids(tmp_pa
     import dataclasses
 
     from beam_pipeline.config import ConvertConfig
-    from beam_pipeline.launcher import _other_coco_ids
+    from beam_pipeline.run.previous import other_coco_ids as _other_coco_ids
 
     prev = tmp_path / "prev"
     prev.mkdir()

@@ -21,6 +21,8 @@ import pytest
 
 from beam_pipeline import failpoints, finalize, lease
 from beam_pipeline.inspection import verify
+from beam_pipeline.run import finalize as run_finalize
+from beam_pipeline.run import outcome, publish
 
 from .conftest import BUCKET, REPO, convert, run_cli
 from .imagegen import image_bytes, write
@@ -90,7 +92,7 @@ def test_a_second_run_is_refused_while_the_first_is_inside_publish(tmp_path):
 
 
 def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run_and_a_live_runs_is_kept(tmp_path):
-    """A run SIGKILLed mid-shard cannot remove its temporary folder (launcher._RunTemporaryFolder); the next run
+    """A run SIGKILLed mid-shard cannot remove its temporary folder (local._RunTemporaryFolder); the next run
     on the machine does. A run that is alive (paused inside publish) keeps its folder and finishes."""
     root, tmp = _photos(tmp_path / "in"), tmp_path / "tmp"
     tmp.mkdir()
@@ -200,7 +202,7 @@ def _cas_emulator(monkeypatch) -> None:
 
 
 def test_the_lease_on_gcs_is_a_compare_and_swap(gcs, monkeypatch):
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     _cas_emulator(monkeypatch)
@@ -257,14 +259,14 @@ def _interleaved(monkeypatch, point: str, k: int, other: Callable[[], object]) -
     return ran
 
 
-HARMLESS = (finalize.StagingIncomplete, lease.LeaseLost, FileNotFoundError)
+HARMLESS = (publish.StagingIncomplete, lease.LeaseLost, FileNotFoundError)
 
 
 @pytest.mark.parametrize("tfds", [False, True], ids=["finalize_publishes", "post_steps_publish"])
 def test_a_late_attempt_after_its_run_published_changes_nothing(tmp_path, monkeypatch, tfds):
     """Attempt 1 stalls at the k-th hit of a point; attempt 2 runs whole (publishes, cleans up); attempt 1
     carries on. It may fail, but the output stays the published dataset with _SUCCESS."""
-    from beam_pipeline.poststeps import PostStepsFn
+    from beam_pipeline.run.poststeps import PostStepsFn
 
     base = _job(tmp_path / "in", tmp_path / "proto", NEW_RUN, 2, post_steps=False)
     base = replace(base, cfg=replace(base.cfg, tfds_metadata=tfds))
@@ -360,7 +362,7 @@ def _publish_over_user_files(put: Callable[[str, bytes], None], get: Callable[[]
         put(name, data)
     for name, data in new.items():
         put(f".beam_pipeline-tmp-{run}/{name}", data)
-    finalize.publish(f"{out}/.beam_pipeline-tmp-{run}", out)
+    publish.publish(f"{out}/.beam_pipeline-tmp-{run}", out)
     assert get() == {**new, **user, "_SUCCESS": b""}
 
 
@@ -377,7 +379,7 @@ def test_publish_leaves_a_users_files_under_the_tft_folders_alone(tmp_path):
 
 
 def test_publish_on_gcs_leaves_a_users_files_under_the_tft_folders_alone(gcs):
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     bucket = gcs.bucket(BUCKET)
@@ -396,12 +398,13 @@ def test_publish_on_gcs_leaves_a_users_files_under_the_tft_folders_alone(gcs):
 # Run in a real process: the CLI with one function patched to SIGKILL the process where it is called.
 _KILL_AT = """
 import os, runpy, signal, sys
-from beam_pipeline import launcher, lease
+from beam_pipeline import lease
+from beam_pipeline.run import convert
 where = sys.argv.pop(1)
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 if where == "before_pipeline":  # the lease taken, the previous dataset read, nothing written yet
-    launcher._run_claimed = die
+    convert._run_claimed = die
 elif where == "after_publish":  # _SUCCESS written and staging cleaned up, the lease not yet released
     lease.release = die
 sys.argv[0] = "beam_pipeline"
@@ -529,7 +532,7 @@ def test_a_detached_job_over_its_reject_budget_gives_up_the_lease(tmp_path):
     job = replace(second, cfg=cfg, layout=replace(second.layout, leased=True))
     lease.acquire(cfg.output, job.layout.run_id, detached=True)  # as the launcher takes it before submitting
     info = run_until_finalized(job, lambda: None)
-    assert info["status"] == finalize.TOO_MANY_REJECTS
+    assert info["status"] == outcome.TOO_MANY_REJECTS
     assert snapshot(tmp_path / "out") == before
     assert lease.holder(cfg.output) is None
 
@@ -539,18 +542,18 @@ def test_a_late_finalize_attempt_stalled_before_its_first_step_leaves_nothing_in
     the staging folder); attempt 1 carries on. The output must be exactly the published dataset: not even a
     recreated scratch folder of the run (convert and inspect would report it, clean could not tell it dead)."""
     job = _job(tmp_path / "in", tmp_path / "out", NEW_RUN, 2, post_steps=False)
-    real = finalize.published_run
+    real = run_finalize.published_run
     ran = []
 
     def stalls(*args, **kwargs):
         found = real(*args, **kwargs)
         if not ran:
             ran.append(True)
-            monkeypatch.setattr(finalize, "published_run", real)
+            monkeypatch.setattr(run_finalize, "published_run", real)
             run_until_finalized(job, lambda: None)  # the retry, whole
         return found
 
-    monkeypatch.setattr(finalize, "published_run", stalls)
+    monkeypatch.setattr(run_finalize, "published_run", stalls)
     try:
         run_until_finalized(job, lambda: None)
     except HARMLESS:
@@ -589,7 +592,7 @@ def test_a_damaged_dataset_json_in_the_output_is_replaced_not_a_stuck_output(tmp
     convert("--input", str(src), "--output", str(out), "--overwrite")
     info = _check_complete(out)
     assert info["examples"] == 8
-    assert not list(out.glob("old-*")) and not [d for d in finalize.TFT_DIRS if (out / d).exists()]
+    assert not list(out.glob("old-*")) and not [d for d in publish.TFT_DIRS if (out / d).exists()]
 
 
 @pytest.mark.parametrize(
@@ -626,7 +629,7 @@ def test_tft_files_of_a_publish_cut_short_do_not_stay_under_the_next_runs_succes
     convert("--input", str(src), "--output", str(out), *flags, "--overwrite")  # C
     info = _check_complete(out)
     assert "transform" not in info and info["labels"] == ["cat", "dog"]
-    assert not [d for d in finalize.TFT_DIRS if (out / d).exists()]
+    assert not [d for d in publish.TFT_DIRS if (out / d).exists()]
     from beam_pipeline import reader
 
     with pytest.raises(ValueError, match="converted without a transform"):
@@ -650,11 +653,11 @@ def test_a_users_file_under_a_tft_folder_beside_a_dataset_is_never_written_over(
             str(p)} == before  # fmt: skip
     convert("--input", str(src), "--output", str(out), "--overwrite", "--seed", "5")  # no transform
     assert _check_complete(out)["seed"] == 5 and (out / "metadata" / "schema.pbtxt").read_bytes() == b"my schema"
-    plan = out / ".beam_pipeline-tmp-20260101-000000-deadbeef" / finalize.PUBLISH_MANIFEST
+    plan = out / ".beam_pipeline-tmp-20260101-000000-deadbeef" / publish.PUBLISH_MANIFEST
     write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": 321}, "run_id": "x"}).encode())
-    assert finalize.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == []
+    assert publish.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == []
     write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": len(b"my schema")}, "run_id": "x"}).encode())
-    assert finalize.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == ["metadata/schema.pbtxt"]
+    assert publish.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == ["metadata/schema.pbtxt"]
 
 
 def test_tft_files_of_a_version_that_did_not_list_them_go_with_its_dataset(tmp_path):
@@ -667,6 +670,6 @@ def test_tft_files_of_a_version_that_did_not_list_them_go_with_its_dataset(tmp_p
     del info["transform"]["files"]
     (out / "dataset.json").write_text(json.dumps(info))
     convert("--input", str(src), "--output", str(out), "--overwrite")
-    assert not [d for d in finalize.TFT_DIRS if (out / d).exists()]
+    assert not [d for d in publish.TFT_DIRS if (out / d).exists()]
     convert("--input", str(src), "--output", str(out), "--overwrite", transform=True)
     assert "transform" in _check_complete(out)

@@ -522,7 +522,7 @@ def test_a_split_whose_every_file_is_rejected_is_named_not_silently_missing(tmp_
     ],
 )
 def test_the_reject_limit_at_its_boundaries(converted, rejected, allowance, stops):
-    from beam_pipeline.finalize import TOO_MANY_REJECTS, outcome
+    from beam_pipeline.run.outcome import TOO_MANY_REJECTS, outcome
 
     assert (outcome(converted, rejected, 0.05, allowance) == TOO_MANY_REJECTS) is stops
 

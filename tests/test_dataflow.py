@@ -80,7 +80,7 @@ def test_full_dataflow_job_request_is_staged_on_the_emulator(gcs, monkeypatch):
     assert "tensorflow-transform==" in requirements and "pillow==" in requirements  # the converter too
     sdist = gcs.bucket(BUCKET).blob(staged[sdist]).download_as_bytes()
     with tarfile.open(fileobj=io.BytesIO(sdist)) as tar:
-        assert any(n.endswith("beam_pipeline/poststeps.py") for n in tar.getnames())
+        assert any(n.endswith("beam_pipeline/run/poststeps.py") for n in tar.getnames())
     graph = gcs.bucket(BUCKET).blob(staged["pickled_main_session"].rsplit("/", 1)[0] + "/pipeline.pb")
     assert b"PostSteps" in graph.download_as_bytes()  # the job analyses and publishes itself
 

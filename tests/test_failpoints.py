@@ -28,7 +28,8 @@ import pytest
 
 from beam_pipeline import failpoints, hashing
 from beam_pipeline.config import ConvertConfig, Layout
-from beam_pipeline.finalize import PUBLISHED_DIRS, FinalizeFn, WriteRejectPartFn, publish, reject_bucket
+from beam_pipeline.run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
+from beam_pipeline.run.publish import PUBLISHED_DIRS, publish
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.shard import WriteShardFn
 
@@ -129,7 +130,7 @@ def run_until_finalized(job: Job, on_crash: Callable[[], None]) -> dict[str, Any
 
 
 def run_post_steps(job: Job, info: dict[str, Any], on_crash: Callable[[], None]) -> dict[str, Any]:
-    from beam_pipeline.poststeps import PostStepsFn
+    from beam_pipeline.run.poststeps import PostStepsFn
 
     [done] = _retrying(lambda: list(PostStepsFn(job.cfg, job.layout).process(dict(info))), on_crash)
     return done
@@ -284,7 +285,7 @@ def test_sweep_post_steps_and_publish_with_tft_and_tfds(tmp_path, armed):
     # ... and up to the first publish step, TFT and TFDS files in staging.
     ready = tmp_path / "ready"
     shutil.copytree(finalized, ready)
-    from beam_pipeline.poststeps import PostStepsFn
+    from beam_pipeline.run.poststeps import PostStepsFn
 
     armed("publish.manifest:1")
     with pytest.raises(failpoints.FailpointError):
@@ -394,25 +395,25 @@ def test_the_cli_honours_the_variable_and_the_next_run_takes_over(tmp_path, monk
 
 def test_a_manifest_that_cannot_be_read_fails_the_publish_instead_of_planning_again(tmp_path, monkeypatch):
     # Planning again from a half-moved staging folder would call the moved files stale and delete them.
-    from beam_pipeline import finalize
 
     staging = tmp_path / "staging"
     staging.mkdir()
-    assert finalize._read_manifest(str(staging)) is None  # absent: no plan yet
-    (staging / finalize.PUBLISH_MANIFEST).write_text('{"files": {}, "stale": [], "complete": true}')
-    assert finalize._read_manifest(str(staging)) == {"files": {}, "stale": [], "complete": True}
+    from beam_pipeline.run import publish as protocol
+
+    assert protocol._read_manifest(str(staging)) is None  # absent: no plan yet
+    (staging / protocol.PUBLISH_MANIFEST).write_text('{"files": {}, "stale": [], "complete": true}')
+    assert protocol._read_manifest(str(staging)) == {"files": {}, "stale": [], "complete": True}
 
     def unavailable(path):
         raise ConnectionResetError("transient")
 
-    monkeypatch.setattr(finalize, "read_json", unavailable)
+    monkeypatch.setattr(protocol, "read_json", unavailable)
     with pytest.raises(ConnectionResetError):
-        finalize.publish(str(staging), str(tmp_path / "out"))
+        protocol.publish(str(staging), str(tmp_path / "out"))
 
 
 def test_a_run_published_over_mid_publish_writes_no_success(tmp_path, monkeypatch):
     """Run B's publish, with run A's dataset.json put back right before B's last check: no _SUCCESS."""
-    from beam_pipeline import finalize
 
     out = tmp_path / "out"
     run_until_finalized(_job(tmp_path / "in-a", out, OLD_RUN, 1, post_steps=False), lambda: None)
@@ -427,11 +428,13 @@ def test_a_run_published_over_mid_publish_writes_no_success(tmp_path, monkeypatc
 
     monkeypatch.setattr(failpoints, "hit", interleave)
     job = _job(tmp_path / "in-b", out, NEW_RUN, 1, post_steps=False)
-    with pytest.raises(finalize.PublishConflict, match=f"another run \\({OLD_RUN}\\) published into .* {NEW_RUN}"):
+    from beam_pipeline.run.publish import PublishConflict
+
+    with pytest.raises(PublishConflict, match=f"another run \\({OLD_RUN}\\) published into .* {NEW_RUN}"):
         run_until_finalized(job, lambda: None)
     assert not (out / "_SUCCESS").exists()
     # A retry of the step (Dataflow's) fails the same way: the job fails, nothing marks the mix complete.
-    with pytest.raises(finalize.PublishConflict):
+    with pytest.raises(PublishConflict):
         run_until_finalized(job, lambda: None)
     assert not (out / "_SUCCESS").exists()
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import apache_beam as beam
 
+from beam_pipeline import finalize
+from beam_pipeline.run import previous, publish, workers
+
 from .conftest import BUCKET, convert, gcs_that_does_not_answer, load_info, run_cli
 from .imagegen import broken_bytes, image_bytes, write
 
@@ -144,8 +147,8 @@ def test_multi_process_runner_with_post_steps_in_the_job_matches_an_in_process_r
 def test_publish_on_gcs_finishes_after_a_crash_at_any_batch(gcs, monkeypatch):
     """Batched renames and deletes (2 per batch here) on the emulator: a crash before any batch,
     then the retried step's published_run(), ends with exactly the new dataset."""
-    from beam_pipeline import failpoints, finalize
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline import failpoints
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     monkeypatch.setattr(finalize, "BATCH", 2)
@@ -178,14 +181,14 @@ def test_publish_on_gcs_finishes_after_a_crash_at_any_batch(gcs, monkeypatch):
             monkeypatch.setenv(failpoints.ENV, f"{point}:{k}")
             failpoints.reset()
             try:
-                finalize.publish(staging, out)
+                publish.publish(staging, out)
                 crashed = False
             except failpoints.FailpointError:
                 crashed = True
                 now = contents(prefix)
                 assert "_SUCCESS" not in now or now in (old, {**new, "_SUCCESS": b""}), (point, k)
             monkeypatch.delenv(failpoints.ENV)
-            assert finalize.published_run(out, staging, run)["run_id"] == run  # the retried step
+            assert publish.published_run(out, staging, run)["run_id"] == run  # the retried step
             assert contents(prefix) == {**new, "_SUCCESS": b""}, (point, k)
             assert not list(gcs.list_blobs(BUCKET, prefix=f"{prefix}.beam_pipeline-tmp-"))
             if not crashed:
@@ -227,7 +230,7 @@ def test_line_files_on_gcs_are_read_in_buffers_not_a_byte_per_call(gcs):
     from apache_beam.io.filesystems import FileSystems
 
     from beam_pipeline import index, resume
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     lines = [json.dumps({"path": f"img/{i:05d}.jpg", "record": i, "reason": "x"}) + "\n" for i in range(3000)]
@@ -260,9 +263,7 @@ def test_latest_on_gcs_lists_the_dated_folders_not_every_nights_files(gcs, monke
     first: a later date, a killed night and a folder that is no date are passed over."""
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline import launcher
-
-    launcher.use_anonymous_gcs_for_emulator()
+    workers.use_anonymous_gcs_for_emulator()
     bucket = gcs.bucket(BUCKET)
     nights = {"2026-03-01": True, "2026-03-02": True, "2026-03-03": False, "2026-03-09": True, "notes": True}
     for night, complete in nights.items():
@@ -275,9 +276,9 @@ def test_latest_on_gcs_lists_the_dated_folders_not_every_nights_files(gcs, monke
 
     monkeypatch.setattr(FileSystems, "match", staticmethod(no_glob))
     template = f"gs://{BUCKET}/glob/nightly/{{date}}/photos"
-    found = launcher._complete_earlier_folders(template, "unused", "2026-03-05")  # noqa: SLF001
+    found = previous._complete_earlier_folders(template, "unused", "2026-03-05")  # noqa: SLF001
     assert found == [f"gs://{BUCKET}/glob/nightly/2026-03-02/photos"]
-    assert launcher._complete_earlier_folders(template, "unused", "2026-03-01") == []  # noqa: SLF001
+    assert previous._complete_earlier_folders(template, "unused", "2026-03-01") == []  # noqa: SLF001
 
 
 # ---- gs:// access that fails: one line naming the cause, within seconds ----------------------------------

@@ -313,7 +313,7 @@ def test_os_and_wrapped_errors_are_classified():
 
 
 def test_gcs_reads_on_the_emulator(gcs, tmp_path):
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     from .conftest import BUCKET
 

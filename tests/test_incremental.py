@@ -331,7 +331,7 @@ def test_gzip_offsets_are_in_the_uncompressed_stream_and_gzip_shards_are_not_reu
 
 
 def test_earlier_dated_folders_takes_real_dates_before_the_run_newest_first():
-    from beam_pipeline.launcher import earlier_dated_folders
+    from beam_pipeline.run.previous import earlier_dated_folders
 
     def files(*folders: str) -> list[str]:
         return [f"{folder}/_SUCCESS" for folder in folders]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from beam_pipeline.run import local
+
 from .conftest import REPO, convert, load_info
 from .imagegen import image_bytes, write
 
@@ -110,7 +112,7 @@ def _worker_requirements(cfg_changes: dict, flags: list[str]) -> list[str] | Non
     import tempfile
 
     from beam_pipeline.config import ConvertConfig
-    from beam_pipeline.launcher import with_worker_requirements
+    from beam_pipeline.run.workers import with_worker_requirements
 
     cfg = dataclasses.replace(ConvertConfig(output="gs://b/out", name="d", input="gs://b/in"), **cfg_changes)
     flags = ["--runner=DataflowRunner", *flags]
@@ -142,14 +144,15 @@ def test_setup_file_workers_get_the_converter_they_install_without_extras():
 
 
 def test_a_given_requirements_file_keeps_beams_download_cache_outside_the_runs_temporary_folder(tmp_path):
-    """A run's temporary files go to a folder of its own, removed after it (launcher._RunTemporaryFolder); Beam's
+    """A run's temporary files go to a folder of its own, removed after it (local._RunTemporaryFolder); Beam's
     cache of a --requirements_file's downloads lives in tempfile's folder by default and is meant to outlive
     runs: it is pointed at the folder outside the run's. A given --requirements_cache wins."""
     import os
     import tempfile
 
     from beam_pipeline.config import ConvertConfig
-    from beam_pipeline.launcher import _RUN_TEMPORARY_FOLDER, with_worker_requirements
+    from beam_pipeline.run.local import RUN_TEMPORARY_FOLDER as _RUN_TEMPORARY_FOLDER
+    from beam_pipeline.run.workers import with_worker_requirements
 
     cfg = ConvertConfig(output="gs://b/out", name="d", input="gs://b/in")
     flags = ["--runner=DataflowRunner", "--setup_file=s.py", "--requirements_file=mine.txt"]
@@ -168,7 +171,7 @@ def test_runs_in_threads_share_one_temporary_folder_removed_after_the_last():
     import os
     import tempfile
 
-    from beam_pipeline.launcher import _RUN_TEMPORARY_FOLDER
+    from beam_pipeline.run.local import RUN_TEMPORARY_FOLDER as _RUN_TEMPORARY_FOLDER
 
     before, system = tempfile.tempdir, tempfile.gettempdir()
     first, second = _RUN_TEMPORARY_FOLDER.held(redirect=True), _RUN_TEMPORARY_FOLDER.held(redirect=True)
@@ -191,7 +194,7 @@ def test_a_lock_file_that_is_a_fifo_does_not_stall_the_next_run(tmp_path):
     import os
     import threading
 
-    from beam_pipeline import launcher, resume
+    from beam_pipeline import resume
 
     planted = tmp_path / "beam_pipeline-run-planted"
     planted.mkdir()
@@ -201,7 +204,7 @@ def test_a_lock_file_that_is_a_fifo_does_not_stall_the_next_run(tmp_path):
         pass  # its lock is free now: the run is over
     done = threading.Event()
     threading.Thread(
-        target=lambda: (launcher._remove_dead_run_folders(str(tmp_path), ""), done.set()),
+        target=lambda: (local._remove_dead_run_folders(str(tmp_path), ""), done.set()),
         daemon=True,  # noqa: SLF001
     ).start()
     assert done.wait(10), "the look at run folders is stuck on the FIFO"

@@ -339,8 +339,8 @@ def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
 def test_fanned_out_gcs_listing_equals_one_match(gcs):
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
     from beam_pipeline.listing import FILES, ListFolder
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     bucket = gcs.bucket(BUCKET)
@@ -383,7 +383,7 @@ def test_manifest_paths_with_glob_characters_are_stat_literally(tmp_path):
 
 
 def test_gcs_manifest_paths_with_glob_characters_are_stat_literally(gcs):
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     bucket = gcs.bucket(BUCKET)
@@ -438,7 +438,7 @@ def test_only_transient_stat_errors_fail_the_bundle():
 def _check_manifest(tmp_path, name: str, text: str, refs: list, rejects: list, **flags) -> None:
     """The refs ((relpath, split, label)) and rejects ((relpath, reason)) ListInputs makes of a manifest,
     laid out by the launcher's pre-flight as a run would be."""
-    from beam_pipeline.launcher import prepare
+    from beam_pipeline.run.preflight import prepare
 
     manifest = tmp_path / name
     manifest.write_text(text)
@@ -502,7 +502,8 @@ def test_gcs_jsonl_manifest_labels_and_duplicate_rows_over_every_row(gcs, tmp_pa
     """The same over a gs:// manifest: the launcher reads its first rows only, the job every row."""
     import json
 
-    from beam_pipeline.launcher import prepare, use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.preflight import prepare
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     bucket = gcs.bucket(BUCKET)

@@ -272,7 +272,7 @@ def test_a_read_threads_gcs_client_follows_the_emulator_endpoint(gcs, monkeypatc
     import os
 
     from beam_pipeline import storage
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     with ThreadPoolExecutor(1) as thread:  # one read thread, as the process pool's live on

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from beam_pipeline import hashing, lease, metadata, resume, storage
-from beam_pipeline.finalize import cleanup_staging, stale_tmp_dirs
+from beam_pipeline.finalize import stale_tmp_dirs
 from beam_pipeline.images import ImageOptions
 from beam_pipeline.index import Previous, PreviousReject
+from beam_pipeline.run.publish import cleanup_staging
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.shard import WriteShardFn
 

@@ -112,7 +112,7 @@ def test_keep_last_on_gcs(gcs, tmp_path):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     FileSystems.set_options(PipelineOptions(["--no_auth"]))
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     done = retention.keep_last(f"gs://{BUCKET}/keep/{{date}}/v1", "2026-03-04", 2)

@@ -168,7 +168,7 @@ def test_parse_age(text, seconds):
 def test_on_gcs_only_age_or_force_removes_a_folder(gcs):
     """GCS has no lock: a folder goes once its run started and its newest object was written over
     --older-than ago, or with --force. The emulator cannot backdate objects, so the clock is moved on 4 days."""
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     bucket = gcs.bucket(BUCKET)
@@ -224,7 +224,7 @@ def test_on_gcs_a_killed_runs_lease_does_not_keep_its_folder_live(gcs, tmp_path,
 
     dead = {n for n in tops() if n.startswith(TMP)}
     assert len(dead) == 1 and lease.LEASE in tops()
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
     [found] = scratch.other_runs(gs_out)

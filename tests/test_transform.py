@@ -56,7 +56,7 @@ def test_runs_in_threads_of_a_program_both_analyze_and_leave_the_programs_tempor
     import threading
 
     from beam_pipeline.cli import parse_convert
-    from beam_pipeline.launcher import run_convert
+    from beam_pipeline.run.convert import run_convert
 
     for i in range(6):
         write(str(tmp_path / "in" / ["cat", "dog"][i % 2] / f"{i}.png"), image_bytes("png", 24, 20, seed=i))
@@ -77,7 +77,7 @@ def test_runs_in_threads_of_a_program_both_analyze_and_leave_the_programs_tempor
     def program() -> None:  # the program's own work while a run lasts
         import time
 
-        from beam_pipeline.launcher import _RUN_TEMPORARY_FOLDER
+        from beam_pipeline.run.local import RUN_TEMPORARY_FOLDER as _RUN_TEMPORARY_FOLDER
 
         deadline = time.monotonic() + 120
         while not _RUN_TEMPORARY_FOLDER._runs and time.monotonic() < deadline:  # noqa: SLF001

@@ -145,7 +145,7 @@ def test_a_misspelt_split_in_a_manifest_row_is_a_reject_not_a_split(tmp_path, tf
 def test_manifest_splits_differing_only_in_case_stop_the_run_before_anything_is_published(tmp_path):
     """Train and train (with --allow-split-names) wrote shard files that are one file on macOS or Windows. The
     rows are read inside the job; the shard plan stops it with a usage error before any shard is written."""
-    from beam_pipeline.launcher import run_convert
+    from beam_pipeline.run.convert import run_convert
 
     make_images(tmp_path / "img", {"cat": 2})
     manifest = tmp_path / "m.csv"

@@ -11,9 +11,9 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline import hashing
 from beam_pipeline.examples import parse_example
-from beam_pipeline.finalize import choose_results, final_layout, rename_idempotent
 from beam_pipeline.listing import REJECTS, Ref
 from beam_pipeline.planning import PlanShards
+from beam_pipeline.run.finalize import choose_results, final_layout, rename_idempotent
 from beam_pipeline.writer import records
 from beam_pipeline.writer.budget import Budget
 from beam_pipeline.writer.readahead import read_then_convert
@@ -215,7 +215,7 @@ def test_rename_is_idempotent(tmp_path):
 def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     """What a retried bundle does on Dataflow: the writer runs twice for one shard."""
     from beam_pipeline.config import ConvertConfig, Layout
-    from beam_pipeline.finalize import FinalizeFn
+    from beam_pipeline.run.finalize import FinalizeFn
 
     refs = []
     for i in range(5):
@@ -254,7 +254,7 @@ def test_live_progress_line_on_a_terminal():
     import io
     import time
 
-    from beam_pipeline.launcher import LiveProgress
+    from beam_pipeline.run.local import LiveProgress
     from beam_pipeline.writer.shard import PROGRESS
 
     class Terminal(io.StringIO):

@@ -11,6 +11,6 @@ only: nothing in the package imports it.
 import os
 
 if os.environ.get("STORAGE_EMULATOR_HOST"):
-    from beam_pipeline.launcher import use_anonymous_gcs_for_emulator
+    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()

@@ -30,12 +30,13 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import failpoints, metadata
-from .config import ConvertConfig, Layout
-from .errors import PipelineError, last_line
-from .finalize import OK, TFT_DIRS, already_published, publish, published_run
-from .runner import make_options
-from .storage import read_json, write_text
+from .. import failpoints, metadata
+from ..config import ConvertConfig, Layout
+from ..errors import PipelineError, last_line
+from ..runner import make_options
+from ..storage import read_json, write_text
+from .outcome import OK
+from .publish import TFT_DIRS, already_published, publish, published_run
 
 
 def run_post_steps(
@@ -52,7 +53,7 @@ def run_post_steps(
 
     ``pixel_stats``: the train split's statistics when the job computed them (``--image-stats``).
     """
-    from . import tfds_metadata
+    from .. import tfds_metadata
 
     staging = layout.tmp_dir
 
@@ -65,7 +66,7 @@ def run_post_steps(
         failpoints.hit("poststeps.step")
         if (done := published()) is not None:
             return done
-        from .analysis import run_analysis
+        from ..analysis import run_analysis
 
         try:
             info["transform"] = run_analysis(

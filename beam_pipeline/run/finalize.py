@@ -1,0 +1,279 @@
+"""Finalize: runs once, after every shard is written, inside the run's staging folder.
+
+Temp shards get their final names (empty shards dropped, the rest numbered),
+the rejects parts are streamed into one ``rejects.jsonl``, then
+``labels.txt``, the index files and ``dataset.json`` are written; then, when
+the run has no post-steps, it is published (``run.publish``).
+
+Every step may run again with the same inputs (Dataflow retries a bundle that
+failed half-way, and re-runs a step whose output was lost): renames are
+"source gone and destination present = done", and what an earlier attempt
+wrote is rewritten the same. Renames and deletes on GCS go in batches through
+one client per process; what exists is learnt from one listing of the staging
+folder and one of the output, not one request per file.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import shutil
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from .. import failpoints, index, lease, metadata, resume
+from ..annotations import masks, objects
+from ..config import ConvertConfig, Layout
+from ..finalize import _files_under, delete_files, move_files
+from ..storage import write_text
+from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
+from .publish import REJECT_PARTS, publish, published_run
+
+# The rejects part files (run.publish.REJECT_PARTS): one per hash bucket of the path.
+REJECT_BUCKETS = 256
+
+
+def choose_results(results: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Mapping[str, Any]]:
+    """One result per (split, shard); a duplicate (a retried writer) is resolved the same way every time."""
+    chosen: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for result in sorted(results, key=lambda r: (r["split"], r["shard"], r["tmp_path"])):
+        chosen.setdefault((result["split"], result["shard"]), result)
+    return chosen
+
+
+def final_layout(
+    chosen: Mapping[tuple[str, int], Mapping[str, Any]], name: str, compression: str
+) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:
+    """{split: [(final file name, result)]}, empty shards dropped, numbered from 0."""
+    by_split: dict[str, list[Mapping[str, Any]]] = collections.defaultdict(list)
+    for (split, _), result in sorted(chosen.items()):
+        if result["records"] > 0:
+            by_split[split].append(result)
+    return {
+        split: [
+            (metadata.shard_name(name, split, i, len(results), compression), result) for i, result in enumerate(results)
+        ]
+        for split, results in sorted(by_split.items())
+    }
+
+
+def rename_idempotent(src: str, dst: str) -> None:
+    """Renames src → dst; a retry that finds src gone and dst present is done already."""
+    existing = {p for p in (src, dst) if FileSystems.exists(p)}
+    move_files([(src, dst)], existing, "finalize.rename")
+
+
+def merge_counts(dicts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: collections.Counter[str] = collections.Counter()
+    for d in dicts:
+        total.update(d)
+    return dict(sorted(total.items()))
+
+
+def reject_bucket(path: str) -> int:
+    """Which rejects part a reject goes to (a hash of its path: the same on every attempt)."""
+    return int.from_bytes(hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()[:4], "big") % REJECT_BUCKETS
+
+
+class WriteRejectPartFn(beam.DoFn):
+    """(bucket, [reject]) → one part file of rejects.jsonl in the staging folder; yields its path.
+
+    The part's name depends on the bucket only and its lines are sorted, so a
+    retried bundle rewrites the same bytes. Memory: one bucket's rejects
+    (1/REJECT_BUCKETS of them).
+    """
+
+    def __init__(self, staging: str, folder: str = "") -> None:
+        self._staging = staging
+        self._folder = folder  # "objects": parts of object_rejects.jsonl
+
+    def process(self, element: tuple[int, Iterable[Mapping[str, str]]]) -> Iterator[str]:
+        bucket, rejects = element
+        path = FileSystems.join(self._staging, REJECT_PARTS, *filter(None, [self._folder]), f"part-{bucket:05d}.jsonl")
+        failpoints.hit("rejects.write")
+        write_text(path, metadata.rejects_jsonl(rejects))
+        yield path
+
+
+def concat_files(parts: Sequence[str], dest: str) -> None:
+    """Streams the parts, in order, into one file (never more than a buffer in memory)."""
+    with FileSystems.create(dest, compression_type="uncompressed") as out:
+        for part in parts:
+            with FileSystems.open(part, compression_type="uncompressed") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
+
+
+def write_dataset_index(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> None:
+    """index.jsonl from the chosen shards' index parts, in published shard order.
+
+    Only the planned sink's writers make parts; without them (``--sink
+    write_to_tfrecord``) there is no index. A retried finalize rewrites the
+    same file: the parts stay until the staging folder is removed.
+    """
+    parts = [(r["index_path"], final) for files in layout.values() for final, r in files if r.get("index_path")]
+    if not parts:
+        return
+    failpoints.hit("finalize.write")
+    index.write_index(parts, FileSystems.join(staging, index.INDEX_JSONL))
+
+
+def write_detection_files(staging: str, categories: Sequence[tuple[int, str]], object_parts: Sequence[str]) -> None:
+    """labels.txt (line k = category id k), label_map.pbtxt and object_rejects.jsonl into the staging folder."""
+    failpoints.hit("finalize.write")
+    lines = objects.labels_lines(categories)
+    write_text(FileSystems.join(staging, metadata.LABELS_TXT), "".join(f"{name}\n" for name in lines))
+    failpoints.hit("finalize.write")
+    write_text(FileSystems.join(staging, objects.LABEL_MAP_PBTXT), objects.label_map_pbtxt(categories))
+    failpoints.hit("finalize.write")
+    concat_files(sorted(set(object_parts)), FileSystems.join(staging, objects.OBJECT_REJECTS_JSONL))
+
+
+class FinalizeFn(beam.DoFn):
+    """Runs once: names the shards, writes the metadata into the staging folder, publishes.
+
+    Yields the dataset.json dict. With post-steps (TFT analysis, TFDS
+    metadata) those publish after them; a run that may not publish (too many
+    rejects, nothing converted) leaves an older dataset untouched.
+
+    Side inputs stay small whatever the input size: one result per shard,
+    one rejects part path per non-empty hash bucket, counts per reason.
+    """
+
+    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
+        self._cfg = cfg
+        self._layout = layout
+
+    def process(
+        self,
+        _: Any,
+        results: Sequence[Mapping[str, Any]],
+        reject_parts: Sequence[str],
+        reject_counts: Sequence[tuple[str, int]],
+        skipped_counts: Sequence[tuple[str, int]],
+        labels: Sequence[str],
+        extra_types: Mapping[str, str],
+        split_label_counts: Mapping[str, Mapping[str, int]],
+        changes: Mapping[str, int] | None = None,
+        labelled: bool | None = None,  # whether the run is labelled, when the pipeline decided it (JSONL rows)
+        object_parts: Sequence[str] = (),  # a detection dataset's object rejects parts
+        object_counts: Sequence[tuple[str, int]] = (),  # and its object counts (annotations.coco.COUNTS)
+    ) -> Iterator[dict[str, Any]]:
+        cfg, out_dir, staging = self._cfg, self._cfg.output, self._layout.tmp_dir
+        leased = self._layout.leased
+        done = published_run(out_dir, staging, self._layout.run_id, leased)
+        if done is not None:
+            yield done
+            return
+        chosen = choose_results(results)
+        layout = final_layout(chosen, cfg.name, cfg.compression)
+        labelled = self._layout.label_source != "none" if labelled is None else labelled
+
+        splits: dict[str, Any] = {}
+        for split, files in layout.items():
+            label_counts = split_label_counts.get(split) or merge_counts(r.get("labels", {}) for _, r in files)
+            splits[split] = {
+                "examples": sum(r["records"] for _, r in files),
+                "bytes": sum(r["bytes"] for _, r in files),
+                "num_shards": len(files),
+                "shards": [{"file": f, "records": r["records"], "bytes": r["bytes"]} for f, r in files],
+                "labels": dict(label_counts) if labelled else None,
+            }
+        rejects_by_reason = dict(sorted(reject_counts, key=lambda kv: (-kv[1], kv[0])))
+        info = metadata.dataset_json(
+            name=cfg.name,
+            splits=splits,
+            labels=list(labels) if labelled else None,
+            extra_types=extra_types,
+            compression=cfg.compression,
+            seed=cfg.seed,
+            config=cfg.as_dict(),
+            rejects=rejects_by_reason,
+            skipped=dict(sorted(skipped_counts, key=lambda kv: (-kv[1], kv[0]))),
+            sink=cfg.sink,
+            multi_label=cfg.label_separator is not None,
+        )
+        categories = self._layout.categories
+        if self._layout.object_names:  # a names-only source: the run's label list names the ids
+            # a --labels-file (the fixed list) is the prior list of its own gaps, as an earlier run's labels.txt
+            prior = self._layout.labels or self._layout.prior_labels or ()
+            categories = objects.categories_from_labels(labels, prior)
+        if categories is not None:
+            # the planned sink's writers counted the objects of the records they wrote, per shard
+            written = [kv for files in layout.values() for _, r in files for kv in r.get("objects", {}).items()]
+            info.update(detection_summary(categories, [*object_counts, *written]))
+            info["features"] = dict(sorted({**info["features"], **objects.feature_spec()}.items()))
+        if self._layout.masks:
+            info["features"] = dict(sorted({**info["features"], **masks.feature_spec()}.items()))
+        info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
+        empty = sorted({split for split, _ in chosen} - set(layout))
+        if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
+            info["empty_splits"] = empty
+        if any(r.get("idx_path") for files in layout.values() for _, r in files):
+            info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record
+        if self._layout.previous:
+            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
+        resumed = resumed_summary(layout, staging)
+        if resumed:
+            info["resumed"] = resumed
+        total_rejects = sum(rejects_by_reason.values())
+        info["status"] = outcome(
+            info["examples"], total_rejects, cfg.max_reject_fraction, cfg.reject_allowance, info.get("objects")
+        )
+        info["run_id"] = self._layout.run_id
+        info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
+
+        # Temp shards get their final names inside the staging folder (one
+        # listing, batched renames); what a retried or empty writer left there
+        # goes. The rejects parts stay until the staging folder is removed.
+        prefix = staging.rstrip("/") + "/"
+        in_staging = set(_files_under(staging))
+        pairs = [
+            (result["tmp_path"], FileSystems.join(staging, final))
+            for files in layout.values()
+            for final, result in files
+        ]
+        pairs += [
+            (result["idx_path"], FileSystems.join(staging, index.IDX_DIR, final + ".idx"))
+            for files in layout.values()
+            for final, result in files
+            if result.get("idx_path")
+        ]
+        # Where each shard goes, for a later run that resumes from this one if it dies before publishing.
+        # Only while there is a shard to rename: a late attempt whose run published (and removed its staging
+        # folder) meanwhile must not recreate that folder; an earlier attempt wrote it before renaming.
+        if any(src in in_staging for src, _ in pairs):
+            resume.write_atomic(
+                FileSystems.join(staging, resume.DONE, resume.RENAMED),
+                "".join(json.dumps({"from": src, "to": dst}) + "\n" for src, dst in pairs),
+            )
+        move_files(pairs, in_staging, "finalize.rename")
+        keep = {dst for _, dst in pairs}
+        parts = (REJECT_PARTS + "/", index.INDEX_PARTS + "/", *resume.SCRATCH_ONLY)
+        delete_files([p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(parts)])
+        write_dataset_index(layout, staging)
+        failpoints.hit("finalize.write")
+        concat_files(sorted(set(reject_parts)), FileSystems.join(staging, metadata.REJECTS_JSONL))
+        if labelled:
+            failpoints.hit("finalize.write")
+            write_text(FileSystems.join(staging, metadata.LABELS_TXT), "".join(f"{label}\n" for label in labels))
+        if categories is not None:
+            write_detection_files(staging, categories, object_parts)
+        failpoints.hit("finalize.write")
+        write_text(FileSystems.join(staging, metadata.DATASET_JSON), info_text)
+
+        if info["status"] != OK:
+            if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
+                # Nothing to protect: the shards, rejects.jsonl and dataset.json
+                # (which names the status) go where the user looks, but no
+                # _SUCCESS marks them complete. An existing dataset stays
+                # untouched and this run stays in its staging folder.
+                publish(staging, out_dir, complete=False, leased=leased)
+            elif cfg.detach:  # nothing to publish, and the launcher that took the lease is gone: give it up here
+                lease.release(out_dir, self._layout.run_id)
+        elif not cfg.needs_post_steps:
+            publish(staging, out_dir, leased=leased)
+        yield info

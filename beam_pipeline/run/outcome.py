@@ -1,0 +1,200 @@
+"""A run's outcome: whether it may publish, what the launcher tells the user when it may not, and the
+summaries ``dataset.json`` carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+)
+
+from .. import metadata
+from ..annotations import coco, objects
+from ..config import ConvertConfig, Layout
+from ..errors import PipelineError, RejectsError, UsageError
+from ..runner import make_options
+from ..storage import read_json
+from .preflight import flat_folder_hint
+
+
+def _past_allowance(rejects: int, allowance: int) -> str:
+    """Which half of the rule past the fraction a run crossed (finalize.too_many_rejects)."""
+    return f"more than --reject-allowance {allowance}" if rejects > allowance else "more than half of them"
+
+
+def after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
+    """Reads finalize's verdict; runs the post-steps on the staging folder and publishes, unless the job did."""
+    from ..vocab.reasons import NO_LABEL
+    from .poststeps import run_post_steps
+
+    staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
+    success = FileSystems.join(cfg.output, metadata.SUCCESS)
+    published_info = FileSystems.join(cfg.output, metadata.DATASET_JSON)
+    staged = FileSystems.exists(staging_info)
+    if staged:
+        info, kept_old = read_json(staging_info), FileSystems.exists(success)
+    elif FileSystems.exists(published_info):  # finalize published already (no post-steps, or a failed run)
+        info, kept_old = read_json(published_info), False
+        if info.get("run_id") != layout.run_id and not FileSystems.exists(success):
+            raise PipelineError("the pipeline ended before finalize (dataset.json is an older run's)")
+    else:
+        raise PipelineError("the pipeline ended before finalize (no dataset.json)")
+    status = info.get("status", OK)
+    if status == OK and not staged:  # published by finalize or by the job's own post-steps
+        return info
+    if status != OK:
+        rejects_at = layout.tmp_dir if kept_old else cfg.output
+        reasons = ", ".join(f"{k} {v}" for k, v in list(info["rejects"]["by_reason"].items())[:3])
+        total = info["rejects"]["total"]
+        listed = total + info["examples"]
+        kept_where = f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
+        if status == TOO_MANY_REJECTS:
+            where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
+            raise RejectsError(
+                f"{total} of {listed} inputs rejected ({reasons}): more than --max-reject-fraction "
+                f"{cfg.max_reject_fraction:g} of them and {_past_allowance(total, cfg.reject_allowance)}; "
+                f"{where}"
+            )
+        if status == NO_OBJECT_KEPT:
+            objs = info["objects"]["rejects"]
+            reasons = ", ".join(f"{k} {v}" for k, v in list(objs["by_reason"].items())[:3])
+            where = kept_where if kept_old else "shards written without _SUCCESS"
+            raise RejectsError(
+                f"no object was kept: {objs['total']} annotations rejected ({reasons}; see "
+                f"{rejects_at}/object_rejects.jsonl); {where}"
+            )
+        if status == NOTHING_CONVERTED:
+            hint = ""
+            if layout.label_source == "folder" and set(info["rejects"]["by_reason"]) == {NO_LABEL}:
+                where = "the input" if layout.split_source != "folders" else "the input's split folders"
+                hint = "; " + flat_folder_hint(where)
+            raise RejectsError(
+                f"no image was converted ({total} rejected: {reasons}; see {rejects_at}/rejects.jsonl){hint}"
+            )
+        skipped = ", ".join(f"{k} {v}" for k, v in info["skipped"]["by_reason"].items()) or "nothing at all"
+        where = cfg.manifest or cfg.input
+        raise UsageError(f"no images to convert in {where} (skipped: {skipped})")
+
+    options, runner = make_options(beam_args)
+    remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
+    return run_post_steps(cfg, layout, info, options=options, runner=runner, temp_root=remote_temp)
+
+
+OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects", "nothing_converted", "empty"
+
+
+NO_OBJECT_KEPT = "no_object_kept"  # annotations given, every one rejected: a mismatch, not a dataset of negatives
+
+
+def too_many_rejects(examples: int, rejects: int, max_reject_fraction: float, reject_allowance: int) -> bool:
+    """More than ``max_reject_fraction`` of the listed inputs rejected, and either more than
+    ``reject_allowance`` rejects or more rejects than converted images: two broken files in a folder of 30
+    publish, 25 of 30 (a wrong input, a wrong format) do not."""
+    if rejects / (examples + rejects) <= max_reject_fraction:
+        return False
+    return rejects > reject_allowance or rejects > examples
+
+
+def outcome(
+    examples: int,
+    rejects: int,
+    max_reject_fraction: float,
+    reject_allowance: int,
+    objs: Mapping[str, Any] | None = None,
+) -> str:
+    """ok, or why the run must not publish (the launcher maps it to an exit code). ``objs``: a detection
+    dataset's ``objects`` block (annotations given and every object rejected is a mismatch, not negatives)."""
+    if examples == 0:
+        return NOTHING_CONVERTED if rejects else EMPTY_LISTING
+    if too_many_rejects(examples, rejects, max_reject_fraction, reject_allowance):
+        return TOO_MANY_REJECTS
+    if objs and not objs["kept"] and objs["rejects"]["total"]:
+        return NO_OBJECT_KEPT
+    return OK
+
+
+def incremental_summary(
+    previous: str,
+    changes: Mapping[str, int],
+    layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+    results: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """What an ``--incremental-from`` run took from the previous dataset, for dataset.json and ``inspect``.
+
+    Listed files: ``added`` (neither in the previous index nor among its
+    rejects), ``changed`` (size or mtime differ), ``unchanged``; ``dropped``:
+    previous records whose file is no longer listed. Records: ``reused``
+    (copied, not read or decoded) and ``converted`` (the rest; an unchanged
+    file whose label id or extra columns differ is converted again).
+    ``rejects_kept``: unchanged files the previous run rejected for their
+    bytes, rejected again unread (``results``: every shard's, empty ones too).
+    ``reconverted``: unchanged files whose previous record was gone or failed
+    its checks (``index.read_previous``), converted afresh.
+    ``unreadable_previous_lines`` (only when there are any): lines of the
+    previous index.jsonl or rejects.jsonl that were damaged or not its own;
+    their files were read and converted afresh.
+    """
+    records = sum(r["records"] for files in layout.values() for _, r in files)
+    reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
+    kept = sum(r.get("rejects_kept", 0) for r in results)
+    reconverted = sum(r.get("reconverted", 0) for r in results)
+    counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
+    summary = {
+        "from": previous,
+        "reused": reused,
+        "converted": records - reused,
+        "reconverted": reconverted,
+        "rejects_kept": kept,
+        **counts,
+    }
+    unreadable = int(changes.get("unreadable_previous_lines", 0))
+    if unreadable:  # only then: an intact previous dataset gives the same dataset.json as before
+        summary["unreadable_previous_lines"] = unreadable
+    return summary
+
+
+def resumed_summary(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> dict[str, Any]:
+    """What this run took from earlier runs' finished shards (resume.py): shards, records, run ids; {} if none.
+
+    A retried writer that took its own run's finished shard is not counted: a
+    retry must not change dataset.json.
+    """
+    own = staging.rstrip("/")
+    taken = [
+        r
+        for files in layout.values()
+        for _, r in files
+        if r.get("resumed_from") and str(r["resumed_from"]).rstrip("/") != own
+    ]
+    if not taken:
+        return {}
+    runs = {str(r["resumed_from"]).rstrip("/").rsplit("/", 1)[-1] for r in taken}
+    return {
+        "shards": len(taken),
+        "records": sum(r["records"] for r in taken),
+        "from_runs": sorted(name[len(metadata.TMP_PREFIX) :] for name in runs),
+    }
+
+
+def detection_summary(
+    categories: Sequence[tuple[int, str]], object_counts: Sequence[tuple[str, int]]
+) -> dict[str, Any]:
+    """dataset.json's part for a detection dataset: categories, the object keys, object counts and rejects."""
+    counts = objects.object_counts(object_counts)
+    image_counters = (coco.OBJECTS_KEPT, coco.IMAGES_WITHOUT_OBJECTS, coco.IMAGES_ALL_REJECTED, objects.POLYGON_DROPPED)
+    reasons = [(k, n) for k, n in counts.items() if k not in image_counters]
+    by_reason = dict(sorted(reasons, key=lambda kv: (-kv[1], kv[0])))
+    return {
+        "categories": [{"id": cid, "name": name} for cid, name in categories],
+        "objects": {
+            "kept": counts.get(coco.OBJECTS_KEPT, 0),
+            "rejects": {"total": sum(by_reason.values()), "by_reason": by_reason},
+            coco.IMAGES_WITHOUT_OBJECTS: counts.get(coco.IMAGES_WITHOUT_OBJECTS, 0),
+            coco.IMAGES_ALL_REJECTED: counts.get(coco.IMAGES_ALL_REJECTED, 0),
+            "polygons_dropped": counts.get(objects.POLYGON_DROPPED, 0),
+        },
+    }
