@@ -162,16 +162,59 @@ class FinalizeFn(beam.DoFn):
         object_parts: Sequence[str] = (),  # a detection dataset's object rejects parts
         object_counts: Sequence[tuple[str, int]] = (),  # and its object counts (annotations.coco.COUNTS)
     ) -> Iterator[dict[str, Any]]:
-        cfg, out_dir, staging = self._cfg, self._cfg.output, self._layout.tmp_dir
-        leased = self._layout.leased
-        done = published_run(out_dir, staging, self._layout.run_id, leased)
-        if done is not None:
+        staging = self._layout.tmp_dir
+        done = published_run(self._cfg.output, staging, self._layout.run_id, self._layout.leased)
+        if done is not None:  # a retried step whose run is published, or half-published and now finished
             yield done
             return
         chosen = choose_results(results)
-        layout = final_layout(chosen, cfg.name, cfg.compression)
+        layout = final_layout(chosen, self._cfg.name, self._cfg.compression)
         labelled = self._layout.label_source != "none" if labelled is None else labelled
+        categories = self._categories(labels)
+        info = self._describe(
+            chosen, layout, labelled, labels, extra_types, split_label_counts, reject_counts, skipped_counts
+        )
+        self._describe_objects(info, layout, categories, object_counts)
+        if self._layout.previous:
+            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
+        resumed = resumed_summary(layout, staging)
+        if resumed:
+            info["resumed"] = resumed
+        total_rejects = sum(info["rejects"]["by_reason"].values())
+        info["status"] = outcome(
+            info["examples"],
+            total_rejects,
+            self._cfg.max_reject_fraction,
+            self._cfg.reject_allowance,
+            info.get("objects"),
+        )
+        info["run_id"] = self._layout.run_id
+        name_shards(layout, staging)
+        self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)
+        self._publish_or_hold(info)
+        yield info
 
+    def _categories(self, labels: Sequence[str]) -> Sequence[tuple[int, str]] | None:
+        """A detection dataset's (id, name) categories: COCO's, or a names-only source's from the label list."""
+        if self._layout.object_names:  # a names-only source: the run's label list names the ids
+            # a --labels-file (the fixed list) is the prior list of its own gaps, as an earlier run's labels.txt
+            prior = self._layout.labels or self._layout.prior_labels or ()
+            return objects.categories_from_labels(labels, prior)
+        return self._layout.categories
+
+    def _describe(
+        self,
+        chosen: Mapping[tuple[str, int], Mapping[str, Any]],
+        layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+        labelled: bool,
+        labels: Sequence[str],
+        extra_types: Mapping[str, str],
+        split_label_counts: Mapping[str, Mapping[str, int]],
+        reject_counts: Sequence[tuple[str, int]],
+        skipped_counts: Sequence[tuple[str, int]],
+    ) -> dict[str, Any]:
+        """dataset.json's content: splits and their shards, labels, features, rejects and skips."""
+        cfg = self._cfg
         splits: dict[str, Any] = {}
         for split, files in layout.items():
             label_counts = split_label_counts.get(split) or merge_counts(r.get("labels", {}) for _, r in files)
@@ -182,7 +225,6 @@ class FinalizeFn(beam.DoFn):
                 "shards": [{"file": f, "records": r["records"], "bytes": r["bytes"]} for f, r in files],
                 "labels": dict(label_counts) if labelled else None,
             }
-        rejects_by_reason = dict(sorted(reject_counts, key=lambda kv: (-kv[1], kv[0])))
         info = metadata.dataset_json(
             name=cfg.name,
             splits=splits,
@@ -191,16 +233,27 @@ class FinalizeFn(beam.DoFn):
             compression=cfg.compression,
             seed=cfg.seed,
             config=cfg.as_dict(),
-            rejects=rejects_by_reason,
+            rejects=dict(sorted(reject_counts, key=lambda kv: (-kv[1], kv[0]))),
             skipped=dict(sorted(skipped_counts, key=lambda kv: (-kv[1], kv[0]))),
             sink=cfg.sink,
             multi_label=cfg.label_separator is not None,
         )
-        categories = self._layout.categories
-        if self._layout.object_names:  # a names-only source: the run's label list names the ids
-            # a --labels-file (the fixed list) is the prior list of its own gaps, as an earlier run's labels.txt
-            prior = self._layout.labels or self._layout.prior_labels or ()
-            categories = objects.categories_from_labels(labels, prior)
+        info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
+        empty = sorted({split for split, _ in chosen} - set(layout))
+        if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
+            info["empty_splits"] = empty
+        if any(r.get("idx_path") for files in layout.values() for _, r in files):
+            info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record
+        return info
+
+    def _describe_objects(
+        self,
+        info: dict[str, Any],
+        layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+        categories: Sequence[tuple[int, str]] | None,
+        object_counts: Sequence[tuple[str, int]],
+    ) -> None:
+        """A detection or segmentation dataset's additions to dataset.json: object counts and features."""
         if categories is not None:
             # the planned sink's writers counted the objects of the records they wrote, per shard
             written = [kv for files in layout.values() for _, r in files for kv in r.get("objects", {}).items()]
@@ -208,63 +261,35 @@ class FinalizeFn(beam.DoFn):
             info["features"] = dict(sorted({**info["features"], **objects.feature_spec()}.items()))
         if self._layout.masks:
             info["features"] = dict(sorted({**info["features"], **masks.feature_spec()}.items()))
-        info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
-        empty = sorted({split for split, _ in chosen} - set(layout))
-        if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
-            info["empty_splits"] = empty
-        if any(r.get("idx_path") for files in layout.values() for _, r in files):
-            info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record
-        if self._layout.previous:
-            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
-        resumed = resumed_summary(layout, staging)
-        if resumed:
-            info["resumed"] = resumed
-        total_rejects = sum(rejects_by_reason.values())
-        info["status"] = outcome(
-            info["examples"], total_rejects, cfg.max_reject_fraction, cfg.reject_allowance, info.get("objects")
-        )
-        info["run_id"] = self._layout.run_id
-        info_text = json.dumps(info, indent=2, ensure_ascii=False) + "\n"
 
-        # Temp shards get their final names inside the staging folder (one
-        # listing, batched renames); what a retried or empty writer left there
-        # goes. The rejects parts stay until the staging folder is removed.
-        prefix = staging.rstrip("/") + "/"
-        in_staging = set(_files_under(staging))
-        pairs = [
-            (result["tmp_path"], FileSystems.join(staging, final))
-            for files in layout.values()
-            for final, result in files
-        ]
-        pairs += [
-            (result["idx_path"], FileSystems.join(staging, index.IDX_DIR, final + ".idx"))
-            for files in layout.values()
-            for final, result in files
-            if result.get("idx_path")
-        ]
-        # Where each shard goes, for a later run that resumes from this one if it dies before publishing.
-        # Only while there is a shard to rename: a late attempt whose run published (and removed its staging
-        # folder) meanwhile must not recreate that folder; an earlier attempt wrote it before renaming.
-        if any(src in in_staging for src, _ in pairs):
-            resume.write_atomic(
-                FileSystems.join(staging, resume.DONE, resume.RENAMED),
-                "".join(json.dumps({"from": src, "to": dst}) + "\n" for src, dst in pairs),
-            )
-        move_files(pairs, in_staging, "finalize.rename")
-        keep = {dst for _, dst in pairs}
-        parts = (REJECT_PARTS + "/", index.INDEX_PARTS + "/", *resume.SCRATCH_ONLY)
-        delete_files([p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(parts)])
+    def _write_metadata(
+        self,
+        info: Mapping[str, Any],
+        layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+        reject_parts: Sequence[str],
+        labels: Sequence[str] | None,
+        categories: Sequence[tuple[int, str]] | None,
+        object_parts: Sequence[str],
+    ) -> None:
+        """The index, rejects.jsonl, labels.txt, the detection files, and dataset.json last."""
+        staging = self._layout.tmp_dir
         write_dataset_index(layout, staging)
         failpoints.hit("finalize.write")
         concat_files(sorted(set(reject_parts)), FileSystems.join(staging, metadata.REJECTS_JSONL))
-        if labelled:
+        if labels is not None:
             failpoints.hit("finalize.write")
             write_text(FileSystems.join(staging, metadata.LABELS_TXT), "".join(f"{label}\n" for label in labels))
         if categories is not None:
             write_detection_files(staging, categories, object_parts)
         failpoints.hit("finalize.write")
-        write_text(FileSystems.join(staging, metadata.DATASET_JSON), info_text)
+        write_text(
+            FileSystems.join(staging, metadata.DATASET_JSON), json.dumps(info, indent=2, ensure_ascii=False) + "\n"
+        )
 
+    def _publish_or_hold(self, info: Mapping[str, Any]) -> None:
+        """Publishes a run without post-steps; a run that may not publish goes into an empty output without
+        ``_SUCCESS``, or stays in its staging folder beside the dataset it leaves untouched."""
+        cfg, out_dir, staging, leased = self._cfg, self._cfg.output, self._layout.tmp_dir, self._layout.leased
         if info["status"] != OK:
             if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
                 # Nothing to protect: the shards, rejects.jsonl and dataset.json
@@ -276,4 +301,32 @@ class FinalizeFn(beam.DoFn):
                 lease.release(out_dir, self._layout.run_id)
         elif not cfg.needs_post_steps:
             publish(staging, out_dir, leased=leased)
-        yield info
+
+
+def name_shards(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> None:
+    """Temp shards (and their .idx files) get their final names inside the staging folder: one listing,
+    batched renames; what a retried or empty writer left there goes. The rejects parts stay until the
+    staging folder is removed."""
+    prefix = staging.rstrip("/") + "/"
+    in_staging = set(_files_under(staging))
+    pairs = [
+        (result["tmp_path"], FileSystems.join(staging, final)) for files in layout.values() for final, result in files
+    ]
+    pairs += [
+        (result["idx_path"], FileSystems.join(staging, index.IDX_DIR, final + ".idx"))
+        for files in layout.values()
+        for final, result in files
+        if result.get("idx_path")
+    ]
+    # Where each shard goes, for a later run that resumes from this one if it dies before publishing.
+    # Only while there is a shard to rename: a late attempt whose run published (and removed its staging
+    # folder) meanwhile must not recreate that folder; an earlier attempt wrote it before renaming.
+    if any(src in in_staging for src, _ in pairs):
+        resume.write_atomic(
+            FileSystems.join(staging, resume.DONE, resume.RENAMED),
+            "".join(json.dumps({"from": src, "to": dst}) + "\n" for src, dst in pairs),
+        )
+    move_files(pairs, in_staging, "finalize.rename")
+    keep = {dst for _, dst in pairs}
+    parts = (REJECT_PARTS + "/", index.INDEX_PARTS + "/", *resume.SCRATCH_ONLY)
+    delete_files([p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(parts)])

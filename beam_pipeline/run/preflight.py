@@ -18,7 +18,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, replace
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -31,16 +31,11 @@ from ..errors import UsageError, last_line
 from ..listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
 from .common import absolute, is_remote, label_lines, note
 from .previous import (
-    info_of,
-    latest_previous,
+    choose_previous,
     line_break_label,
-    note_reuse,
-    other_coco_ids,
-    previous_problem,
-    read_previous,
     repeated,
 )
-from .publish import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS, finish_cut_short, untold_tft_files
+from .publish import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS, untold_tft_files
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -321,80 +316,141 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     return out
 
 
+@dataclass(frozen=True)
+class _Input:
+    """Where the images come from, as the preflight found it."""
+
+    root: str
+    pattern: str | None  # a folder or glob input's pattern; None for a manifest
+    manifest: str | None = None
+    manifest_format: str | None = None
+    columns: tuple[str, ...] = ()
+    split_source: str = "default"
+    label_source: str = "folder"
+    # A JSONL manifest's first rows may lack a column later rows have: the pipeline decides over every row
+    # (listing.manifest_sources again); here a flag that conflicts with the first rows fails early.
+    first_look: bool = False
+
+
+@dataclass(frozen=True)
+class _Annotations:
+    """The annotation sources, checked: absolute paths, and COCO's categories."""
+
+    coco: str | None = None
+    categories: tuple[tuple[int, str], ...] | None = None
+    voc: str | None = None
+    masks: str | None = None
+
+
 def prepare(
     cfg: ConvertConfig, *, check_output: bool = True, claim: Callable[[str, str], None] | None = None
 ) -> tuple[ConvertConfig, Layout]:
     """Resolves paths and input layout; raises UsageError for anything wrong.
 
-    ``claim(output, run_id)`` takes the output lease (launcher.run_convert), after the output's checks and
+    ``claim(output, run_id)`` takes the output lease (run.convert.run_convert), after the output's checks and
     before anything reads a previous dataset in it.
     """
     _check_gcs_locations(cfg)
-    manifest_format = None
-    columns: tuple[str, ...] = ()
-    if cfg.manifest:
-        manifest = absolute(cfg.manifest)
-        if not FileSystems.exists(manifest) or (not is_remote(manifest) and os.path.isdir(manifest)):
-            raise UsageError(f"--manifest {cfg.manifest}: no such file")
-        manifest_format = _manifest_format(manifest)
-        columns = _manifest_columns(manifest, manifest_format)
-        if PATH_COLUMN not in columns:
-            found = ", ".join(columns) or "none"
-            other = next((sep for sep in (";", "\t", "|") if len(columns) == 1 and sep in columns[0]), None)
-            hint = f"; its columns look separated by {other!r}: a CSV manifest is separated by commas" if other else ""
-            raise UsageError(f"--manifest {cfg.manifest}: no 'path' column (found: {found}){hint}")
-        _check_object_columns(cfg, manifest_format, columns)
-        _note_normalized_looking_boxes(cfg, manifest, manifest_format)
-        root = posixpath.dirname(manifest) if is_remote(manifest) else os.path.dirname(manifest)
-        pattern = None
-    else:
-        manifest = None
-        root, pattern = _input_root_and_pattern(cfg.input or "")
+    source = _manifest_input(cfg) if cfg.manifest else _folder_input(cfg)
+    annotations = _annotation_sources(cfg)
+    if annotations.coco or annotations.voc or (annotations.masks and not _labels_flag(cfg)):
+        # a detection dataset (classes per object) or label maps whose pixel values are the classes
+        source = replace(source, label_source="none")
+    _check_labels_have_folders(cfg, source, annotations)
+    labels = _labels_file(cfg)
+    output = _check_output(cfg, None if source.manifest else source.root) if check_output else absolute(cfg.output)
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+    if claim is not None:
+        _claim(cfg, output, run_id, claim, check_output)
+    previous, prior_labels = choose_previous(
+        cfg,
+        output=output,
+        run_id=run_id,
+        leased=claim is not None,
+        labelled=source.label_source != "none",
+        first_look=source.first_look,
+        labels=labels,
+        categories=annotations.categories,
+    )
+    tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)
+    # Earlier runs of this output that died holding finished shards (the same command run again).
+    resume_from = (
+        resume.resume_sources(output, tmp_dir) if check_output and cfg.resume and cfg.sink == "planned" else ()
+    )
+    cfg = replace(cfg, output=output, manifest=source.manifest, input=None if source.manifest else cfg.input)
+    layout = Layout(
+        root=source.root,
+        pattern=source.pattern,
+        manifest=source.manifest,
+        manifest_format=source.manifest_format,
+        manifest_columns=source.columns,
+        split_source=source.split_source,
+        label_source=source.label_source,
+        labels=labels,
+        previous=previous,
+        prior_labels=prior_labels,
+        tmp_dir=tmp_dir,
+        run_id=run_id,
+        resume_from=resume_from,
+        leased=claim is not None,
+        coco=annotations.coco,
+        categories=annotations.categories,
+        object_names=names_only_source(cfg),
+        voc=annotations.voc,
+        masks=annotations.masks,
+    )
+    return cfg, layout
 
-    # A JSONL manifest's first rows may lack a column later rows have: the pipeline decides over every
-    # row (listing.manifest_sources again); here a flag that conflicts with the first rows fails early.
-    first_look = manifest_format == "jsonl"
-    if manifest:
-        seen = {*columns, LABEL_COLUMN} if first_look and cfg.labels_from == "manifest" else set(columns)
-        split_source, label_source = manifest_sources(cfg, seen)
-    else:
-        folders = cfg.split_folders and _has_split_folders(root)
-        split_source = "folders" if folders else ("ratios" if cfg.split_ratios else "default")
-        if cfg.split_ratios and split_source == "folders":
-            raise UsageError(
-                "--split-ratios conflicts with the input: the input has split folders (train/, validation/, "
-                "val/ or test/; if those are classes, pass --no-split-folders)"
-            )
-        label_source = "regex" if cfg.label_regex else (cfg.labels_from or "folder")
+
+def _labels_flag(cfg: ConvertConfig) -> bool:
+    return bool(cfg.labels_from or cfg.label_regex or cfg.labels_file)
+
+
+def _manifest_input(cfg: ConvertConfig) -> _Input:
+    """A manifest: present, a CSV or JSONL file with a ``path`` column; its split and label sources."""
+    manifest = absolute(cfg.manifest or "")
+    if not FileSystems.exists(manifest) or (not is_remote(manifest) and os.path.isdir(manifest)):
+        raise UsageError(f"--manifest {cfg.manifest}: no such file")
+    fmt = _manifest_format(manifest)
+    columns = _manifest_columns(manifest, fmt)
+    if PATH_COLUMN not in columns:
+        found = ", ".join(columns) or "none"
+        other = next((sep for sep in (";", "\t", "|") if len(columns) == 1 and sep in columns[0]), None)
+        hint = f"; its columns look separated by {other!r}: a CSV manifest is separated by commas" if other else ""
+        raise UsageError(f"--manifest {cfg.manifest}: no 'path' column (found: {found}){hint}")
+    _check_object_columns(cfg, fmt, columns)
+    _note_normalized_looking_boxes(cfg, manifest, fmt)
+    first_look = fmt == "jsonl"
+    seen = {*columns, LABEL_COLUMN} if first_look and cfg.labels_from == "manifest" else set(columns)
+    split_source, label_source = manifest_sources(cfg, seen)
+    root = posixpath.dirname(manifest) if is_remote(manifest) else os.path.dirname(manifest)
+    return _Input(root, None, manifest, fmt, columns, split_source, label_source, first_look)
+
+
+def _folder_input(cfg: ConvertConfig) -> _Input:
+    """A folder or glob: its root and pattern; split folders or ratios, and where labels come from."""
+    root, pattern = _input_root_and_pattern(cfg.input or "")
+    folders = cfg.split_folders and _has_split_folders(root)
+    split_source = "folders" if folders else ("ratios" if cfg.split_ratios else "default")
+    if cfg.split_ratios and split_source == "folders":
+        raise UsageError(
+            "--split-ratios conflicts with the input: the input has split folders (train/, validation/, "
+            "val/ or test/; if those are classes, pass --no-split-folders)"
+        )
+    label_source = "regex" if cfg.label_regex else (cfg.labels_from or "folder")
+    return _Input(root, pattern, split_source=split_source, label_source=label_source)
+
+
+def _annotation_sources(cfg: ConvertConfig) -> _Annotations:
+    """--coco (its categories read here, the rest streamed in the job), --voc and --masks: present and usable."""
     coco, categories = None, None
     if cfg.coco:
-        # a detection dataset: classes per object from the COCO file, no image/class/label
-        label_source = "none"
         coco = absolute(cfg.coco)
         if not FileSystems.exists(coco) or (not is_remote(coco) and os.path.isdir(coco)):
             raise UsageError(f"--coco {cfg.coco}: no such file")
-        found = read_categories(coco, cfg.coco_category_offset)
-        categories = found.pairs
-        if found.keypoints:
-            many = "s" if found.keypoints != 1 else ""
-            note(
-                f"--coco {cfg.coco}: keypoints are not written ({found.keypoints} annotation{many} with keypoints: "
-                "their boxes, classes and masks are; this tool writes no keypoint keys)"
-            )
-        if found.left_out is not None and not is_background(found.left_out):
-            note(
-                f"--coco {cfg.coco}: category 0 ({found.left_out!r}) names no object: left out of labels.txt and "
-                "label_map.pbtxt (id 0 is the background)"
-            )
-        shared = found.shared_name()
-        if shared is not None:
-            note(
-                f"--coco {cfg.coco}: categories {', '.join(map(str, shared[1]))} share the name {shared[0]!r}: kept "
-                "as separate classes (a reader that looks classes up by name sees one)"
-            )
+        categories = _coco_categories(cfg, coco)
     voc = None
     if cfg.voc:  # a detection dataset whose classes are named in the XML files (ids from the run's label list)
-        label_source = "none"
         voc = absolute(cfg.voc)
         if not is_remote(voc) and not os.path.isdir(voc):
             raise UsageError(f"--voc {cfg.voc}: no such folder")
@@ -406,100 +462,61 @@ def prepare(
         found = _exists_any(masks + "/**", "--masks", cfg.masks) if is_remote(masks) else os.path.isdir(masks)
         if not found:
             raise UsageError(f"--masks {cfg.masks}: no such folder (or nothing in it)")
-        if not cfg.labels_from and not cfg.label_regex and not cfg.labels_file:
-            label_source = "none"  # the classes are the label maps' pixel values
+    return _Annotations(coco, categories, voc, masks)
 
-    if label_source == "folder" and pattern is not None and _only_files_directly_in(root, pattern):
-        if masks and cfg.labels_file:  # --labels-from none would conflict with it: say what it is for
-            raise UsageError(
-                f"--labels-file {cfg.labels_file}: with --masks it names the images' class folders, and the files "
-                f"directly in {root} have none (a label map's classes are its pixel values: drop --labels-file)"
-            )
-        raise UsageError(f"--input {cfg.input}: {flat_folder_hint(root)} for an unlabelled dataset")
 
-    labels = _read_labels_file(absolute(cfg.labels_file)) if cfg.labels_file else None
-    if labels is not None and names_only_source(cfg):  # the objects' class ids, fixed: 0 background, then 1…N
+def _coco_categories(cfg: ConvertConfig, coco: str) -> tuple[tuple[int, str], ...]:
+    """The COCO file's categories as (id, name); notes what the run leaves out or a reader may confuse."""
+    found = read_categories(coco, cfg.coco_category_offset)
+    if found.keypoints:
+        many = "s" if found.keypoints != 1 else ""
+        note(
+            f"--coco {cfg.coco}: keypoints are not written ({found.keypoints} annotation{many} with keypoints: "
+            "their boxes, classes and masks are; this tool writes no keypoint keys)"
+        )
+    if found.left_out is not None and not is_background(found.left_out):
+        note(
+            f"--coco {cfg.coco}: category 0 ({found.left_out!r}) names no object: left out of labels.txt and "
+            "label_map.pbtxt (id 0 is the background)"
+        )
+    shared = found.shared_name()
+    if shared is not None:
+        note(
+            f"--coco {cfg.coco}: categories {', '.join(map(str, shared[1]))} share the name {shared[0]!r}: kept "
+            "as separate classes (a reader that looks classes up by name sees one)"
+        )
+    return found.pairs
+
+
+def _check_labels_have_folders(cfg: ConvertConfig, source: _Input, annotations: _Annotations) -> None:
+    """Labels from class folders need folders: files directly in the input root have none."""
+    if source.label_source != "folder" or source.pattern is None:
+        return
+    if not _only_files_directly_in(source.root, source.pattern):
+        return
+    if annotations.masks and cfg.labels_file:  # --labels-from none would conflict with it: say what it is for
+        raise UsageError(
+            f"--labels-file {cfg.labels_file}: with --masks it names the images' class folders, and the files "
+            f"directly in {source.root} have none (a label map's classes are its pixel values: drop --labels-file)"
+        )
+    raise UsageError(f"--input {cfg.input}: {flat_folder_hint(source.root)} for an unlabelled dataset")
+
+
+def _labels_file(cfg: ConvertConfig) -> tuple[str, ...] | None:
+    """--labels-file's labels; for a names-only object source, its objects' ids (0 background, then 1…N)."""
+    if not cfg.labels_file:
+        return None
+    labels = _read_labels_file(absolute(cfg.labels_file))
+    if names_only_source(cfg):
         fixed = fixed_object_labels(labels)
         if isinstance(fixed, str):
             raise UsageError(f"--labels-file {cfg.labels_file}: {fixed}")
         labels = fixed
-    labelled = label_source != "none"
-    output = _check_output(cfg, None if manifest else root) if check_output else absolute(cfg.output)
-    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
-    if claim is not None:
-        claim(output, run_id)
-        # Checked again under the lease: another run may have published between the check and the claim.
-        if check_output and not cfg.overwrite and FileSystems.exists(FileSystems.join(output, metadata.SUCCESS)):
-            raise UsageError(f"--output {cfg.output}: holds a complete dataset; pass --overwrite to replace it")
-    if cfg.incremental_from == LATEST:
-        previous, prior_labels = latest_previous(cfg, labelled)
-    elif cfg.incremental_from:
-        if claim is not None and cfg.overwrite and absolute(cfg.incremental_from) == output:
-            finish_cut_short(output, run_id)
-        previous, prior_labels = read_previous(absolute(cfg.incremental_from), labelled)
-    else:
-        previous, prior_labels = None, None
-    object_names = names_only_source(cfg)
-    previous_info = info_of(previous) if previous else None
-    if previous and object_names:
-        # the objects' class ids of the previous run (its labels.txt) stay; new names follow
-        problem, prior_labels = previous_problem(previous, True)
-        if problem is not None and (
-            FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)) or "objects" in (previous_info or {})
-        ):
-            # A damaged (or deleted) labels.txt gives no ids to keep, and the records copied from that run hold
-            # its ids (a record's object ids are not compared on reuse): fresh ids would disagree with them. A
-            # previous dataset without objects and without labels.txt has no record this run could reuse.
-            if cfg.incremental_from != LATEST:
-                raise UsageError(f"--incremental-from {previous}: {problem}")
-            where = f"--incremental-from {LATEST}: the newest earlier dataset, {previous}"
-            note(f"{where}: {problem}; converting everything")
-            previous, prior_labels = None, None
-        elif labels is not None and tuple(labels[: len(prior_labels or ())]) != tuple(prior_labels or ()):
-            # its records hold its ids (an object's id is not compared on reuse): none may be copied
-            note(f"--labels-file {cfg.labels_file}: other ids than {previous}'s labels.txt; converting everything")
-            previous, prior_labels = None, None
-    elif previous and categories is not None:
-        other = other_coco_ids(cfg, previous, previous_info, categories)
-        if other is not None:  # its records hold its ids: as for --labels-file, none is copied
-            note(f"{other}; converting everything")
-            previous = None
-    elif previous and not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
-        # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
-        _, prior_labels = previous_problem(previous, True)
-    if previous and not note_reuse(cfg, previous, previous_info):
-        previous = None  # its label ids (prior_labels) are kept
-    tmp_dir = FileSystems.join(output, metadata.TMP_PREFIX + run_id)
-    # Earlier runs of this output that died holding finished shards (the same command run again).
-    resume_from = (
-        resume.resume_sources(output, tmp_dir) if check_output and cfg.resume and cfg.sink == "planned" else ()
-    )
-    cfg = _replace(cfg, output=output, manifest=manifest, input=None if manifest else cfg.input)
-    layout = Layout(
-        root=root,
-        pattern=pattern,
-        manifest=manifest,
-        manifest_format=manifest_format,
-        manifest_columns=columns,
-        split_source=split_source,
-        label_source=label_source,
-        labels=labels,
-        previous=previous,
-        prior_labels=prior_labels,
-        tmp_dir=tmp_dir,
-        run_id=run_id,
-        resume_from=resume_from,
-        leased=claim is not None,
-        coco=coco,
-        categories=categories,
-        object_names=object_names,
-        voc=voc,
-        masks=masks,
-    )
-    return cfg, layout
+    return labels
 
 
-def _replace(cfg: ConvertConfig, **changes: Any) -> ConvertConfig:
-    from dataclasses import replace
-
-    return replace(cfg, **changes)
+def _claim(cfg: ConvertConfig, output: str, run_id: str, claim: Callable[[str, str], None], check_output: bool) -> None:
+    """Takes the output's lease; checks again under it: another run may have published since the check."""
+    claim(output, run_id)
+    if check_output and not cfg.overwrite and FileSystems.exists(FileSystems.join(output, metadata.SUCCESS)):
+        raise UsageError(f"--output {cfg.output}: holds a complete dataset; pass --overwrite to replace it")

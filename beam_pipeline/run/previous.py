@@ -3,7 +3,9 @@
 A previous dataset serves only when it is complete and its label ids can be kept; otherwise the run
 converts everything and says why in a ``note:`` line.
 
-    previous, prior_labels = latest_previous(cfg, labelled)
+    previous, prior_labels = choose_previous(
+        cfg, output=out, run_id=run_id, leased=True, labelled=True, first_look=False, labels=None, categories=None
+    )
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from .. import failpoints, index, metadata, resume
 from ..annotations.objects import labels_lines
-from ..config import DATE_FIELD, LATEST, ConvertConfig
+from ..config import DATE_FIELD, LATEST, ConvertConfig, names_only_source
 from ..errors import UsageError, last_line
 from ..storage import read_json_object
 from .common import absolute, is_remote, label_lines, note
+from .publish import finish_cut_short
 
 _LOG = logging.getLogger(__name__)
 
@@ -205,3 +208,72 @@ def latest_previous(cfg: ConvertConfig, labelled: bool) -> tuple[str | None, tup
         return None, None
     _LOG.info("--incremental-from %s: %s", LATEST, folders[0])
     return folders[0], labels
+
+
+def choose_previous(
+    cfg: ConvertConfig,
+    *,
+    output: str,
+    run_id: str,
+    leased: bool,
+    labelled: bool,
+    first_look: bool,
+    labels: tuple[str, ...] | None,
+    categories: tuple[tuple[int, str], ...] | None,
+) -> tuple[str | None, tuple[str, ...] | None]:
+    """The previous dataset whose records this run may reuse (None: convert everything), and the label ids
+    that stay (its labels.txt), whatever becomes of its records.
+
+    ``leased``: this run holds the output's lease, so a self-incremental run (``--incremental-from`` its own
+    ``--output``) may first finish the publish of the run before it, killed while publishing.
+    """
+    if cfg.incremental_from == LATEST:
+        previous, prior_labels = latest_previous(cfg, labelled)
+    elif cfg.incremental_from:
+        if leased and cfg.overwrite and absolute(cfg.incremental_from) == output:
+            finish_cut_short(output, run_id)
+        previous, prior_labels = read_previous(absolute(cfg.incremental_from), labelled)
+    else:
+        return None, None
+    if previous is None:
+        return None, prior_labels
+    info = info_of(previous)
+    if names_only_source(cfg):
+        # the objects' class ids of the previous run (its labels.txt) stay; new names follow
+        return _keeping_object_ids(cfg, previous, info, labels)
+    if categories is not None:
+        other = other_coco_ids(cfg, previous, info, categories)
+        if other is not None:  # its records hold its ids: as for --labels-file, none is copied
+            note(f"{other}; converting everything")
+            return None, prior_labels
+    elif not labelled and first_look and not cfg.labels_from and not cfg.label_regex:
+        # A later row may have a label: the previous run's ids, if it has any, keep their lines then.
+        _, prior_labels = previous_problem(previous, True)
+    if not note_reuse(cfg, previous, info):
+        return None, prior_labels  # its records are not reused; its label ids are kept
+    return previous, prior_labels
+
+
+def _keeping_object_ids(
+    cfg: ConvertConfig, previous: str, info: dict[str, Any] | None, labels: tuple[str, ...] | None
+) -> tuple[str | None, tuple[str, ...] | None]:
+    """A names-only object source (VOC, manifest objects) over a previous dataset: its object ids stay."""
+    problem, prior_labels = previous_problem(previous, True)
+    if problem is not None and (
+        FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)) or "objects" in (info or {})
+    ):
+        # A damaged (or deleted) labels.txt gives no ids to keep, and the records copied from that run hold
+        # its ids (a record's object ids are not compared on reuse): fresh ids would disagree with them. A
+        # previous dataset without objects and without labels.txt has no record this run could reuse.
+        if cfg.incremental_from != LATEST:
+            raise UsageError(f"--incremental-from {previous}: {problem}")
+        where = f"--incremental-from {LATEST}: the newest earlier dataset, {previous}"
+        note(f"{where}: {problem}; converting everything")
+        return None, None
+    if labels is not None and tuple(labels[: len(prior_labels or ())]) != tuple(prior_labels or ()):
+        # its records hold its ids (an object's id is not compared on reuse): none may be copied
+        note(f"--labels-file {cfg.labels_file}: other ids than {previous}'s labels.txt; converting everything")
+        return None, None
+    if not note_reuse(cfg, previous, info):
+        return None, prior_labels
+    return previous, prior_labels
