@@ -129,7 +129,7 @@ class ConvertConfig:
 
     @property
     def image_options(self) -> Any:
-        from .images import ImageOptions
+        from .images.options import ImageOptions
 
         return ImageOptions(
             max_pixels=self.max_pixels,

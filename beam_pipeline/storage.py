@@ -26,7 +26,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from .errors import last_line
-from .images import ImageOptions, Rejected, check_header
+from .images.check import check_header
+from .images.options import ImageOptions, Rejected
 from .vocab.reasons import MISSING, TOO_LARGE, UNREADABLE
 
 # A file larger than this has its head read and checked (check_header) before the rest.

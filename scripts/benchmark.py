@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from measure_run import measure  # noqa: E402
 
-from beam_pipeline.images import prepare_image  # noqa: E402
+from beam_pipeline.images.convert import prepare_image  # noqa: E402
 
 TUTORIAL = r"""
 import io, sys, glob, os

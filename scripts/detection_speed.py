@@ -154,7 +154,7 @@ def time_parts(folder: Path, coco_path: Path) -> dict[str, float]:
     from beam_pipeline.annotations import coco, objects
     from beam_pipeline.examples import build_example
     from beam_pipeline.hashing import shuffle_key
-    from beam_pipeline.images import Geometry
+    from beam_pipeline.images.options import Geometry
     from beam_pipeline.listing import Ref
 
     path = str(coco_path)

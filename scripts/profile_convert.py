@@ -528,7 +528,7 @@ def necessary_parts(files: list[Path], work: Path) -> int:
     from apache_beam.io.tfrecordio import _TFRecordUtil
 
     from beam_pipeline import examples
-    from beam_pipeline.images import prepare_image
+    from beam_pipeline.images.convert import prepare_image
 
     blobs = [f.read_bytes() for f in files]  # warm: the page cache holds them, as in the benchmark
     sink = work / "parts.bin"

@@ -27,7 +27,7 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from beam_pipeline import hashing  # noqa: E402
-from beam_pipeline.images import ImageOptions  # noqa: E402
+from beam_pipeline.images.options import ImageOptions  # noqa: E402
 from beam_pipeline.listing import Ref  # noqa: E402
 from beam_pipeline.writer import shard  # noqa: E402
 

@@ -544,7 +544,7 @@ def test_a_gs_coco_file_and_images_make_the_same_shards_as_local_files(converted
 def test_the_shard_digest_covers_annotations():
     """Resume takes a finished shard only when its images' annotations are the same."""
     from beam_pipeline import resume
-    from beam_pipeline.images import ImageOptions
+    from beam_pipeline.images.options import ImageOptions
     from beam_pipeline.vocab.refs import Ref
 
     obj = objects.Obj(bbox=(1.0, 2.0, 3.0, 4.0), label=3, text="car")
@@ -678,7 +678,7 @@ def test_a_polygon_under_3_points_is_left_out_of_its_objects_mask_and_the_object
     import numpy as np
     from PIL import Image
 
-    from beam_pipeline.images import Geometry
+    from beam_pipeline.images.options import Geometry
 
     root = tmp_path / "images"
     write(str(root / "a.jpg"), image_bytes("jpeg", height=48, width=64, seed=1))
@@ -751,7 +751,7 @@ def test_a_mask_of_many_polygons_is_rasterized_in_one_layer():
     import numpy as np
     from PIL import Image
 
-    from beam_pipeline.images import Geometry
+    from beam_pipeline.images.options import Geometry
 
     polygons = [[float(x), 1.0, x + 5.0, 1.0, x + 5.0, 8.0] for x in range(0, 190, 1)] * 10 + [POLYGON[0]] * 100
     obj = objects.Obj(bbox=(0, 0, 200, 30), label=1, text="person", segmentation=polygons)

@@ -12,7 +12,7 @@ import pytest
 from beam_pipeline import index, resume
 from beam_pipeline.annotations import objects
 from beam_pipeline.annotations.objects import Annotations, Obj
-from beam_pipeline.images import ImageOptions
+from beam_pipeline.images.options import ImageOptions
 from beam_pipeline.vocab.refs import Ref
 
 VARIANTS = {
@@ -91,7 +91,7 @@ def test_masks_are_0_1_pngs_at_image_size_deflated_as_runs() -> None:
     import tensorflow as tf
     from PIL import Image
 
-    from beam_pipeline.images import Geometry
+    from beam_pipeline.images.options import Geometry
 
     outline = [10.0, 10.0, 200.0, 12.0, 180.0, 150.0, 15.0, 140.0]
     objs = [Obj(bbox=(10.0, 10.0, 200.0, 150.0), label=1, text="a", segmentation=[outline])]

@@ -17,7 +17,8 @@ import pytest
 from PIL import Image, ImageOps
 
 from beam_pipeline.annotations import objects
-from beam_pipeline.images import ORIENTATION_TRANSPOSE, Geometry, ImageOptions, prepare_image
+from beam_pipeline.images.convert import prepare_image
+from beam_pipeline.images.options import ORIENTATION_TRANSPOSE, Geometry, ImageOptions
 from beam_pipeline.vocab import reasons
 
 from .conftest import convert, load_info, run_cli

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from beam_pipeline import images, storage
-from beam_pipeline.images import ImageOptions, Rejected, check_header, prepare_image
+from beam_pipeline import storage
+from beam_pipeline.images.check import check_header
+from beam_pipeline.images.convert import prepare_image
+from beam_pipeline.images.options import ImageOptions, Rejected
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer import budget, shard
 
@@ -428,12 +430,14 @@ def test_animated_webp_is_converted_not_stored(tf):
 
 
 def test_jpeg_scans_are_counted_in_the_first_image_only():
+    from beam_pipeline.images import headers
+
     photo = Image.open(io.BytesIO(image_bytes("jpeg", 48, 64, seed=3)))
     progressive = encode(photo, "JPEG", progressive=True, quality=90)
-    real = images._jpeg_scans(progressive)
+    real = headers._jpeg_scans(progressive)
     assert 2 <= real < 20
     # A motion photo's appended video, or anything after EOI, full of FF DA byte pairs.
-    assert images._jpeg_scans(progressive + b"\xff\xda\x00\x04ab" * 5000) == real
+    assert headers._jpeg_scans(progressive + b"\xff\xda\x00\x04ab" * 5000) == real
     assert _reason(progressive + b"\xff\xda\x00\x04ab" * 5000) == "ok"
     # The scan bomb itself is still counted.
     assert _reason(hostile.jpeg_scan_bomb(300)) == "too_many_scans"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from beam_pipeline.images import Rejected, inspect_image
+from beam_pipeline.images.check import inspect_image
+from beam_pipeline.images.options import Rejected
 
 from .imagegen import broken_bytes, image_bytes
 
@@ -80,7 +81,9 @@ import zlib  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from beam_pipeline.images import ImageOptions, prepare_image, strip_metadata  # noqa: E402
+from beam_pipeline.images.convert import prepare_image  # noqa: E402
+from beam_pipeline.images.headers import strip_metadata  # noqa: E402
+from beam_pipeline.images.options import ImageOptions  # noqa: E402
 
 from .imagegen import encode, pixels  # noqa: E402
 
@@ -291,14 +294,14 @@ def _files_of_every_kind() -> dict[str, bytes]:
 
 
 def test_pillow_open_picks_the_format_image_open_picks():
-    """images._pillow_open tries the plugins with a signature check before those without one (Image.open tries
+    """images.check._pillow_open tries the plugins with a signature check before those without one (Image.open tries
     IM, IMT and IPTC before JPEG): every file still opens as the format Image.open gives it, or neither opens it."""
     import io
     import warnings
 
     from PIL import Image
 
-    from beam_pipeline.images import _pillow_open
+    from beam_pipeline.images.check import _pillow_open
 
     for name, data in _files_of_every_kind().items():
         try:
@@ -319,7 +322,7 @@ def test_pillow_open_follows_a_plugin_registered_again_under_a_known_name():
     pillow-avif-plugin does for AVIF) is used from then on, as Image.open uses it."""
     from PIL import Image, PngImagePlugin
 
-    from beam_pipeline.images import _pillow_open
+    from beam_pipeline.images.check import _pillow_open
 
     data = image_bytes("png")
     assert type(_pillow_open(data)) is PngImagePlugin.PngImageFile

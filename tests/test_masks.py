@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from beam_pipeline.annotations import masks
-from beam_pipeline.images import Rejected
+from beam_pipeline.images.options import Rejected
 from beam_pipeline.vocab import reasons
 
 from .conftest import convert, load_info, run_cli
@@ -270,7 +270,7 @@ def test_a_changed_mask_never_reuses_the_old_record(mask_set, tmp_path):
 def test_the_shard_digest_covers_the_mask_file():
     """Resume takes a finished shard only when its images' mask files are the same (size, mtime)."""
     from beam_pipeline import resume
-    from beam_pipeline.images import ImageOptions
+    from beam_pipeline.images.options import ImageOptions
     from beam_pipeline.vocab.refs import Ref
 
     def digest(label_map: masks.LabelMap) -> str:

@@ -19,7 +19,7 @@ import pytest
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from beam_pipeline import examples, storage
-from beam_pipeline.images import ImageOptions, Rejected
+from beam_pipeline.images.options import ImageOptions, Rejected
 from beam_pipeline.vocab.reasons import TOO_LARGE
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.budget import Budget

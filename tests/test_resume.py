@@ -20,7 +20,7 @@ import pytest
 
 from beam_pipeline import hashing, lease, metadata, resume, storage
 from beam_pipeline.finalize import stale_tmp_dirs
-from beam_pipeline.images import ImageOptions
+from beam_pipeline.images.options import ImageOptions
 from beam_pipeline.index import Previous, PreviousReject
 from beam_pipeline.run.publish import cleanup_staging
 from beam_pipeline.vocab.refs import Ref

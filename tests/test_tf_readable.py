@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from beam_pipeline.images import Rejected, prepare_image
+from beam_pipeline.images.convert import prepare_image
+from beam_pipeline.images.options import Rejected
 
 from . import variants
 from .conftest import REPO, convert, read_records
@@ -99,7 +100,7 @@ def test_every_record_decodes_in_tensorflow_to_the_pixels_pillow_gives_its_sourc
     TF's alpha is compared in RGB (Pillow ignores them)."""
     import numpy as np
 
-    from beam_pipeline.images import strip_metadata
+    from beam_pipeline.images.headers import strip_metadata
 
     files, records, _ = corpus_run
     modes = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
@@ -154,7 +155,7 @@ def test_only_text_chunks_over_pillows_limit_are_dropped_and_only_once():
     """The retry without text chunks keeps everything else: a PNG's EXIF orientation still turns it; an iCCP
     profile over the same limit (not a text chunk) stays a decode_error reject, at once, not a retry loop."""
 
-    from beam_pipeline.images import ImageOptions
+    from beam_pipeline.images.options import ImageOptions
 
     rgb = Image.fromarray(pixels(10, 20, 5), "RGB")
     exif = Image.Exif()
@@ -180,7 +181,7 @@ def test_a_text_chunk_holding_the_orientation_stays_when_another_is_over_pillows
     """Pillow also reads the EXIF orientation from text chunks (ImageMagick's "Raw profile type exif" zTXt, XMP
     in iTXt): the retry drops only the compressed text chunk over the limit, so --apply-exif-orientation turns
     the image as it does without that chunk; the stored PNG keeps its other chunks."""
-    from beam_pipeline.images import ImageOptions
+    from beam_pipeline.images.options import ImageOptions
 
     rgb = Image.fromarray(pixels(20, 40, 5), "RGB")
     exif = Image.Exif()
@@ -261,7 +262,7 @@ def test_gif_colour_indices_past_the_first_frames_table_are_converted(tf):
 def test_a_lossless_jpeg_is_converted_whatever_the_pixel_options(tf):
     """TensorFlow cannot decode a lossless JPEG; Pillow can (but not at 1/8 scale): with a full decode
     asked for (--apply-exif-orientation, no orientation tag) it was stored as it is."""
-    from beam_pipeline.images import ImageOptions
+    from beam_pipeline.images.options import ImageOptions
 
     lossless = variants.lossless_jpeg(pixels(12, 17, 3)[..., 0])
     with pytest.raises(Exception, match="Invalid JPEG data"):
@@ -274,7 +275,7 @@ def test_a_lossless_jpeg_is_converted_whatever_the_pixel_options(tf):
 
 
 def variants_reject():
-    from beam_pipeline.images import ImageOptions
+    from beam_pipeline.images.options import ImageOptions
 
     return ImageOptions(on_unsupported="reject")
 
@@ -459,7 +460,8 @@ def test_a_decoder_warning_is_in_the_detail_of_every_reject_it_explains(tmp_path
     script = textwrap.dedent(
         f"""
         import json
-        from beam_pipeline.images import Rejected, prepare_image
+        from beam_pipeline.images.convert import prepare_image
+        from beam_pipeline.images.options import Rejected
         for path in {[str(p) for p in paths]!r} * 2:
             try:
                 prepare_image(open(path, "rb").read())
@@ -482,7 +484,7 @@ def test_a_transparent_gif_is_stored_as_it_is_and_decodes_black_where_transparen
     not blue. Shrunk (converted) it is an RGBA PNG, alpha 0 there; re-encoded as JPEG, white there."""
     import numpy as np
 
-    from beam_pipeline.images import ImageOptions
+    from beam_pipeline.images.options import ImageOptions
 
     indices = np.zeros((8, 8), np.uint8)
     indices[:, :4] = 2

@@ -32,7 +32,8 @@ from typing import Any
 
 import apache_beam as beam
 
-from ..images import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected, png_problem
+from ..images.headers import png_problem
+from ..images.options import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
 from ..listing import FILES, REJECTS, SKIPPED, ListFolder, relative_path
 from ..vocab.reasons import BAD_MASK, DUPLICATE_MASK, MASK_NOT_SINGLE_CHANNEL, MASK_SIZE_MISMATCH, MISSING_MASK
 from ..vocab.refs import Ref, reject

@@ -23,7 +23,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..images import ORIENTATION_TRANSPOSE, Geometry
+from ..images.options import ORIENTATION_TRANSPOSE, Geometry
 from ..metadata import line_break_problem
 from ..vocab.reasons import BAD_BOX, BAD_MASK, BOX_OUTSIDE_IMAGE, MASK_SIZE_MISMATCH, UNKNOWN_CATEGORY
 

@@ -32,7 +32,8 @@ from ..runner import make_options
 from ..storage import read_json
 from .common import absolute, without_step
 from .local import RUN_TEMPORARY_FOLDER, LiveProgress, wait_for
-from .outcome import after_pipeline
+from .outcome import raise_unless_publishable
+from .poststeps import run_post_steps
 from .preflight import prepare
 from .workers import options_for, with_worker_packages
 
@@ -124,7 +125,7 @@ def _run_claimed(
         except Exception as e:  # the runner wraps worker errors in assorted types
             raise PipelineError(last_line(e)) from e
         try:
-            info = after_pipeline(cfg, layout, beam_args)
+            info = _after_pipeline(cfg, layout, beam_args)
         except (UsageError, RejectsError, PipelineError):
             raise
         except Exception as e:  # publish in this process: a lost lease, a staging folder refused
@@ -207,3 +208,25 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
         ),
         "output": cfg.output,
     }
+
+
+def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
+    """Reads finalize's verdict; runs the post-steps on the staging folder and publishes, unless the job did."""
+    staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
+    success = FileSystems.join(cfg.output, metadata.SUCCESS)
+    published_info = FileSystems.join(cfg.output, metadata.DATASET_JSON)
+    staged = FileSystems.exists(staging_info)
+    if staged:
+        info, kept_old = read_json(staging_info), FileSystems.exists(success)
+    elif FileSystems.exists(published_info):  # finalize published already (no post-steps, or a failed run)
+        info, kept_old = read_json(published_info), False
+        if info.get("run_id") != layout.run_id and not FileSystems.exists(success):
+            raise PipelineError("the pipeline ended before finalize (dataset.json is an older run's)")
+    else:
+        raise PipelineError("the pipeline ended before finalize (no dataset.json)")
+    raise_unless_publishable(cfg, layout, info, kept_old)
+    if not staged:  # published by finalize or by the job's own post-steps
+        return info
+    options, runner = make_options(beam_args)
+    remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
+    return run_post_steps(cfg, layout, info, options=options, runner=runner, temp_root=remote_temp)

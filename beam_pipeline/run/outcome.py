@@ -7,17 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import (
-    GoogleCloudOptions,
-)
-
 from .. import metadata
 from ..annotations import coco, objects
 from ..config import ConvertConfig, Layout
-from ..errors import PipelineError, RejectsError, UsageError
-from ..runner import make_options
-from ..storage import read_json
+from ..errors import RejectsError, UsageError
+from ..vocab.reasons import NO_LABEL
 from .preflight import flat_folder_hint
 
 
@@ -26,62 +20,43 @@ def _past_allowance(rejects: int, allowance: int) -> str:
     return f"more than --reject-allowance {allowance}" if rejects > allowance else "more than half of them"
 
 
-def after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
-    """Reads finalize's verdict; runs the post-steps on the staging folder and publishes, unless the job did."""
-    from ..vocab.reasons import NO_LABEL
-    from .poststeps import run_post_steps
-
-    staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
-    success = FileSystems.join(cfg.output, metadata.SUCCESS)
-    published_info = FileSystems.join(cfg.output, metadata.DATASET_JSON)
-    staged = FileSystems.exists(staging_info)
-    if staged:
-        info, kept_old = read_json(staging_info), FileSystems.exists(success)
-    elif FileSystems.exists(published_info):  # finalize published already (no post-steps, or a failed run)
-        info, kept_old = read_json(published_info), False
-        if info.get("run_id") != layout.run_id and not FileSystems.exists(success):
-            raise PipelineError("the pipeline ended before finalize (dataset.json is an older run's)")
-    else:
-        raise PipelineError("the pipeline ended before finalize (no dataset.json)")
+def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: Mapping[str, Any], kept_old: bool) -> None:
+    """The one line a run that may not publish ends with (RejectsError, exit 3; UsageError when nothing was
+    listed at all); nothing for a run whose status is OK. ``kept_old``: an older dataset stays in the output."""
     status = info.get("status", OK)
-    if status == OK and not staged:  # published by finalize or by the job's own post-steps
-        return info
-    if status != OK:
-        rejects_at = layout.tmp_dir if kept_old else cfg.output
-        reasons = ", ".join(f"{k} {v}" for k, v in list(info["rejects"]["by_reason"].items())[:3])
-        total = info["rejects"]["total"]
-        listed = total + info["examples"]
-        kept_where = f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
-        if status == TOO_MANY_REJECTS:
-            where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
-            raise RejectsError(
-                f"{total} of {listed} inputs rejected ({reasons}): more than --max-reject-fraction "
-                f"{cfg.max_reject_fraction:g} of them and {_past_allowance(total, cfg.reject_allowance)}; "
-                f"{where}"
-            )
-        if status == NO_OBJECT_KEPT:
-            objs = info["objects"]["rejects"]
-            reasons = ", ".join(f"{k} {v}" for k, v in list(objs["by_reason"].items())[:3])
-            where = kept_where if kept_old else "shards written without _SUCCESS"
-            raise RejectsError(
-                f"no object was kept: {objs['total']} annotations rejected ({reasons}; see "
-                f"{rejects_at}/object_rejects.jsonl); {where}"
-            )
-        if status == NOTHING_CONVERTED:
-            hint = ""
-            if layout.label_source == "folder" and set(info["rejects"]["by_reason"]) == {NO_LABEL}:
-                where = "the input" if layout.split_source != "folders" else "the input's split folders"
-                hint = "; " + flat_folder_hint(where)
-            raise RejectsError(
-                f"no image was converted ({total} rejected: {reasons}; see {rejects_at}/rejects.jsonl){hint}"
-            )
-        skipped = ", ".join(f"{k} {v}" for k, v in info["skipped"]["by_reason"].items()) or "nothing at all"
-        where = cfg.manifest or cfg.input
-        raise UsageError(f"no images to convert in {where} (skipped: {skipped})")
-
-    options, runner = make_options(beam_args)
-    remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
-    return run_post_steps(cfg, layout, info, options=options, runner=runner, temp_root=remote_temp)
+    if status == OK:
+        return
+    rejects_at = layout.tmp_dir if kept_old else cfg.output
+    reasons = ", ".join(f"{k} {v}" for k, v in list(info["rejects"]["by_reason"].items())[:3])
+    total = info["rejects"]["total"]
+    listed = total + info["examples"]
+    kept_where = f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
+    if status == TOO_MANY_REJECTS:
+        where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
+        raise RejectsError(
+            f"{total} of {listed} inputs rejected ({reasons}): more than --max-reject-fraction "
+            f"{cfg.max_reject_fraction:g} of them and {_past_allowance(total, cfg.reject_allowance)}; "
+            f"{where}"
+        )
+    if status == NO_OBJECT_KEPT:
+        objs = info["objects"]["rejects"]
+        reasons = ", ".join(f"{k} {v}" for k, v in list(objs["by_reason"].items())[:3])
+        where = kept_where if kept_old else "shards written without _SUCCESS"
+        raise RejectsError(
+            f"no object was kept: {objs['total']} annotations rejected ({reasons}; see "
+            f"{rejects_at}/object_rejects.jsonl); {where}"
+        )
+    if status == NOTHING_CONVERTED:
+        hint = ""
+        if layout.label_source == "folder" and set(info["rejects"]["by_reason"]) == {NO_LABEL}:
+            where = "the input" if layout.split_source != "folders" else "the input's split folders"
+            hint = "; " + flat_folder_hint(where)
+        raise RejectsError(
+            f"no image was converted ({total} rejected: {reasons}; see {rejects_at}/rejects.jsonl){hint}"
+        )
+    skipped = ", ".join(f"{k} {v}" for k, v in info["skipped"]["by_reason"].items()) or "nothing at all"
+    where = cfg.manifest or cfg.input
+    raise UsageError(f"no images to convert in {where} (skipped: {skipped})")
 
 
 OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects", "nothing_converted", "empty"

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from ..images import ImageOptions
+from ..images.options import ImageOptions
 from ..storage import HEADER_BYTES
 
 # Share of the memory budget for file bytes read ahead; the rest is for decoded pixels.

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..images import Rejected
+from ..images.options import Rejected
 from .budget import Budget
 
 

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 from .. import examples, index, metadata
 from ..annotations.masks import LabelMap, TransientMaskRead, segmentation_features
 from ..annotations.objects import masks_too_large, object_features, size_mismatch
-from ..images import Geometry, ImageOptions, Prepared, Rejected, prepare_image
+from ..images.convert import prepare_image
+from ..images.options import Geometry, ImageOptions, Prepared, Rejected
 from ..listing import class_values, coerce
 from ..storage import read_bytes
 from ..vocab.reasons import ANNOTATION_SIZE_MISMATCH, BAD_VALUE, DECODE_ERROR, MASKS_TOO_LARGE
