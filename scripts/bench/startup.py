@@ -1,7 +1,7 @@
 """Wall time of a small conversion (the demo's 180 images), start-up included, in each mode.
 
-    .venv/bin/python scripts/startup_timing.py --runs 5           # after scripts/demo.sh made samples/photos
-    .venv/bin/python scripts/startup_timing.py --input DIR --runs 3 --modes default no-transform
+    .venv/bin/python scripts/benchmark.py startup --runs 5           # after scripts/demo.sh made samples/photos
+    .venv/bin/python scripts/benchmark.py startup --input DIR --runs 3 --modes default no-transform
 
 Each run is ``python -m beam_pipeline convert`` in a fresh process, as a user
 starts it; the wall time is measured from outside (process start to exit),
@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import REPO, beam_pipeline
+
 MODES = {
     "default": [],
     "no-transform": ["--no-transform"],
@@ -29,9 +30,8 @@ MODES = {
 
 
 def one_run(input_dir: str, out: str, extra: list[str], repo: Path = REPO) -> tuple[float, float]:
-    cmd = [sys.executable, "-m", "beam_pipeline", "convert", "--config", "configs/local.yaml",
-           "--input", input_dir, "--output", out, "--split-ratios", "train=0.8,validation=0.1,test=0.1",
-           "--overwrite", *extra]  # fmt: skip
+    cmd = beam_pipeline("convert", "--config", "configs/local.yaml", "--input", input_dir, "--output", out,
+                        "--split-ratios", "train=0.8,validation=0.1,test=0.1", "--overwrite", *extra)  # fmt: skip
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
@@ -43,15 +43,17 @@ def one_run(input_dir: str, out: str, extra: list[str], repo: Path = REPO) -> tu
     return wall, reported
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="benchmark.py startup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--input", default=str(REPO / "samples" / "photos"))
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument(
         "--compare", metavar="CHECKOUT", help="also time another checkout (e.g. an older commit), interleaved"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     repos = {"": REPO} if not args.compare else {"this ": REPO, "other ": Path(args.compare).resolve()}
     results: dict[str, list[tuple[float, float]]] = {f"{r}{m}": [] for r in repos for m in args.modes}
     with tempfile.TemporaryDirectory(prefix="beam_pipeline-startup-") as work:
@@ -65,7 +67,3 @@ def main() -> None:
     for mode, rows in results.items():
         walls = [w for w, _ in rows]
         print(f"{mode:<28} {min(walls):6.2f} {statistics.median(walls):7.2f}")
-
-
-if __name__ == "__main__":
-    main()

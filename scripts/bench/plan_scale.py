@@ -5,9 +5,9 @@ a few thousand distinct ones, each reachable under many distinct paths
 through hard links, so every manifest row and every listed file is a real
 file that ``plan`` stats or lists, as it would be in a real collection.
 
-    python scripts/scale_check.py --work /tmp/scale                     # 1 M rows, 200k files
-    python scripts/scale_check.py --work /tmp/scale --rows 100000 --folder-files 20000
-    python scripts/scale_check.py --work /tmp/scale --repo /path/to/other/checkout   # compare code
+    python scripts/benchmark.py plan-scale --work /tmp/scale                     # 1 M rows, 200k files
+    python scripts/benchmark.py plan-scale --work /tmp/scale --rows 100000 --folder-files 20000
+    python scripts/benchmark.py plan-scale --work /tmp/scale --repo /path/to/other/checkout   # compare code
 
 Each kind runs at 100 files, at half the size and at the full size, and
 prints one JSON line (wall seconds, peak RSS of the whole process tree) and
@@ -23,10 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-from measure_run import measure
+from bench.common import REPO, beam_pipeline, measure
 
 CLASSES = 10
 PER_FOLDER = 1000
@@ -81,17 +80,18 @@ def write_manifest(path: Path, rels: list[str]) -> None:
 def run_plan(repo: str, input_args: list[str], out: Path, extra: list[str]) -> dict[str, object]:
     env_path = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = env_path  # inherited by the measured process tree
-    command = [sys.executable, "-m", "beam_pipeline", "plan", *input_args, "--output", str(out), *extra]
-    return measure(command)  # RSS sampled every 50 ms
+    return measure(beam_pipeline("plan", *input_args, "--output", str(out), *extra))  # RSS sampled every 50 ms
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py plan-scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--work", required=True, help="folder for the generated files (kept between runs)")
     p.add_argument("--rows", type=int, default=1_000_000, help="manifest rows (0: skip)")
     p.add_argument("--folder-files", type=int, default=200_000, help="files in the listed folder (0: skip)")
     p.add_argument("--distinct", type=int, default=2000, help="distinct image files behind the links")
-    p.add_argument("--repo", default=str(Path(__file__).resolve().parent.parent), help="checkout to run")
+    p.add_argument("--repo", default=str(REPO), help="checkout to run")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("beam_args", nargs="*", help="extra flags for plan, after --")
     args = p.parse_args(argv)
@@ -144,7 +144,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """CPU per image of a detection convert (``--coco``) against a classification convert of the same images (issue #21).
 
-    .venv/bin/python scripts/detection_speed.py                      # 2,000 JPEGs of 512x384, 3 rounds
-    .venv/bin/python scripts/detection_speed.py --images 1000 --repeat 2 --work /tmp/detspeed
+    .venv/bin/python scripts/benchmark.py detection                      # 2,000 JPEGs of 512x384, 3 rounds
+    .venv/bin/python scripts/benchmark.py detection --images 1000 --repeat 2 --work /tmp/detspeed
 
 One generated set (``make_sample_images.write_samples``: ~95 KB JPEGs, class
 folders) and two COCO files naming every image with 0-8 objects each (seeded):
@@ -37,10 +37,8 @@ import argparse
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,17 +46,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from make_sample_images import write_samples  # scripts/ is on sys.path (scripts/benchmark.py puts it there)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_sample_images import write_samples  # noqa: E402
+from bench.common import link_files, list_images, load, measure_beam
 
 # Non-contiguous ids, as COCO's.
 CATEGORIES = [{"id": cid, "name": f"class{cid}"} for cid in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23)]
 MODES = ("classification", "coco-boxes", "coco-masks")
-
-
-def list_images(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.jpg") if p.is_file())
 
 
 def polygon(box: tuple[float, float, float, float], rng: np.random.Generator) -> list[float]:
@@ -101,38 +95,14 @@ def make_coco(root: Path, files: list[Path], width: int, height: int, masks: boo
     return {"images": images, "annotations": annotations, "categories": CATEGORIES}
 
 
-def subset(root: Path, files: list[Path], dest: Path) -> None:
-    """``dest`` holds hard links to ``files`` at the same relative paths."""
-    shutil.rmtree(dest, ignore_errors=True)
-    for f in files:
-        target = dest / f.relative_to(root)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.link(f, target)
-
-
-def load() -> str:
-    """``uptime``'s load averages (1, 5, 15 min)."""
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def convert(folder: Path, out: Path, coco: Path | None, extra: list[str]) -> dict[str, float]:
     """One ``beam-pipeline convert`` process; CPU seconds of its process tree and wall seconds."""
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "beam_pipeline", "convert", "--input", str(folder), "--output", str(out)]
-    command += ["--no-transform", *extra]
-    if coco is not None:
-        command += ["--coco", str(coco)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        sys.exit(f"error: convert failed (exit {done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}")
+    coco_args = ["--coco", str(coco)] if coco is not None else []
+    run = measure_beam("convert", "--input", str(folder), "--output", str(out), "--no-transform", *extra, *coco_args)
     info = json.loads((out / "dataset.json").read_text())
     records = sum(s["examples"] for s in info["splits"].values())
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"cpu": cpu, "wall": wall, "records": records}
+    return {"cpu": run["cpu_seconds"], "wall": run["seconds"], "records": records}
 
 
 def _best_ms(work: Any, count: int, repeat: int = 3) -> float:
@@ -240,7 +210,9 @@ def print_parts(folder: Path, coco_path: Path, classification: float | None, mea
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py detection", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--images", type=int, default=2000, help="images in the big run")
     p.add_argument("--small", type=int, default=200, help="images in the start-up run (subtracted)")
     p.add_argument("--size", default="512x384", help="WIDTHxHEIGHT of the generated JPEGs")
@@ -258,17 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
 
     data = work / "images"
-    if len(list_images(data)) < args.images:
+    if len(list_images(data, (".jpg",))) < args.images:
         shutil.rmtree(data, ignore_errors=True)
         write_samples(str(data), math.ceil(args.images / 3), width, height, corrupt=False, jpeg_only=True)
-    files = list_images(data)[: args.images]
+    files = list_images(data, (".jpg",))[: args.images]
     sets = {"big": (work / "big", files), "small": (work / "small", files[: args.small])}
     coco: dict[tuple[str, str], Path | None] = {}
     for name, (folder, chosen) in sets.items():
-        subset(data, chosen, folder)
+        link_files(chosen, data, folder)
         for mode, masks in (("coco-boxes", False), ("coco-masks", True)):
             path = work / f"{name}-{mode}.json"
-            path.write_text(json.dumps(make_coco(folder, list_images(folder), width, height, masks)))
+            path.write_text(json.dumps(make_coco(folder, list_images(folder, (".jpg",)), width, height, masks)))
             coco[(name, mode)] = path
         coco[(name, "classification")] = None
     nbytes = sum(f.stat().st_size for f in files)
@@ -308,7 +280,3 @@ def main(argv: list[str] | None = None) -> int:
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,10 +7,10 @@ writes. Each image gets ``--per-image`` box annotations (no masks: this
 measures the join, not PNG encoding); ``categories`` come last in the file,
 as in COCO's own files, so reading them streams past everything else.
 
-    python scripts/coco_scale_check.py --work /tmp/coco_scale                       # 100k images x 10
-    python scripts/coco_scale_check.py --work /tmp/coco_scale --images 20000 --per-image 5 50
+    python scripts/benchmark.py coco-scale --work /tmp/coco_scale                       # 100k images x 10
+    python scripts/benchmark.py coco-scale --work /tmp/coco_scale --images 20000 --per-image 5 50
 
-For each ``--per-image`` value it measures (scripts/measure_run.py, RSS sampled
+For each ``--per-image`` value it measures (``bench.common.measure``, RSS sampled
 every 50 ms) the launcher's own read of the file (``read_categories``, what
 ``convert`` runs before it builds the job) and the whole ``convert`` with
 default flags: wall seconds, peak RSS of the process tree, of the launcher
@@ -26,7 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from measure_run import measure
+from bench.common import beam_pipeline, measure
 
 CATEGORIES = [{"id": cid, "name": f"class_{cid}"} for cid in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)]
 WIDTH, HEIGHT = 64, 48
@@ -92,7 +92,9 @@ def write_coco(path: Path, names: list[str], per_image: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py coco-scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--work", required=True, help="folder for the generated files (images kept between runs)")
     p.add_argument("--images", type=int, default=100_000)
     p.add_argument("--per-image", type=int, nargs="+", default=[10], help="annotations per image; one run each")
@@ -113,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         out = work / "out"
         shutil.rmtree(out, ignore_errors=True)
-        job = measure([sys.executable, "-m", "beam_pipeline", "convert", "--input", str(root), "--coco", str(coco),
-                       "--output", str(out)])  # fmt: skip
+        job = measure(beam_pipeline("convert", "--input", str(root), "--coco", str(coco), "--output", str(out)))
         info = json.loads((out / "dataset.json").read_text()) if (out / "dataset.json").exists() else {}
         result = {
             "images": args.images,
@@ -143,7 +144,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
