@@ -26,41 +26,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench.common import beam_pipeline, measure
+from bench.common import beam_pipeline, distinct_images, hard_links, measure
 
 CATEGORIES = [{"id": cid, "name": f"class_{cid}"} for cid in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)]
 WIDTH, HEIGHT = 64, 48
-
-
-def distinct_jpegs(folder: Path, count: int) -> list[Path]:
-    """``count`` distinct WIDTH x HEIGHT JPEGs (about 1 KB each)."""
-    import numpy as np
-    from PIL import Image
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    paths = [folder / f"{i:04d}.jpg" for i in range(count)]
-    for path in paths:
-        if not path.exists():
-            pixels = rng.integers(0, 255, size=(HEIGHT, WIDTH, 3), dtype=np.uint8)
-            Image.fromarray(pixels, "RGB").save(path, quality=80)
-    return paths
-
-
-def linked_images(root: Path, sources: list[Path], count: int) -> list[str]:
-    """``count`` hard links to ``sources`` under root/{chunk}/; their names relative to root."""
-    names = [f"{i // 1000:04d}/{i:07d}.jpg" for i in range(count)]
-    done = root.parent / f".complete-{root.name}"  # beside the folder: not a listed file
-    if done.exists():
-        return names
-    for i, name in enumerate(names):
-        path = root / name
-        if i % 1000 == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.link(sources[i % len(sources)], path)
-    done.touch()
-    return names
 
 
 def write_coco(path: Path, names: list[str], per_image: int) -> int:
@@ -102,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     work = Path(args.work).resolve()
-    sources = distinct_jpegs(work / "src", args.distinct)
+    sources = distinct_images(work / "src", args.distinct, WIDTH, HEIGHT, ".jpg")
     root = work / f"images-{args.images}"
-    names = linked_images(root, sources, args.images)
+    names = [f"{i // 1000:04d}/{i:07d}.jpg" for i in range(args.images)]
+    hard_links(root, sources, names)
     results = []
     for per_image in args.per_image:
         coco = work / f"instances-{args.images}x{per_image}.json"

@@ -10,7 +10,9 @@ on any command and prints its JSON line:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import resource
 import shutil
@@ -19,12 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
+K = TypeVar("K")
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent.parent
 SCRIPTS = REPO / "scripts"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -112,6 +116,38 @@ def measure_beam(*args: str, env: dict[str, str] | None = None, check: bool = Tr
     return result
 
 
+def interleaved(
+    rounds: int, runs: Mapping[K, Callable[[], T]], report: Callable[[int, K, T], None] | None = None
+) -> dict[K, list[T]]:
+    """Every run once per round, ``rounds`` rounds: each key's results, in round order.
+
+    Baseline and candidates take turns, so a slow spell of a shared machine hits them alike; compare the
+    medians (or the minima), never one run against another run's neighbours. ``report(round, key, result)``
+    is called after each run (rounds count from 1).
+    """
+    results: dict[K, list[T]] = {key: [] for key in runs}
+    for round_no in range(1, max(1, rounds) + 1):
+        for key, run in runs.items():
+            results[key].append(run())
+            if report is not None:
+                report(round_no, key, results[key][-1])
+    return results
+
+
+def steady_ms(big: float, small: float, items: int) -> float:
+    """ms per item of a cost (seconds) with start-up cancelled: a run on many items minus one on a prefix.
+
+    ``items`` is the difference in items; nan when there is none.
+    """
+    return 1000 * (big - small) / items if items > 0 else math.nan
+
+
+def steady_rate(big_seconds: float, small_seconds: float, items: int) -> float:
+    """Items per second with start-up cancelled (``items``: the difference); nan when the runs cannot tell."""
+    dt = big_seconds - small_seconds
+    return items / dt if dt > 0 and items > 0 else math.nan
+
+
 def load() -> str:
     """``uptime``'s load averages (1, 5, 15 min)."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -123,6 +159,21 @@ def load() -> str:
 def list_images(root: Path, suffixes: Sequence[str] = IMAGE_SUFFIXES) -> list[Path]:
     """Image files under ``root``, sorted."""
     return sorted(p for p in root.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
+
+
+@contextlib.contextmanager
+def scratch(folder: str, prefix: str) -> Iterator[Path]:
+    """``folder`` (created, kept afterwards) or, when it is empty, a temporary folder removed at the end."""
+    if folder:
+        path = Path(folder)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def link_files(files: Iterable[Path], root: Path, dest: Path) -> Path:
@@ -152,6 +203,43 @@ def make_samples(folder: Path, per_class: int, size: str = "640x480", *, jpeg_on
     command = [sys.executable, str(SCRIPTS / "make_sample_images.py"), str(folder), "--per-class", str(per_class)]
     command += ["--size", size, "--no-corrupt", *(["--jpeg-only"] if jpeg_only else [])]
     subprocess.run(command, check=True)
+
+
+def distinct_images(folder: Path, count: int, width: int, height: int, suffix: str = ".png") -> list[Path]:
+    """``count`` distinct images of random pixels (seeded; a few hundred bytes at 8x8, ~1 KB as a 64x48 JPEG).
+
+    Made once: a file already there is kept, so a ``--work`` folder serves the next run.
+    """
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = [folder / f"{i:05d}{suffix}" for i in range(count)]
+    for path in paths:
+        pixels = rng.integers(0, 255, size=(height, width, 3), dtype=np.uint8)
+        if not path.exists():
+            Image.fromarray(pixels, "RGB").save(path, **({"quality": 80} if suffix == ".jpg" else {}))
+    return paths
+
+
+def hard_links(root: Path, sources: Sequence[Path], rels: Sequence[str]) -> None:
+    """Hard links to ``sources`` (round robin) at ``rels`` under ``root``: many real files, few bytes.
+
+    Done once: a marker beside ``root`` (not a file under it, which would be listed) says the tree is whole.
+    """
+    done = root.parent / f".complete-{root.name}"
+    if done.exists():
+        return
+    made: set[Path] = set()
+    for i, rel in enumerate(rels):
+        path = root / rel
+        if path.parent not in made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made.add(path.parent)
+        if not path.exists():
+            os.link(sources[i % len(sources)], path)
+    done.touch()
 
 
 def published_shards(out: Path) -> list[str]:

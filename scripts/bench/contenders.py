@@ -26,6 +26,7 @@ tutorial loop (img/s), its peak RSS, and the wall time of a small job
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -34,13 +35,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
 from beam_pipeline.images import prepare_image
-from bench.common import link_files, list_images, make_samples, measure
+from bench.common import interleaved, link_files, list_images, make_samples, measure, steady_ms, steady_rate
 
 TUTORIAL = r"""
 import io, sys, glob, os
@@ -136,16 +138,14 @@ def summarize(runs: list[dict[str, object]], images: int, nbytes: int) -> dict[s
 
 def steady(big: dict, small: dict) -> float:
     """Images per second with start-up cancelled; nan when the two runs cannot tell it apart."""
-    dt, images = big["seconds"] - small["seconds"], big["images"] - small["images"]
-    return images / dt if dt > 0 and images > 0 else float("nan")
+    return steady_rate(big["seconds"], small["seconds"], big["images"] - small["images"])
 
 
 def steady_cpu_ms(big: dict, small: dict | None) -> float:
     """CPU ms per image in steady state: start-up's CPU cancels in the difference."""
     if small is None:
         return 1000 * big["cpu_seconds"] / big["images"]
-    images = big["images"] - small["images"]
-    return 1000 * (big["cpu_seconds"] - small["cpu_seconds"]) / images if images > 0 else float("nan")
+    return steady_ms(big["cpu_seconds"], small["cpu_seconds"], big["images"] - small["images"])
 
 
 def issue_ratios(results: dict[str, dict], job: dict[str, dict], cores: int) -> list[str]:
@@ -261,16 +261,18 @@ def main(argv: list[str] | None = None) -> int:
 
     # Rounds: every contender once per round, so a slow spell of a shared
     # machine hits all of them alike; the median round counts.
-    runs: dict[tuple[str, str], list[dict[str, object]]] = {key: [] for key in jobs}
-    runs.update({(name, "all"): [] for name in floors})
-    for round_no in range(1, rounds + 1):
-        print(f"round {round_no}/{rounds}", flush=True)
-        for (name, which), (command, clean) in jobs.items():
-            print(f"  {name} ({which}, {sizes[which][0]} images)", flush=True)
-            runs[name, which].append(measure_once(f"{name} ({which})", command, clean))
-        for name, decode in floors.items():
-            print(f"  {name}", flush=True)
-            runs[name, "all"].append(decode_floor(blobs, cores, decode))
+    contenders: dict[tuple[str, str], Callable[[], dict[str, object]]] = {
+        (name, which): functools.partial(measure_once, f"{name} ({which})", command, clean)
+        for (name, which), (command, clean) in jobs.items()
+    }
+    contenders.update({(name, "all"): functools.partial(decode_floor, blobs, cores, decode)
+                       for name, decode in floors.items()})  # fmt: skip
+
+    def report(round_no: int, key: tuple[str, str], run: dict[str, object]) -> None:
+        print(f"  round {round_no}/{rounds}: {key[0]} ({key[1]}, {sizes[key[1]][0]} images) {run['seconds']:.1f} s",
+              flush=True)  # fmt: skip
+
+    runs = interleaved(rounds, contenders, report)
     del blobs
     results: dict[str, dict] = {}
     job: dict[str, dict] = {}  # the small job, timed whole (start-up included)

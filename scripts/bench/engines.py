@@ -17,6 +17,7 @@ Data lives under .cluster/shared/bench (outside /tmp: the workers have their own
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import shutil
@@ -24,11 +25,12 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster import proc_fields  # scripts/cluster.py (scripts/benchmark.py puts scripts/ on sys.path)
 
-from bench.common import REPO, beam_pipeline, make_samples
+from bench.common import REPO, beam_pipeline, interleaved, make_samples, markdown_table
 
 CLUSTER = str(REPO / "scripts" / "cluster.sh")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -133,39 +135,31 @@ def main(argv: list[str] | None = None) -> int:
     options = shlex.split(started.stdout.strip())
     sessions = cluster_sessions(args.engine)
     common = ["--split-ratios", "train=0.8,validation=0.1,test=0.1", "--no-transform", "--no-tfds-metadata"]
-    rows = []
     idle = idle_rss(sessions)
-    for _ in range(args.rounds):
-        out = base / "out"
-        rows.append(
-            run(
-                f"{args.engine} tiny",
-                ["--input", str(tiny), "--output", str(out / "tiny"), *common, *options],
-                sessions,
-                12,
-            )
-        )
-        rows.append(
-            run(
-                args.engine,
-                ["--input", str(data), "--output", str(out / "engine"), *common, *options],
-                sessions,
-                images,
-            )
-        )
-        rows.append(run("local", ["--input", str(data), "--output", str(out / "local"), *common], set(), images))
-    shutil.rmtree(base / "out", ignore_errors=True)
+    out = base / "out"
+
+    def job(label: str, folder: Path, dest: str, engine_options: list[str], watched: set[int], n: int) -> Callable:
+        flags = ["--input", str(folder), "--output", str(out / dest), *common, *engine_options]
+        return functools.partial(run, label, flags, watched, n)
+
+    runs = {  # the cluster's fixed cost (a tiny job), the job on the cluster, the job on the local runner
+        "tiny": job(f"{args.engine} tiny", tiny, "tiny", options, sessions, 12),
+        "engine": job(args.engine, data, "engine", options, sessions, images),
+        "local": job("local", data, "local", [], set(), images),
+    }
+    by_kind = interleaved(args.rounds, runs)
+    rows = [row for rounds in zip(*by_kind.values(), strict=True) for row in rounds]
+    shutil.rmtree(out, ignore_errors=True)
 
     print(f"{images} images of 640x480, {os.cpu_count()} cores; {args.engine} cluster idle RSS {idle / 2**20:.0f} MB")
-    print("| run | images | wall s | CPU s | peak RSS MB | img/s | img/s per slot |")
-    print("|---|---|---|---|---|---|---|")
+    table = []
     for row in rows:
         rate = row["images"] / row["wall_s"]
         per_slot = f"{rate / SLOTS:.1f}" if row["run"] != "local" else "-"
-        print(
-            f"| {row['run']} | {row['images']} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['peak_rss_mb']:.0f} "
-            f"| {rate:.1f} | {per_slot} |"
-        )
+        table.append((row["run"], row["images"], f"{row['wall_s']:.1f}", f"{row['cpu_s']:.1f}",
+                      f"{row['peak_rss_mb']:.0f}", f"{rate:.1f}", per_slot))  # fmt: skip
+    header = ("run", "images", "wall s", "CPU s", "peak RSS MB", "img/s", "img/s per slot")
+    print(markdown_table(header, table, right=len(header)))  # as before: no column right-aligned
     fixed = statistics.median(r["wall_s"] for r in rows if r["run"].endswith("tiny"))
     full = statistics.median(r["wall_s"] for r in rows if r["run"] == args.engine)
     local = statistics.median(r["wall_s"] for r in rows if r["run"] == "local")

@@ -25,47 +25,18 @@ import json
 import os
 from pathlib import Path
 
-from bench.common import REPO, beam_pipeline, measure
+from bench.common import REPO, beam_pipeline, distinct_images, hard_links, measure
 
 CLASSES = 10
 PER_FOLDER = 1000
 
 
-def tiny_pngs(folder: Path, count: int) -> list[Path]:
-    """``count`` distinct 8x8 PNGs (a few hundred bytes each)."""
-    import numpy as np
-    from PIL import Image
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"{i:05d}.png" for i in range(count)]
-    if all(p.exists() for p in paths):
-        return paths
-    rng = np.random.default_rng(0)
-    for path in paths:
-        Image.fromarray(rng.integers(0, 255, size=(8, 8, 3), dtype=np.uint8), "RGB").save(path)
-    return paths
-
-
-def linked_tree(root: Path, sources: list[Path], count: int, *, by_class: bool) -> list[str]:
-    """``count`` hard links to ``sources`` (round robin) under ``root``; returns their relative paths.
-
-    by_class: root/c{k}/{chunk}/{i}.png (a labelled folder); else root/{chunk}/{i}.png.
-    """
-    done = root.parent / f".complete-{count}"
-    rels = []
-    for i in range(count):
-        chunk = f"{i // PER_FOLDER:05d}"
-        rels.append(f"c{i % CLASSES}/{chunk}/{i:07d}.png" if by_class else f"{chunk}/{i:07d}.png")
-    if done.exists():
-        return rels
-    for i, rel in enumerate(rels):
-        path = root / rel
-        if i % PER_FOLDER == 0 or by_class:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.link(sources[i % len(sources)], path)
-    done.touch()
-    return rels
+def relpaths(count: int, *, by_class: bool) -> list[str]:
+    """by_class: c{k}/{chunk}/{i}.png (a labelled folder); else {chunk}/{i}.png, PER_FOLDER files a chunk."""
+    return [
+        f"c{i % CLASSES}/{i // PER_FOLDER:05d}/{i:07d}.png" if by_class else f"{i // PER_FOLDER:05d}/{i:07d}.png"
+        for i in range(count)
+    ]
 
 
 def write_manifest(path: Path, rels: list[str]) -> None:
@@ -96,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("beam_args", nargs="*", help="extra flags for plan, after --")
     args = p.parse_args(argv)
     work = Path(args.work).resolve()
-    sources = tiny_pngs(work / "src", args.distinct)
+    sources = distinct_images(work / "src", args.distinct, 8, 8)
     results = []
     kinds = []
     if args.rows:
@@ -107,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         per_kind = []
         for n in (100, count // 2, count):
             base = work / f"{kind}-{n}"
-            rels = linked_tree(base / "files", sources, n, by_class=kind == "folder")
+            rels = relpaths(n, by_class=kind == "folder")
+            hard_links(base / "files", sources, rels)
             if kind == "manifest":
                 write_manifest(base / "files" / "manifest.csv", rels)
                 input_args = ["--manifest", str(base / "files" / "manifest.csv")]

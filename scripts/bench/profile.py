@@ -38,14 +38,13 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import link_files, list_images
+from bench.common import link_files, list_images, scratch
 
 # Stage names, in table order.
 READ, CHECK, SHA, EXAMPLE, FRAMING, INDEX, WRITE = (
@@ -575,8 +574,6 @@ def run_timeline_cli(args: argparse.Namespace, root: Path, files: list[Path], wo
     run_pipeline(small_dir, work, args.threads)  # warm-up: imports, first pipeline
     for _ in range(max(1, args.repeat)):
         run_timeline(big_dir, small_dir, len(files), small, work, args.threads, cores)
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -607,17 +604,20 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         sys.exit(f"error: no images under {root}")
     cores = os.cpu_count() or 1
-    work = Path(args.work or tempfile.mkdtemp(prefix="profile-"))
-    if args.parts:
-        print(f"{len(files)} images; load {os.getloadavg()[0]:.2f}")
-        necessary_parts(files, work)
-        necessary_parts(files, work)  # the second pass: warm caches and imports
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-        return 0
-    if args.timeline:
-        run_timeline_cli(args, root, files, work, cores)
-        return 0
+    with scratch(args.work, "profile-") as work:
+        if args.parts:
+            print(f"{len(files)} images; load {os.getloadavg()[0]:.2f}")
+            necessary_parts(files, work)
+            necessary_parts(files, work)  # the second pass: warm caches and imports
+        elif args.timeline:
+            run_timeline_cli(args, root, files, work, cores)
+        else:
+            run_stages(args, root, files, work, cores)
+    return 0
+
+
+def run_stages(args: argparse.Namespace, root: Path, files: list[Path], work: Path, cores: int) -> None:
+    """One shard (or, with ``--pipeline``, the whole convert: big − small) under the stage timers; the best run."""
     stages = Stages()
     instrument(stages)
     timer_ns = calibrate(stages)
@@ -650,6 +650,3 @@ def main(argv: list[str] | None = None) -> int:
     what = "whole convert, big − small" if args.pipeline else "one shard, real ShardWrite"
     print()
     print(table(rows, images, cores, wall, f"{what}: {images} images of {nbytes / len(files) / 1e3:.0f} KB"))
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0

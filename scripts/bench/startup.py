@@ -12,6 +12,7 @@ Prints min and median per mode (the machine may be shared: look at both).
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import statistics
 import subprocess
@@ -20,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO, beam_pipeline
+from bench.common import REPO, beam_pipeline, interleaved
 
 MODES = {
     "default": [],
@@ -55,14 +56,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     repos = {"": REPO} if not args.compare else {"this ": REPO, "other ": Path(args.compare).resolve()}
-    results: dict[str, list[tuple[float, float]]] = {f"{r}{m}": [] for r in repos for m in args.modes}
+
+    def report(round_no: int, name: str, run: tuple[float, float]) -> None:
+        print(f"run {round_no} {name:<28} wall {run[0]:5.2f} s  'done in {run[1]:.1f} s'", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="beam_pipeline-startup-") as work:
-        for i in range(args.runs):  # interleaved, so load changes hit every mode alike
-            for tag, repo in repos.items():
-                for mode in args.modes:
-                    wall, reported = one_run(args.input, f"{work}/{tag.strip()}{mode}", MODES[mode], repo)
-                    results[f"{tag}{mode}"].append((wall, reported))
-                    print(f"run {i + 1} {tag}{mode:<22} wall {wall:5.2f} s  'done in {reported:.1f} s'", flush=True)
+        runs = {
+            f"{tag}{mode}": functools.partial(one_run, args.input, f"{work}/{tag.strip()}{mode}", MODES[mode], repo)
+            for tag, repo in repos.items()
+            for mode in args.modes
+        }
+        results = interleaved(args.runs, runs, report)
     print(f"\n{'mode':<28} {'min':>6} {'median':>7}  (wall seconds, {args.runs} runs)")
     for mode, rows in results.items():
         walls = [w for w, _ in rows]
