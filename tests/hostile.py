@@ -1,4 +1,4 @@
-"""Files that are cheap to store and costly to decode, made here (tests and scripts/benchmark.py --hostile).
+"""Files that are cheap to store and costly to decode, made here (tests and scripts/benchmark.py hostile).
 
 Each maker returns bytes (or writes a sparse file); none needs more than a few
 MB of memory to build, whatever it claims to hold.

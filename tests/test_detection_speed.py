@@ -1,4 +1,4 @@
-"""Per-image costs of annotated images that scripts/detection_speed.py measured, kept cut (issue #21)."""
+"""Per-image costs of annotated images that scripts/benchmark.py detection measured, kept cut (issue #21)."""
 
 from __future__ import annotations
 
@@ -110,19 +110,19 @@ def test_masks_are_0_1_pngs_at_image_size_deflated_as_runs() -> None:
 
 
 def test_the_parts_the_benchmark_times_run_the_real_reader_join_and_writer_code(tmp_path) -> None:
-    """scripts/detection_speed.py --parts times the tool's own COCO reader, join, object keys and digest on a
+    """scripts/benchmark.py detection --parts times the tool's own COCO reader, join, object keys and digest on a
     generated set (the floor a boxes run cannot go below): each part is timed on every image of it."""
-    import importlib.util
+    import importlib
     import math
+    import sys
     from pathlib import Path
 
     from tests.imagegen import image_bytes
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "detection_speed.py"
-    spec = importlib.util.spec_from_file_location("detection_speed_under_test", script)
-    assert spec is not None and spec.loader is not None
-    speed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(speed)
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:  # as scripts/benchmark.py imports its measurements
+        sys.path.insert(0, scripts)
+    speed = importlib.import_module("bench.detection")
     folder = tmp_path / "images"
     files = []
     for i in range(30):

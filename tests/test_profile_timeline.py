@@ -1,8 +1,9 @@
-"""scripts/profile_convert.py --timeline: the phases it marks come from a real convert's shards (issue #22)."""
+"""scripts/benchmark.py profile --timeline: the phases it marks come from a real convert's shards (issue #22)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,15 +13,14 @@ from beam_pipeline import cli
 from beam_pipeline.writer import readahead, shard
 from tests.imagegen import image_bytes
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "profile_convert.py"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("profile_convert_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """scripts/bench/profile.py, imported as scripts/benchmark.py imports it (scripts/ on sys.path)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module("bench.profile")
 
 
 def test_timeline_marks_every_shard_and_its_phases_cover_the_run(

@@ -1,10 +1,10 @@
 """CPU per image, stage by stage: where ``convert`` spends the CPU around each image's check (issue #22).
 
     .venv/bin/python scripts/make_sample_images.py small95 --per-class 800 --size 512x384 --no-corrupt --jpeg-only
-    .venv/bin/python scripts/profile_convert.py --data small95             # one big shard, the real ShardWrite
-    .venv/bin/python scripts/profile_convert.py --data small95 --pipeline  # the whole convert, in-process
-    .venv/bin/python scripts/profile_convert.py --data small95 --parts     # each necessary part alone
-    .venv/bin/python scripts/profile_convert.py --data small95 --timeline  # idle cores by phase, big − small
+    .venv/bin/python scripts/benchmark.py profile --data small95             # one big shard, the real ShardWrite
+    .venv/bin/python scripts/benchmark.py profile --data small95 --pipeline  # the whole convert, in-process
+    .venv/bin/python scripts/benchmark.py profile --data small95 --parts     # each necessary part alone
+    .venv/bin/python scripts/benchmark.py profile --data small95 --timeline  # idle cores by phase, big − small
 
 The real code runs, in this process, with a CPU timer (``time.thread_time_ns``,
 the CPU of the calling thread) around each stage's function: read, check
@@ -38,14 +38,13 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import link_files, list_images, scratch
 
 # Stage names, in table order.
 READ, CHECK, SHA, EXAMPLE, FRAMING, INDEX, WRITE = (
@@ -201,14 +200,10 @@ def pool_cpu_ns() -> int:
     return total
 
 
-def list_images(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png") and p.is_file())
-
-
 def run_shard(files: list[Path], root: Path, threads: int, work: Path) -> float:
     """Writes every file into one shard with the real WriteShardFn/ShardWrite; returns the wall seconds."""
     from beam_pipeline.hashing import shuffle_key
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
     from beam_pipeline.writer.shard import WriteShardFn
 
     labels = sorted({p.parent.name for p in files})
@@ -571,30 +566,20 @@ def necessary_parts(files: list[Path], work: Path) -> int:
     return 0
 
 
-def linked(files: list[Path], dest_dir: Path) -> Path:
-    """``files`` hard-linked under ``dest_dir`` in their class folders (a subset of the data, no copies)."""
-    shutil.rmtree(dest_dir, ignore_errors=True)
-    for f in files:
-        dest = dest_dir / f.parent.name / f.name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.link(f, dest)
-    return dest_dir
-
-
 def run_timeline_cli(args: argparse.Namespace, root: Path, files: list[Path], work: Path, cores: int) -> None:
     small = min(args.small, len(files))
-    small_dir = linked(files[:small], work / "small")
-    big_dir = linked(files, work / "big") if args.images else root
+    small_dir = link_files(files[:small], root, work / "small")
+    big_dir = link_files(files, root, work / "big") if args.images else root
     print(f"{len(files)} images, {cores} cores; load {os.getloadavg()[0]:.2f}", flush=True)
     run_pipeline(small_dir, work, args.threads)  # warm-up: imports, first pipeline
     for _ in range(max(1, args.repeat)):
         run_timeline(big_dir, small_dir, len(files), small, work, args.threads, cores)
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data", required=True, help="folder of class folders of images")
     p.add_argument("--images", type=int, default=0, help="use only the first N images (0: all)")
     p.add_argument("--threads", type=int, default=0, help="decode threads (0: one per core, the default)")
@@ -619,17 +604,20 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         sys.exit(f"error: no images under {root}")
     cores = os.cpu_count() or 1
-    work = Path(args.work or tempfile.mkdtemp(prefix="profile-"))
-    if args.parts:
-        print(f"{len(files)} images; load {os.getloadavg()[0]:.2f}")
-        necessary_parts(files, work)
-        necessary_parts(files, work)  # the second pass: warm caches and imports
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-        return 0
-    if args.timeline:
-        run_timeline_cli(args, root, files, work, cores)
-        return 0
+    with scratch(args.work, "profile-") as work:
+        if args.parts:
+            print(f"{len(files)} images; load {os.getloadavg()[0]:.2f}")
+            necessary_parts(files, work)
+            necessary_parts(files, work)  # the second pass: warm caches and imports
+        elif args.timeline:
+            run_timeline_cli(args, root, files, work, cores)
+        else:
+            run_stages(args, root, files, work, cores)
+    return 0
+
+
+def run_stages(args: argparse.Namespace, root: Path, files: list[Path], work: Path, cores: int) -> None:
+    """One shard (or, with ``--pipeline``, the whole convert: big − small) under the stage timers; the best run."""
     stages = Stages()
     instrument(stages)
     timer_ns = calibrate(stages)
@@ -639,20 +627,8 @@ def main(argv: list[str] | None = None) -> int:
 
     best: tuple[float, dict[str, float], float, int] | None = None
     if args.pipeline:
-        small_dir = work / "small"
-        shutil.rmtree(small_dir, ignore_errors=True)
-        for f in files[: args.small]:
-            dest = small_dir / f.parent.name / f.name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.link(f, dest)
-        big_dir = root
-        if args.images:
-            big_dir = work / "big"
-            shutil.rmtree(big_dir, ignore_errors=True)
-            for f in files:
-                dest = big_dir / f.parent.name / f.name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.link(f, dest)
+        small_dir = link_files(files[: args.small], root, work / "small")
+        big_dir = link_files(files, root, work / "big") if args.images else root
         run_pipeline(small_dir, work, args.threads)  # warm-up: imports, first pipeline
     else:
         run_shard(files[:100], root, args.threads, work)  # warm-up: imports, pools, page cache
@@ -674,10 +650,3 @@ def main(argv: list[str] | None = None) -> int:
     what = "whole convert, big − small" if args.pipeline else "one shard, real ShardWrite"
     print()
     print(table(rows, images, cores, wall, f"{what}: {images} images of {nbytes / len(files) / 1e3:.0f} KB"))
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

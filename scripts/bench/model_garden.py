@@ -4,7 +4,7 @@ Run by hand (minutes of machine time; Model Garden in its own venv, never a
 dependency of this project):
 
     python3 -m venv /work/mg-venv && /work/mg-venv/bin/pip install tf-models-official pycocotools
-    .venv/bin/python scripts/compare_model_garden.py --mg-python /work/mg-venv/bin/python --work /tmp/mg
+    .venv/bin/python scripts/benchmark.py model-garden --mg-python /work/mg-venv/bin/python --work /tmp/mg
 
 1. Generates a COCO set in ``--work`` (default 1,500 JPEGs of varied sizes;
    polygons, multi-polygon objects, crowd objects as uncompressed RLE, some as
@@ -16,9 +16,9 @@ dependency of this project):
 2. Runs ``beam_pipeline convert --input IMAGES --coco instances.json --output
    OUT`` (default flags) and ``create_coco_tf_record.py --include_masks`` (its
    defaults: all cores, 32 shards), each timed (wall) with the peak RSS of
-   its whole process tree (scripts/measure_run.py).
+   its whole process tree (``bench.common.measure``).
 3. Decodes both outputs with Model Garden's ``TfExampleDecoder(include_mask=True)``
-   (scripts/mg_decode.py, run by ``--mg-python``) and compares per source_id:
+   (scripts/bench/mg_decode.py, run by ``--mg-python``) and compares per source_id:
    boxes to 1e-4, classes, crowd flags, areas, masks IoU >= 0.97, the set of
    images, and our label_map.pbtxt against the file's categories.
 
@@ -33,12 +33,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from measure_run import measure
+from bench.common import beam_pipeline, load, measure
 
 HERE = Path(__file__).resolve().parent
 CATEGORIES = [(1, "person"), (3, "car"), (4, "motorcycle"), (8, "truck"), (13, "stop sign"), (27, "backpack")]
@@ -170,7 +169,7 @@ def for_model_garden(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def timed(command: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
-    """measure_run.measure on the command with ``env`` added, its output sent to ``log``."""
+    """``measure`` on the command with ``env`` added, its output sent to ``log``."""
     settings = [f"{k}={v}" for k, v in env.items()]
     return measure(["sh", "-c", f'exec "$0" "$@" > {log} 2>&1', "env", *settings, *command])
 
@@ -244,12 +243,10 @@ def compare(ours: dict[str, Any], mg: dict[str, Any], doc: dict[str, Any]) -> di
     }
 
 
-def load() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py model-garden", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--mg-python", required=True, help="python of a venv with tf-models-official and pycocotools")
     p.add_argument("--work", default="/tmp/mg_compare", help="where the set and both outputs go (overwritten)")
     p.add_argument("--images", type=int, default=1500)
@@ -278,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     mg_out.mkdir()
     quiet = {"TF_CPP_MIN_LOG_LEVEL": "2"}
     commands = {
-        "ours": [sys.executable, "-m", "beam_pipeline", "convert", "--input", str(work / "images"),
-                 "--coco", str(work / "instances.json"), "--output", str(ours_out)],
+        "ours": beam_pipeline("convert", "--input", str(work / "images"), "--coco", str(work / "instances.json"),
+                              "--output", str(ours_out)),
         "mg": [args.mg_python, "-m", "official.vision.data.create_coco_tf_record", "--logtostderr",
                f"--image_dir={work / 'images'}", f"--object_annotations_file={work / 'instances_mg.json'}",
                f"--output_file_prefix={mg_out / 'train'}", "--include_masks"],
@@ -344,7 +341,3 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("AGREE" if agree else f"DISAGREE: {json.dumps(result['examples'])}")
     return 0 if agree else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

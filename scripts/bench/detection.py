@@ -1,7 +1,7 @@
 """CPU per image of a detection convert (``--coco``) against a classification convert of the same images (issue #21).
 
-    .venv/bin/python scripts/detection_speed.py                      # 2,000 JPEGs of 512x384, 3 rounds
-    .venv/bin/python scripts/detection_speed.py --images 1000 --repeat 2 --work /tmp/detspeed
+    .venv/bin/python scripts/benchmark.py detection                      # 2,000 JPEGs of 512x384, 3 rounds
+    .venv/bin/python scripts/benchmark.py detection --images 1000 --repeat 2 --work /tmp/detspeed
 
 One generated set (``make_sample_images.write_samples``: ~95 KB JPEGs, class
 folders) and two COCO files naming every image with 0-8 objects each (seeded):
@@ -34,31 +34,34 @@ the least a streamed join of boxes could cost with no Beam overhead at all.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from make_sample_images import write_samples  # scripts/ is on sys.path (scripts/benchmark.py puts it there)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_sample_images import write_samples  # noqa: E402
+from bench.common import (
+    interleaved,
+    link_files,
+    list_images,
+    load,
+    markdown_table,
+    measure_beam,
+    scratch,
+    steady_ms,
+)
 
 # Non-contiguous ids, as COCO's.
 CATEGORIES = [{"id": cid, "name": f"class{cid}"} for cid in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23)]
 MODES = ("classification", "coco-boxes", "coco-masks")
-
-
-def list_images(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.jpg") if p.is_file())
 
 
 def polygon(box: tuple[float, float, float, float], rng: np.random.Generator) -> list[float]:
@@ -101,38 +104,14 @@ def make_coco(root: Path, files: list[Path], width: int, height: int, masks: boo
     return {"images": images, "annotations": annotations, "categories": CATEGORIES}
 
 
-def subset(root: Path, files: list[Path], dest: Path) -> None:
-    """``dest`` holds hard links to ``files`` at the same relative paths."""
-    shutil.rmtree(dest, ignore_errors=True)
-    for f in files:
-        target = dest / f.relative_to(root)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.link(f, target)
-
-
-def load() -> str:
-    """``uptime``'s load averages (1, 5, 15 min)."""
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def convert(folder: Path, out: Path, coco: Path | None, extra: list[str]) -> dict[str, float]:
     """One ``beam-pipeline convert`` process; CPU seconds of its process tree and wall seconds."""
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "beam_pipeline", "convert", "--input", str(folder), "--output", str(out)]
-    command += ["--no-transform", *extra]
-    if coco is not None:
-        command += ["--coco", str(coco)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        sys.exit(f"error: convert failed (exit {done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}")
+    coco_args = ["--coco", str(coco)] if coco is not None else []
+    run = measure_beam("convert", "--input", str(folder), "--output", str(out), "--no-transform", *extra, *coco_args)
     info = json.loads((out / "dataset.json").read_text())
     records = sum(s["examples"] for s in info["splits"].values())
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"cpu": cpu, "wall": wall, "records": records}
+    return {"cpu": run["cpu_seconds"], "wall": run["seconds"], "records": records}
 
 
 def _best_ms(work: Any, count: int, repeat: int = 3) -> float:
@@ -155,7 +134,7 @@ def time_parts(folder: Path, coco_path: Path) -> dict[str, float]:
     from beam_pipeline.examples import build_example
     from beam_pipeline.hashing import shuffle_key
     from beam_pipeline.images.options import Geometry
-    from beam_pipeline.listing import Ref
+    from beam_pipeline.vocab.refs import Ref
 
     path = str(coco_path)
     categories = coco.read_categories(path).pairs
@@ -224,12 +203,10 @@ def time_parts(folder: Path, coco_path: Path) -> dict[str, float]:
 def print_parts(folder: Path, coco_path: Path, classification: float | None, measured: float | None) -> None:
     parts = time_parts(folder, coco_path)
     total = sum(parts.values())
-    print()
-    print("| part of a --coco boxes run's extra work (this process, one thread) | CPU ms / image |")
-    print("|---|---:|")
-    for name, ms in parts.items():
-        print(f"| {name} | {ms:.3f} |")
-    print(f"| **sum: the least a streamed join of boxes adds** | **{total:.3f}** |")
+    rows = [*((name, f"{ms:.3f}") for name, ms in parts.items()),
+            ("**sum: the least a streamed join of boxes adds**", f"**{total:.3f}**")]  # fmt: skip
+    header = ("part of a --coco boxes run's extra work (this process, one thread)", "CPU ms / image")
+    print(f"\n{markdown_table(header, rows)}")
     if classification:
         print(f"\nfloor with no Beam overhead: {(classification + total) / classification:.2f}x classification "
               f"({classification:.2f} + {total:.2f} ms)")  # fmt: skip
@@ -239,8 +216,31 @@ def print_parts(folder: Path, coco_path: Path, classification: float | None, mea
                   "(the join's steps and shuffles, and the larger refs through the shard shuffle)")  # fmt: skip
 
 
+def prepare(
+    work: Path, images: int, small: int, width: int, height: int
+) -> tuple[dict[str, Path], dict[tuple[str, str], Path | None]]:
+    """The generated JPEGs (kept in ``work`` for the next run), the big and small sets hard-linked from them,
+    and each set's COCO file per mode (None: classification)."""
+    data = work / "images"
+    if len(list_images(data, (".jpg",))) < images:
+        shutil.rmtree(data, ignore_errors=True)
+        write_samples(str(data), math.ceil(images / 3), width, height, corrupt=False, jpeg_only=True)
+    files = list_images(data, (".jpg",))[:images]
+    sets = {"big": link_files(files, data, work / "big"), "small": link_files(files[:small], data, work / "small")}
+    coco: dict[tuple[str, str], Path | None] = {}
+    for name, folder in sets.items():
+        for mode, masks in (("coco-boxes", False), ("coco-masks", True)):
+            path = work / f"{name}-{mode}.json"
+            path.write_text(json.dumps(make_coco(folder, list_images(folder, (".jpg",)), width, height, masks)))
+            coco[(name, mode)] = path
+        coco[(name, "classification")] = None
+    return sets, coco
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py detection", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--images", type=int, default=2000, help="images in the big run")
     p.add_argument("--small", type=int, default=200, help="images in the start-up run (subtracted)")
     p.add_argument("--size", default="512x384", help="WIDTHxHEIGHT of the generated JPEGs")
@@ -254,61 +254,43 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(modes) - set(MODES):
         p.error(f"unknown mode(s) {', '.join(sorted(unknown))}")
     width, height = (int(v) for v in args.size.lower().split("x"))
-    work = Path(args.work or tempfile.mkdtemp(prefix="detspeed-"))
-    work.mkdir(parents=True, exist_ok=True)
+    with scratch(args.work, "detspeed-") as work:
+        sets, coco = prepare(work, args.images, args.small, width, height)
+        files = list_images(sets["big"], (".jpg",))
+        nbytes = sum(f.stat().st_size for f in files)
+        objs = len(json.loads(coco[("big", "coco-boxes")].read_text())["annotations"])  # type: ignore[union-attr]
+        print(f"{len(files)} JPEGs of {width}x{height}, {nbytes / len(files) / 1e3:.0f} KB mean, {objs} objects "
+              f"({objs / len(files):.1f} per image); start-up run: {args.small} images; "
+              f"{os.cpu_count()} cores; convert --no-transform {' '.join(args.extra)}", flush=True)  # fmt: skip
+        convert(sets["small"], work / "out", None, args.extra)  # warm-up: page cache, .pyc
 
-    data = work / "images"
-    if len(list_images(data)) < args.images:
-        shutil.rmtree(data, ignore_errors=True)
-        write_samples(str(data), math.ceil(args.images / 3), width, height, corrupt=False, jpeg_only=True)
-    files = list_images(data)[: args.images]
-    sets = {"big": (work / "big", files), "small": (work / "small", files[: args.small])}
-    coco: dict[tuple[str, str], Path | None] = {}
-    for name, (folder, chosen) in sets.items():
-        subset(data, chosen, folder)
-        for mode, masks in (("coco-boxes", False), ("coco-masks", True)):
-            path = work / f"{name}-{mode}.json"
-            path.write_text(json.dumps(make_coco(folder, list_images(folder), width, height, masks)))
-            coco[(name, mode)] = path
-        coco[(name, "classification")] = None
-    nbytes = sum(f.stat().st_size for f in files)
-    objs = len(json.loads(coco[("big", "coco-boxes")].read_text())["annotations"])  # type: ignore[arg-type]
-    print(f"{len(files)} JPEGs of {width}x{height}, {nbytes / len(files) / 1e3:.0f} KB mean, {objs} objects "
-          f"({objs / len(files):.1f} per image); start-up run: {args.small} images; "
-          f"{os.cpu_count()} cores; convert --no-transform {' '.join(args.extra)}", flush=True)  # fmt: skip
-
-    convert(sets["small"][0], work / "out", None, args.extra)  # warm-up: page cache, .pyc
-    per_image: dict[str, list[float]] = {m: [] for m in modes}
-    walls: dict[str, list[float]] = {m: [] for m in modes}
-    n = len(files) - args.small
-    print("| round | mode | CPU ms / image | wall ms / image | big run CPU s | big run wall s | load (uptime) |")
-    print("|---|---|---:|---:|---:|---:|---|")
-    for round_ in range(1, args.repeat + 1):
-        for mode in modes:
-            small = convert(sets["small"][0], work / "out", coco[("small", mode)], args.extra)
-            big = convert(sets["big"][0], work / "out", coco[("big", mode)], args.extra)
+        def steady(mode: str) -> dict[str, float]:
+            """CPU and wall ms per image of ``mode``, the small run subtracted from the big one."""
+            small = convert(sets["small"], work / "out", coco[("small", mode)], args.extra)
+            big = convert(sets["big"], work / "out", coco[("big", mode)], args.extra)
             if big["records"] != len(files) or small["records"] != args.small:
                 sys.exit(f"error: {mode}: {big['records']}/{small['records']} records, expected all images")
-            cpu_ms, wall_ms = (big["cpu"] - small["cpu"]) / n * 1e3, (big["wall"] - small["wall"]) / n * 1e3
-            per_image[mode].append(cpu_ms)
-            walls[mode].append(wall_ms)
-            print(f"| {round_} | {mode} | {cpu_ms:.2f} | {wall_ms:.2f} | {big['cpu']:.1f} | {big['wall']:.1f} "
-                  f"| {load()} |", flush=True)  # fmt: skip
-    print()
-    print("| mode | CPU ms / image (median) | min | wall ms / image (median) | CPU vs classification |")
-    print("|---|---:|---:|---:|---:|")
-    base = statistics.median(per_image["classification"]) if "classification" in per_image else None
-    for mode in modes:
-        med = statistics.median(per_image[mode])
-        ratio = f"{med / base:.2f}" if base else "-"
-        print(f"| {mode} | {med:.2f} | {min(per_image[mode]):.2f} | {statistics.median(walls[mode]):.2f} | {ratio} |")
-    if args.parts:
-        measured = statistics.median(per_image["coco-boxes"]) if "coco-boxes" in per_image else None
-        print_parts(sets["big"][0], coco[("big", "coco-boxes")], base, measured)  # type: ignore[arg-type]
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
+            n = len(files) - args.small
+            cpu_ms, wall_ms = steady_ms(big["cpu"], small["cpu"], n), steady_ms(big["wall"], small["wall"], n)
+            return {"cpu_ms": cpu_ms, "wall_ms": wall_ms, "big_cpu": big["cpu"], "big_wall": big["wall"]}
+
+        def report(round_no: int, mode: str, r: dict[str, float]) -> None:
+            print(f"| {round_no} | {mode} | {r['cpu_ms']:.2f} | {r['wall_ms']:.2f} | {r['big_cpu']:.1f} "
+                  f"| {r['big_wall']:.1f} | {load()} |", flush=True)  # fmt: skip
+
+        print("| round | mode | CPU ms / image | wall ms / image | big run CPU s | big run wall s | load (uptime) |")
+        print("|---|---|---:|---:|---:|---:|---|")
+        runs = interleaved(args.repeat, {mode: functools.partial(steady, mode) for mode in modes}, report)
+        per_image = {mode: [r["cpu_ms"] for r in rs] for mode, rs in runs.items()}
+        base = statistics.median(per_image["classification"]) if "classification" in per_image else None
+        rows = []
+        for mode, cpu in per_image.items():
+            med = statistics.median(cpu)
+            wall = statistics.median(r["wall_ms"] for r in runs[mode])
+            rows.append((mode, f"{med:.2f}", f"{min(cpu):.2f}", f"{wall:.2f}", f"{med / base:.2f}" if base else "-"))
+        header = ("mode", "CPU ms / image (median)", "min", "wall ms / image (median)", "CPU vs classification")
+        print(f"\n{markdown_table(header, rows)}")
+        if args.parts:
+            measured = statistics.median(per_image["coco-boxes"]) if "coco-boxes" in per_image else None
+            print_parts(sets["big"], coco[("big", "coco-boxes")], base, measured)  # type: ignore[arg-type]
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """A run killed after most of its shards, then the same command again, vs a run never killed (issue #15).
 
-    python scripts/resume_benchmark.py --data bench-data --work /tmp/resbench --kill-after 0.8
+    python scripts/benchmark.py resume --data bench-data --work /tmp/resbench --kill-after 0.8
 
 ``--data`` is a folder of class folders. Three runs, each its own process
-measured by ``measure_run.py``, ``--no-transform --no-tfds-metadata``,
+measured by ``bench.common.measure``, ``--no-transform --no-tfds-metadata``,
 defaults otherwise: a full run (the baseline), a run SIGKILLed right after
 its shard writers finished ``--kill-after`` of the shards
 (``BEAM_PIPELINE_FAILPOINTS=writer.result:K:kill``), and the same command
@@ -19,33 +19,30 @@ import filecmp
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from bench.common import measure_beam, published_shards
 
 
 def measure(*args: str, env: dict[str, str] | None = None) -> dict:
-    cmd = [sys.executable, str(HERE / "measure_run.py"), "--", sys.executable, "-m", "beam_pipeline", *args]
-    # measure_run.py exits with the command's code (a killed run too): the JSON line says it
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=HERE.parent, env=env)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """One measured run; a failed (or killed) one too: its returncode says it."""
+    return measure_beam(*args, env=env, check=False)
 
 
 def published(out: Path) -> list[str]:
     """The shard, index and .idx files of an output, relative to it."""
-    info = json.loads((out / "dataset.json").read_text())
-    shards = [s["file"] for split in info["splits"].values() for s in split["shards"]]
+    shards = published_shards(out)
     return [*shards, "index.jsonl", "rejects.jsonl", *(f"idx/{f}.idx" for f in shards if (out / "idx").exists())]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="benchmark.py resume", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--kill-after", type=float, default=0.8, help="share of the shards finished before the kill")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -88,7 +85,3 @@ def main() -> None:
             indent=2,
         )
     )
-
-
-if __name__ == "__main__":
-    main()

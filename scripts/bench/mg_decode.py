@@ -1,10 +1,10 @@
 """Decodes TFRecord shards with TF Model Garden's ``TfExampleDecoder(include_mask=True)``: one JSON summary.
 
-Run by the Model Garden venv's python (scripts/compare_model_garden.py does),
+Run by the Model Garden venv's python (``scripts/benchmark.py model-garden`` does),
 never by the project's: it imports ``official.vision``, which the project does
 not depend on.
 
-    /work/mg-venv/bin/python scripts/mg_decode.py --out ours.json OUT/*.tfrecord-*
+    /work/mg-venv/bin/python scripts/bench/mg_decode.py --out ours.json OUT/*.tfrecord-*
 
 The summary maps each ``source_id`` to what the decoder hands a Model Garden
 input pipeline: height, width, boxes [ymin, xmin, ymax, xmax], classes, crowd

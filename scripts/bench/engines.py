@@ -1,7 +1,7 @@
 """The same data converted locally and on the local Flink cluster (scripts/cluster.sh), in one run.
 
-    .venv/bin/python scripts/engine_benchmark.py --per-class 300      # 900 JPEGs of 640x480
-    .venv/bin/python scripts/engine_benchmark.py --per-class 300 --engine spark
+    .venv/bin/python scripts/benchmark.py engines --per-class 300      # 900 JPEGs of 640x480
+    .venv/bin/python scripts/benchmark.py engines --per-class 300 --engine spark
 
 Starts the cluster if it is not running (``cluster.sh ENGINE start``), then runs, interleaved and ``--rounds``
 times each: a tiny job on the cluster (its fixed cost: submission, translation, worker start), the full job on
@@ -17,20 +17,22 @@ Data lives under .cluster/shared/bench (outside /tmp: the workers have their own
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from cluster import proc_fields  # scripts/cluster.py (this folder is on sys.path when run as a script)
+from cluster import proc_fields  # scripts/cluster.py (scripts/benchmark.py puts scripts/ on sys.path)
 
-ROOT = Path(__file__).resolve().parent.parent
-CLUSTER = str(ROOT / "scripts" / "cluster.sh")
+from bench.common import REPO, beam_pipeline, interleaved, make_samples, markdown_table
+
+CLUSTER = str(REPO / "scripts" / "cluster.sh")
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SLOTS = 2
@@ -101,8 +103,8 @@ def idle_rss(sessions: set[int]) -> int:
 
 
 def run(label: str, args: list[str], sessions: set[int], images: int) -> dict[str, float | str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "beam_pipeline", "convert", *args, "--overwrite"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = beam_pipeline("convert", *args, "--overwrite")
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     sampler = TreeSampler(sessions | {proc.pid})
@@ -114,19 +116,18 @@ def run(label: str, args: list[str], sessions: set[int], images: int) -> dict[st
     return {"run": label, "images": images, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmark.py engines", description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("flink", "spark"), default="flink")
     parser.add_argument("--per-class", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    base = Path(os.environ.get("BEAM_CLUSTER_HOME") or ROOT / ".cluster") / "shared" / "bench"
+    base = Path(os.environ.get("BEAM_CLUSTER_HOME") or REPO / ".cluster") / "shared" / "bench"
     data, tiny = base / f"photos-{args.per_class}", base / "tiny"
     for folder, per_class in ((data, args.per_class), (tiny, 4)):
         if not folder.exists():
-            make = [sys.executable, str(ROOT / "scripts" / "make_sample_images.py"), str(folder)]
-            subprocess.run([*make, "--per-class", str(per_class), "--size", "640x480", "--no-corrupt"], check=True)
+            make_samples(folder, per_class, "640x480")
     images = 3 * args.per_class
     started = subprocess.run([CLUSTER, args.engine, "start"], capture_output=True, text=True)
     if started.returncode:
@@ -134,39 +135,31 @@ def main() -> int:
     options = shlex.split(started.stdout.strip())
     sessions = cluster_sessions(args.engine)
     common = ["--split-ratios", "train=0.8,validation=0.1,test=0.1", "--no-transform", "--no-tfds-metadata"]
-    rows = []
     idle = idle_rss(sessions)
-    for _ in range(args.rounds):
-        out = base / "out"
-        rows.append(
-            run(
-                f"{args.engine} tiny",
-                ["--input", str(tiny), "--output", str(out / "tiny"), *common, *options],
-                sessions,
-                12,
-            )
-        )
-        rows.append(
-            run(
-                args.engine,
-                ["--input", str(data), "--output", str(out / "engine"), *common, *options],
-                sessions,
-                images,
-            )
-        )
-        rows.append(run("local", ["--input", str(data), "--output", str(out / "local"), *common], set(), images))
-    shutil.rmtree(base / "out", ignore_errors=True)
+    out = base / "out"
+
+    def job(label: str, folder: Path, dest: str, engine_options: list[str], watched: set[int], n: int) -> Callable:
+        flags = ["--input", str(folder), "--output", str(out / dest), *common, *engine_options]
+        return functools.partial(run, label, flags, watched, n)
+
+    runs = {  # the cluster's fixed cost (a tiny job), the job on the cluster, the job on the local runner
+        "tiny": job(f"{args.engine} tiny", tiny, "tiny", options, sessions, 12),
+        "engine": job(args.engine, data, "engine", options, sessions, images),
+        "local": job("local", data, "local", [], set(), images),
+    }
+    by_kind = interleaved(args.rounds, runs)
+    rows = [row for rounds in zip(*by_kind.values(), strict=True) for row in rounds]
+    shutil.rmtree(out, ignore_errors=True)
 
     print(f"{images} images of 640x480, {os.cpu_count()} cores; {args.engine} cluster idle RSS {idle / 2**20:.0f} MB")
-    print("| run | images | wall s | CPU s | peak RSS MB | img/s | img/s per slot |")
-    print("|---|---|---|---|---|---|---|")
+    table = []
     for row in rows:
         rate = row["images"] / row["wall_s"]
         per_slot = f"{rate / SLOTS:.1f}" if row["run"] != "local" else "-"
-        print(
-            f"| {row['run']} | {row['images']} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['peak_rss_mb']:.0f} "
-            f"| {rate:.1f} | {per_slot} |"
-        )
+        table.append((row["run"], row["images"], f"{row['wall_s']:.1f}", f"{row['cpu_s']:.1f}",
+                      f"{row['peak_rss_mb']:.0f}", f"{rate:.1f}", per_slot))  # fmt: skip
+    header = ("run", "images", "wall s", "CPU s", "peak RSS MB", "img/s", "img/s per slot")
+    print(markdown_table(header, table, right=len(header)))  # as before: no column right-aligned
     fixed = statistics.median(r["wall_s"] for r in rows if r["run"].endswith("tiny"))
     full = statistics.median(r["wall_s"] for r in rows if r["run"] == args.engine)
     local = statistics.median(r["wall_s"] for r in rows if r["run"] == "local")
@@ -180,7 +173,3 @@ def main() -> int:
             f"after the fixed {fixed:.0f} s"
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Publishing N shards on GCS: requests and wall time, batched (now) against one file at a time (before).
 
-    python scripts/publish_benchmark.py --files 2000
+    python scripts/benchmark.py publish --files 2000
 
 Runs against a local gcp-storage-emulator (no network, no credentials), so
 the wall times are the emulator's, not real GCS's; the request counts are
@@ -8,7 +8,7 @@ what carries over. Each variant publishes the same staging folder (N shards
 plus dataset.json, labels.txt, rejects.jsonl) over an older dataset of N
 shards with other names. "sequential" is the per-file way of commit 09cae3f
 (exists + exists + copy + delete per file, a new client per call, each stale
-file deleted alone), reproduced here; "batched" is ``finalize.publish``.
+file deleted alone), reproduced here; "batched" is ``publish.publish``.
 Prints one JSON line per variant: {"variant", "files", "seconds", "requests",
 "success_gone_seconds"} (the time the output had no _SUCCESS).
 """
@@ -18,30 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import socket
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import gcs_client, start_gcs_emulator
 
 BUCKET = "bench"
-
-
-def _start_emulator() -> Any:
-    from gcp_storage_emulator.server import create_server
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
-    server.start()
-    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
-    return server
 
 
 class RequestCounter(logging.Handler):
@@ -114,29 +97,24 @@ def sequential_publish(staging: str, out_dir: str) -> None:
         fh.write(b"")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="benchmark.py publish", description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=1000, help="shards in the new and in the old dataset")
     parser.add_argument("--variants", default="sequential,batched", help="comma-separated: sequential, batched")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     chosen = args.variants.split(",")
 
-    server = _start_emulator()
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
+    server = start_gcs_emulator(BUCKET)
+    from beam_pipeline.run.publish import publish
 
-    from beam_pipeline import finalize
-    from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
-
-    use_anonymous_gcs_for_emulator()
-    client = storage.Client(project="bench", credentials=AnonymousCredentials())
+    client = gcs_client()
     counter = RequestCounter()
     logging.getLogger("gcp_storage_emulator").addHandler(counter)
     logging.getLogger("gcp_storage_emulator").setLevel(logging.DEBUG)
     logging.getLogger("gcp_storage_emulator").propagate = False
     run = "20991231-000000-bench000"
     try:
-        for variant, fn in (("sequential", sequential_publish), ("batched", finalize.publish)):
+        for variant, fn in (("sequential", sequential_publish), ("batched", publish)):
             if variant not in chosen:
                 continue
             prefix = f"{variant}"
@@ -179,7 +157,3 @@ def main() -> None:
             )
     finally:
         server.stop()
-
-
-if __name__ == "__main__":
-    main()

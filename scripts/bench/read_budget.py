@@ -6,7 +6,7 @@ finished records waiting in the writer's queue were invisible to it. This
 runs one WriteShardFn over such files in this process and prints the read
 budget's peak, the bytes the budget was told about, peak RSS and wall time.
 
-    python scripts/result_accounting_benchmark.py [--images 16] [--side 2400] [--budget-mb 256] [--off]
+    python scripts/benchmark.py read-budget [--images 16] [--side 2400] [--budget-mb 256] [--off]
 
 ``--off`` runs the same with the accounting turned off (the old behaviour).
 """
@@ -17,19 +17,16 @@ import argparse
 import io
 import os
 import resource
-import sys
 import tempfile
 import time
 
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from beam_pipeline import hashing  # noqa: E402
-from beam_pipeline.images.options import ImageOptions  # noqa: E402
-from beam_pipeline.listing import Ref  # noqa: E402
-from beam_pipeline.writer import shard  # noqa: E402
+from beam_pipeline import hashing
+from beam_pipeline.images.options import ImageOptions
+from beam_pipeline.vocab.refs import Ref
+from beam_pipeline.writer import shard
 
 
 def cmyk_jpeg(side: int, seed: int) -> bytes:
@@ -41,13 +38,13 @@ def cmyk_jpeg(side: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="benchmark.py read-budget", description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--side", type=int, default=2400)
     parser.add_argument("--budget-mb", type=int, default=256)
     parser.add_argument("--off", action="store_true", help="old behaviour: results charged their listed size")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         refs = []
         for i in range(args.images):
@@ -78,7 +75,3 @@ def main() -> None:
             f"read budget={fn._read_budget.capacity / 1e6:.0f} MB peak held={fn._read_budget.peak / 1e6:.1f} MB "
             f"peak RSS={rss / 1024:.0f} MB (before the shard {rss0 / 1024:.0f} MB) wall={wall:.1f} s"
         )
-
-
-if __name__ == "__main__":
-    main()

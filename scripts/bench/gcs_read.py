@@ -1,6 +1,6 @@
 """Benchmark: reading many small gs:// objects, Beam's FileSystems.open per read vs the writer's reader.
 
-    .venv/bin/python scripts/gcs_read_benchmark.py --objects 300
+    .venv/bin/python scripts/benchmark.py gcs-read --objects 300
 
 Starts the pure-Python GCS emulator (gcp-storage-emulator) on loopback,
 uploads ``--objects`` JPEGs of ~30 KB, then reads them all three ways and
@@ -20,43 +20,29 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import gcs_client, start_gcs_emulator
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py gcs-read", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--objects", type=int, default=300)
     args = p.parse_args(argv)
 
-    from gcp_storage_emulator.server import create_server
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="bench")
-    server.start()
-    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
-    os.environ.setdefault("NO_GCE_CHECK", "true")
+    server = start_gcs_emulator("bench")
     try:
         from apache_beam.io.filesystem import CompressionTypes
         from apache_beam.io.filesystems import FileSystems
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
 
         from beam_pipeline import storage as bp_storage
-        from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
         from beam_pipeline.writer.shard import IO_THREADS
         from tests.imagegen import image_bytes
 
-        use_anonymous_gcs_for_emulator()
-        bucket = storage.Client(project="bench", credentials=AnonymousCredentials()).bucket("bench")
+        bucket = gcs_client().bucket("bench")
         data = image_bytes("jpeg", 240, 320, seed=1)
         paths = []
         for i in range(args.objects):
@@ -84,7 +70,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,9 +5,9 @@ a few thousand distinct ones, each reachable under many distinct paths
 through hard links, so every manifest row and every listed file is a real
 file that ``plan`` stats or lists, as it would be in a real collection.
 
-    python scripts/scale_check.py --work /tmp/scale                     # 1 M rows, 200k files
-    python scripts/scale_check.py --work /tmp/scale --rows 100000 --folder-files 20000
-    python scripts/scale_check.py --work /tmp/scale --repo /path/to/other/checkout   # compare code
+    python scripts/benchmark.py plan-scale --work /tmp/scale                     # 1 M rows, 200k files
+    python scripts/benchmark.py plan-scale --work /tmp/scale --rows 100000 --folder-files 20000
+    python scripts/benchmark.py plan-scale --work /tmp/scale --repo /path/to/other/checkout   # compare code
 
 Each kind runs at 100 files, at half the size and at the full size, and
 prints one JSON line (wall seconds, peak RSS of the whole process tree) and
@@ -23,50 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-from measure_run import measure
+from bench.common import REPO, beam_pipeline, distinct_images, hard_links, measure
 
 CLASSES = 10
 PER_FOLDER = 1000
 
 
-def tiny_pngs(folder: Path, count: int) -> list[Path]:
-    """``count`` distinct 8x8 PNGs (a few hundred bytes each)."""
-    import numpy as np
-    from PIL import Image
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"{i:05d}.png" for i in range(count)]
-    if all(p.exists() for p in paths):
-        return paths
-    rng = np.random.default_rng(0)
-    for path in paths:
-        Image.fromarray(rng.integers(0, 255, size=(8, 8, 3), dtype=np.uint8), "RGB").save(path)
-    return paths
-
-
-def linked_tree(root: Path, sources: list[Path], count: int, *, by_class: bool) -> list[str]:
-    """``count`` hard links to ``sources`` (round robin) under ``root``; returns their relative paths.
-
-    by_class: root/c{k}/{chunk}/{i}.png (a labelled folder); else root/{chunk}/{i}.png.
-    """
-    done = root.parent / f".complete-{count}"
-    rels = []
-    for i in range(count):
-        chunk = f"{i // PER_FOLDER:05d}"
-        rels.append(f"c{i % CLASSES}/{chunk}/{i:07d}.png" if by_class else f"{chunk}/{i:07d}.png")
-    if done.exists():
-        return rels
-    for i, rel in enumerate(rels):
-        path = root / rel
-        if i % PER_FOLDER == 0 or by_class:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.link(sources[i % len(sources)], path)
-    done.touch()
-    return rels
+def relpaths(count: int, *, by_class: bool) -> list[str]:
+    """by_class: c{k}/{chunk}/{i}.png (a labelled folder); else {chunk}/{i}.png, PER_FOLDER files a chunk."""
+    return [
+        f"c{i % CLASSES}/{i // PER_FOLDER:05d}/{i:07d}.png" if by_class else f"{i // PER_FOLDER:05d}/{i:07d}.png"
+        for i in range(count)
+    ]
 
 
 def write_manifest(path: Path, rels: list[str]) -> None:
@@ -81,22 +51,23 @@ def write_manifest(path: Path, rels: list[str]) -> None:
 def run_plan(repo: str, input_args: list[str], out: Path, extra: list[str]) -> dict[str, object]:
     env_path = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = env_path  # inherited by the measured process tree
-    command = [sys.executable, "-m", "beam_pipeline", "plan", *input_args, "--output", str(out), *extra]
-    return measure(command)  # RSS sampled every 50 ms
+    return measure(beam_pipeline("plan", *input_args, "--output", str(out), *extra))  # RSS sampled every 50 ms
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py plan-scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--work", required=True, help="folder for the generated files (kept between runs)")
     p.add_argument("--rows", type=int, default=1_000_000, help="manifest rows (0: skip)")
     p.add_argument("--folder-files", type=int, default=200_000, help="files in the listed folder (0: skip)")
     p.add_argument("--distinct", type=int, default=2000, help="distinct image files behind the links")
-    p.add_argument("--repo", default=str(Path(__file__).resolve().parent.parent), help="checkout to run")
+    p.add_argument("--repo", default=str(REPO), help="checkout to run")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("beam_args", nargs="*", help="extra flags for plan, after --")
     args = p.parse_args(argv)
     work = Path(args.work).resolve()
-    sources = tiny_pngs(work / "src", args.distinct)
+    sources = distinct_images(work / "src", args.distinct, 8, 8)
     results = []
     kinds = []
     if args.rows:
@@ -107,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         per_kind = []
         for n in (100, count // 2, count):
             base = work / f"{kind}-{n}"
-            rels = linked_tree(base / "files", sources, n, by_class=kind == "folder")
+            rels = relpaths(n, by_class=kind == "folder")
+            hard_links(base / "files", sources, rels)
             if kind == "manifest":
                 write_manifest(base / "files" / "manifest.csv", rels)
                 input_args = ["--manifest", str(base / "files" / "manifest.csv")]
@@ -144,7 +116,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Benchmark: hostile and oversized files beside ordinary images, converted at defaults.
 
-    .venv/bin/python scripts/hostile_benchmark.py --work /tmp/hostile-bench
-    .venv/bin/python scripts/hostile_benchmark.py --work /tmp/hb --big 6 --ordinary 500 -- --decode-threads 4
+    .venv/bin/python scripts/benchmark.py hostile --work /tmp/hostile-bench
+    .venv/bin/python scripts/benchmark.py hostile --work /tmp/hb --big 6 --ordinary 500 -- --decode-threads 4
 
 Builds (in ``--work``) a folder of ordinary JPEGs, large legal images
 (13,000 × 13,000 PNGs, 676 MB each decoded), and files that are cheap to
@@ -21,16 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(1, str(REPO))
-from measure_run import measure  # noqa: E402
-
-from tests import hostile  # noqa: E402
-from tests.imagegen import image_bytes, write  # noqa: E402
+from bench.common import beam_pipeline, measure
+from tests import hostile  # the repository's root is on sys.path (scripts/benchmark.py puts it there)
+from tests.imagegen import image_bytes, write
 
 
 def build(root: Path, ordinary: int, big: int) -> tuple[set[str], set[str]]:
@@ -62,7 +57,9 @@ def build(root: Path, ordinary: int, big: int) -> tuple[set[str], set[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py hostile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--work", required=True, help="scratch folder (input and output go here)")
     p.add_argument("--ordinary", type=int, default=300, help="ordinary 640x480 JPEGs (300)")
     p.add_argument("--big", type=int, default=4, help="13,000 x 13,000 PNGs (4)")
@@ -73,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     legal, bad = build(root, args.ordinary, args.big)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
-    command = [sys.executable, "-m", "beam_pipeline", "convert", "--input", str(root), "--output", str(out),
-               "--labels-from", "none", "--max-reject-fraction", "1", *extra]  # fmt: skip
+    command = beam_pipeline("convert", "--input", str(root), "--output", str(out), "--labels-from", "none",
+                            "--max-reject-fraction", "1", *extra)  # fmt: skip
     result = measure(command)
     records = rejected = set()
     if result["returncode"] == 0:
@@ -102,7 +99,3 @@ def main(argv: list[str] | None = None) -> int:
         and summary["every_file_accounted_for"]
     )
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,10 +7,10 @@ writes. Each image gets ``--per-image`` box annotations (no masks: this
 measures the join, not PNG encoding); ``categories`` come last in the file,
 as in COCO's own files, so reading them streams past everything else.
 
-    python scripts/coco_scale_check.py --work /tmp/coco_scale                       # 100k images x 10
-    python scripts/coco_scale_check.py --work /tmp/coco_scale --images 20000 --per-image 5 50
+    python scripts/benchmark.py coco-scale --work /tmp/coco_scale                       # 100k images x 10
+    python scripts/benchmark.py coco-scale --work /tmp/coco_scale --images 20000 --per-image 5 50
 
-For each ``--per-image`` value it measures (scripts/measure_run.py, RSS sampled
+For each ``--per-image`` value it measures (``bench.common.measure``, RSS sampled
 every 50 ms) the launcher's own read of the file (``read_categories``, what
 ``convert`` runs before it builds the job) and the whole ``convert`` with
 default flags: wall seconds, peak RSS of the process tree, of the launcher
@@ -26,41 +26,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from measure_run import measure
+from bench.common import beam_pipeline, distinct_images, hard_links, measure
 
 CATEGORIES = [{"id": cid, "name": f"class_{cid}"} for cid in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)]
 WIDTH, HEIGHT = 64, 48
-
-
-def distinct_jpegs(folder: Path, count: int) -> list[Path]:
-    """``count`` distinct WIDTH x HEIGHT JPEGs (about 1 KB each)."""
-    import numpy as np
-    from PIL import Image
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    paths = [folder / f"{i:04d}.jpg" for i in range(count)]
-    for path in paths:
-        if not path.exists():
-            pixels = rng.integers(0, 255, size=(HEIGHT, WIDTH, 3), dtype=np.uint8)
-            Image.fromarray(pixels, "RGB").save(path, quality=80)
-    return paths
-
-
-def linked_images(root: Path, sources: list[Path], count: int) -> list[str]:
-    """``count`` hard links to ``sources`` under root/{chunk}/; their names relative to root."""
-    names = [f"{i // 1000:04d}/{i:07d}.jpg" for i in range(count)]
-    done = root.parent / f".complete-{root.name}"  # beside the folder: not a listed file
-    if done.exists():
-        return names
-    for i, name in enumerate(names):
-        path = root / name
-        if i % 1000 == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.link(sources[i % len(sources)], path)
-    done.touch()
-    return names
 
 
 def write_coco(path: Path, names: list[str], per_image: int) -> int:
@@ -92,7 +61,9 @@ def write_coco(path: Path, names: list[str], per_image: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmark.py coco-scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--work", required=True, help="folder for the generated files (images kept between runs)")
     p.add_argument("--images", type=int, default=100_000)
     p.add_argument("--per-image", type=int, nargs="+", default=[10], help="annotations per image; one run each")
@@ -100,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     work = Path(args.work).resolve()
-    sources = distinct_jpegs(work / "src", args.distinct)
+    sources = distinct_images(work / "src", args.distinct, WIDTH, HEIGHT, ".jpg")
     root = work / f"images-{args.images}"
-    names = linked_images(root, sources, args.images)
+    names = [f"{i // 1000:04d}/{i:07d}.jpg" for i in range(args.images)]
+    hard_links(root, sources, names)
     results = []
     for per_image in args.per_image:
         coco = work / f"instances-{args.images}x{per_image}.json"
@@ -113,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         out = work / "out"
         shutil.rmtree(out, ignore_errors=True)
-        job = measure([sys.executable, "-m", "beam_pipeline", "convert", "--input", str(root), "--coco", str(coco),
-                       "--output", str(out)])  # fmt: skip
+        job = measure(beam_pipeline("convert", "--input", str(root), "--coco", str(coco), "--output", str(out)))
         info = json.loads((out / "dataset.json").read_text()) if (out / "dataset.json").exists() else {}
         result = {
             "images": args.images,
@@ -143,7 +114,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
