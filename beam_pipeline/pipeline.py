@@ -29,6 +29,7 @@ from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, label_names
 from .planning import PlanShards, ShardPlan, assign_shard
 from .run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
 from .storage import read_json
+from .vocab.records import ShardResult
 from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records
 
 
@@ -439,13 +440,13 @@ def _keep_last_after_publish(info: Mapping[str, Any], cfg: ConvertConfig, layout
     retention.apply(cfg, layout)
 
 
-def _describe_wtt_file(path: str, split: str) -> dict[str, Any]:
+def _describe_wtt_file(path: str, split: str) -> ShardResult:
     from apache_beam.io.filesystems import FileSystems
 
     stem = path[:-3] if path.endswith(".gz") else path
     index = int(stem.rsplit("-of-", 1)[0].rsplit("-", 1)[1])
     size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-    return {"split": split, "shard": index, "tmp_path": path, "records": count_records(path), "bytes": size}
+    return ShardResult(split=split, shard=index, tmp_path=path, records=count_records(path), bytes=size)
 
 
 def build_plan_pipeline(

@@ -30,6 +30,7 @@ from beam_pipeline import failpoints, hashing
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
 from beam_pipeline.run.publish import PUBLISHED_DIRS, publish
+from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.shard import WriteShardFn
 
@@ -111,8 +112,8 @@ def run_until_finalized(job: Job, on_crash: Callable[[], None]) -> dict[str, Any
     try:
         for element in job.shards:
             out = _retrying(lambda e=element: list(writer.process(e, LABELS, {})), on_crash)
-            results += [o for o in out if isinstance(o, dict)]
-            rejects += [o.value for o in out if not isinstance(o, dict)]
+            results += [o for o in out if isinstance(o, ShardResult)]
+            rejects += [o.value for o in out if not isinstance(o, ShardResult)]
     finally:
         writer.teardown()
     buckets: dict[int, list[dict[str, str]]] = collections.defaultdict(list)

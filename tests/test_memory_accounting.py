@@ -153,10 +153,10 @@ def test_writer_instances_of_one_process_share_its_read_and_decode_pools(tmp_pat
     assert not any(t.is_alive() for t in threads)
     for n in range(2):
         [result] = outputs[n]
-        assert result["records"] == 8 and count_records(result["tmp_path"]) == 8
+        assert result.records == 8 and count_records(result.tmp_path) == 8
         from apache_beam.io.tfrecordio import _TFRecordUtil
 
-        with open(result["tmp_path"], "rb") as fh:
+        with open(result.tmp_path, "rb") as fh:
             names = [
                 parse_example(rec)["image/filename"][0].decode()
                 for rec in iter(lambda: _TFRecordUtil.read_record(fh), None)
@@ -211,8 +211,8 @@ def test_a_few_forbidden_files_are_still_rejects(tmp_path, monkeypatch):
     out = list(fn.process((("train", 0), _denied_refs(DENIED_SHARD_MIN - 1)), ["cat"], {}))
     rejects = [o.value["reason"] for o in out if getattr(o, "tag", None) == REJECTS]
     assert rejects == ["unreadable"] * (DENIED_SHARD_MIN - 1)
-    [result] = [o for o in out if isinstance(o, dict)]
-    assert result["records"] == 0
+    [result] = [o for o in out if not hasattr(o, "tag")]
+    assert result.records == 0
 
 
 def _waiting_for(budget: Budget, nbytes: int) -> tuple[threading.Thread, threading.Event]:

@@ -21,6 +21,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 from beam_pipeline import examples, storage
 from beam_pipeline.images.options import ImageOptions, Rejected
 from beam_pipeline.vocab.reasons import TOO_LARGE
+from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.budget import Budget
 from beam_pipeline.writer.readahead import read_then_convert
@@ -102,12 +103,12 @@ def _images(tmp_path: Path, n: int = 12) -> tuple[list[Ref], dict[str, bytes]]:
     return refs, blobs
 
 
-def _write_shard(tmp_path: Path, refs: list[Ref]) -> tuple[dict, bytes]:
+def _write_shard(tmp_path: Path, refs: list[Ref]) -> tuple[ShardResult, bytes]:
     fn = WriteShardFn(str(tmp_path / "tmp"), "none", 2)
     fn.setup()
     *rejects, result = fn.process((("train", 0), refs), ["cats", "dogs"], {})
-    assert not rejects and result["records"] == len(refs)
-    return result, Path(result["tmp_path"]).read_bytes()
+    assert not rejects and result.records == len(refs)
+    return result, Path(result.tmp_path).read_bytes()
 
 
 def test_one_sha256_per_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -331,4 +332,4 @@ def test_local_shard_takes_a_decode_future_per_batch_not_per_image(
 
     monkeypatch.setattr(ThreadPoolExecutor, "submit", counting)
     result, written = _write_shard(tmp_path, refs)
-    assert result["records"] == 24 and 0 < len(submitted) <= 2
+    assert result.records == 24 and 0 < len(submitted) <= 2

@@ -23,6 +23,7 @@ from beam_pipeline.finalize import stale_tmp_dirs
 from beam_pipeline.images.options import ImageOptions
 from beam_pipeline.index import Previous, PreviousReject
 from beam_pipeline.run.publish import cleanup_staging
+from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.shard import WriteShardFn
 
@@ -298,20 +299,20 @@ def test_a_retried_writer_takes_its_own_finished_shard(tmp_path):
     for ref in refs:  # a read now would reject every one of them
         Path(ref.path).write_bytes(b"x")
     [again] = list(writer.process((("train", 0), refs), ["cat"], {}))
-    assert again["resumed_from"] == str(scratch) and again["tmp_path"] != first["tmp_path"]
-    assert Path(again["tmp_path"]).read_bytes() == Path(first["tmp_path"]).read_bytes()
-    assert again["records"] == first["records"] == 4
+    assert again.resumed_from == str(scratch) and again.tmp_path != first.tmp_path
+    assert Path(again.tmp_path).read_bytes() == Path(first.tmp_path).read_bytes()
+    assert again.records == first.records == 4
     # other refs: written afresh (and all rejected, as the files are spoiled)
     other = [dataclasses.replace(r, key=r.key + 1) for r in refs]
     outs = list(writer.process((("train", 0), other), ["cat"], {}))
-    assert [o for o in outs if isinstance(o, dict)][0]["records"] == 0
+    assert [o for o in outs if isinstance(o, ShardResult)][0].records == 0
 
 
-def _write(scratch: Path, refs: list[Ref], resume_from: tuple[Path, ...] = ()) -> tuple[dict, list[dict]]:
+def _write(scratch: Path, refs: list[Ref], resume_from: tuple[Path, ...] = ()) -> tuple[ShardResult, list[dict]]:
     writer = WriteShardFn(str(scratch), "none", 1, resume_from=[str(s) for s in resume_from])
     writer.setup()
     outs = list(writer.process((("train", 0), refs), ["cat"], {}))
-    return [o for o in outs if isinstance(o, dict)][0], [o.value for o in outs if not isinstance(o, dict)]
+    return [o for o in outs if isinstance(o, ShardResult)][0], [o.value for o in outs if not isinstance(o, ShardResult)]
 
 
 def test_a_shard_with_a_missing_or_unreadable_reject_is_written_again(tmp_path, monkeypatch):
@@ -329,11 +330,11 @@ def test_a_shard_with_a_missing_or_unreadable_reject_is_written_again(tmp_path, 
 
     monkeypatch.setattr(storage, "_read_local", denied)
     first, rejects = _write(out / f"{TMP}20990101-000000-aaaaaaaa", refs)
-    assert first["records"] == 3 and [r["reason"] for r in rejects] == ["unreadable"]
+    assert first.records == 3 and [r["reason"] for r in rejects] == ["unreadable"]
     assert not list((out / f"{TMP}20990101-000000-aaaaaaaa" / resume.DONE).glob("*.json"))
     monkeypatch.setattr(storage, "_read_local", real)  # access granted
     again, rejects = _write(out / f"{TMP}20990102-000000-bbbbbbbb", refs, (out / f"{TMP}20990101-000000-aaaaaaaa",))
-    assert again["records"] == 4 and rejects == [] and "resumed_from" not in again
+    assert again.records == 4 and rejects == [] and again.resumed_from is None
 
 
 def test_a_retry_of_a_taken_shard_still_names_the_run_it_came_from(tmp_path):
@@ -342,8 +343,8 @@ def test_a_retry_of_a_taken_shard_still_names_the_run_it_came_from(tmp_path):
     _write(a, refs)
     first, _ = _write(b, refs, (a,))  # attempt 1 takes it from run a ...
     again, _ = _write(b, refs, (a,))  # ... a retry of the bundle takes attempt 1's copy
-    assert first["resumed_from"] == again["resumed_from"] == str(a)
-    assert Path(again["tmp_path"]).parent == b
+    assert first.resumed_from == again.resumed_from == str(a)
+    assert Path(again.tmp_path).parent == b
 
 
 def test_a_source_that_vanishes_while_taken_means_writing_afresh(tmp_path, monkeypatch):
@@ -351,9 +352,9 @@ def test_a_source_that_vanishes_while_taken_means_writing_afresh(tmp_path, monke
     refs = [_ref(tmp_path / "in", i) for i in range(2)]
     a, b = tmp_path / "out" / f"{TMP}20990101-000000-aaaaaaaa", tmp_path / "out" / f"{TMP}20990102-000000-bbbbbbbb"
     found, _ = _write(a, refs)
-    before = {k: Path(found[k]).read_bytes() for k in ("tmp_path", "index_path", "idx_path")}
-    Path(found["tmp_path"]).rename(tmp_path / "published-shard")  # e.g. moved into an output by another run
-    os.link(tmp_path / "published-shard", found["tmp_path"])  # ... and still linked in the run's folder
+    before = {k: Path(getattr(found, k)).read_bytes() for k in ("tmp_path", "index_path", "idx_path")}
+    Path(found.tmp_path).rename(tmp_path / "published-shard")  # e.g. moved into an output by another run
+    os.link(tmp_path / "published-shard", found.tmp_path)  # ... and still linked in the run's folder
     real, calls = resume._link_or_copy, []
 
     def vanishing(src: str, dst: str) -> None:
@@ -374,12 +375,12 @@ def test_a_source_that_vanishes_while_taken_means_writing_afresh(tmp_path, monke
     with pytest.raises(ConnectionResetError):
         _write(b, refs, (a,))
     assert len(calls) == 3
-    assert {k: Path(found[k]).read_bytes() for k in before} == before  # written afresh under other names
+    assert {k: Path(getattr(found, k)).read_bytes() for k in before} == before  # written afresh under other names
     assert (tmp_path / "published-shard").read_bytes() == before["tmp_path"]
     monkeypatch.setattr(storage, "_read_local", real_read)
     monkeypatch.setattr(resume, "_link_or_copy", real)
     result, _ = _write(b, refs, (a,))  # the retry: this time the source stays
-    assert result["resumed_from"] == str(a) and Path(result["tmp_path"]).read_bytes() == before["tmp_path"]
+    assert result.resumed_from == str(a) and Path(result.tmp_path).read_bytes() == before["tmp_path"]
 
 
 def test_a_worker_that_decodes_with_other_code_reuses_no_record(tmp_path):
@@ -400,7 +401,7 @@ def test_a_worker_that_decodes_with_other_code_reuses_no_record(tmp_path):
         writer = WriteShardFn(str(tmp_path / "out" / f"{TMP}2099010{records}-000000-bbbbbbbb"), "none", 1, previous=run)
         writer.setup()
         outs = list(writer.process((("train", 0), with_previous), ["cat"], {}))
-        assert [o for o in outs if isinstance(o, dict)][0]["records"] == records
+        assert [o for o in outs if isinstance(o, ShardResult)][0].records == records
 
 
 def test_a_transient_error_looking_for_a_finished_shard_fails_the_bundle(tmp_path, monkeypatch):
@@ -424,11 +425,11 @@ def test_a_marker_whose_shard_is_gone_is_passed_over(tmp_path):
     writer = WriteShardFn(str(old), "none", 1)
     writer.setup()
     [first] = list(writer.process((("train", 0), refs), ["cat"], {}))
-    Path(first["tmp_path"]).write_bytes(b"short")  # not the size the marker says
+    Path(first.tmp_path).write_bytes(b"short")  # not the size the marker says
     writer = WriteShardFn(str(new), "none", 1, resume_from=[str(old)])
     writer.setup()
     [result] = list(writer.process((("train", 0), refs), ["cat"], {}))
-    assert "resumed_from" not in result and result["records"] == 2
+    assert result.resumed_from is None and result.records == 2
 
 
 def _scratch(out: Path, i: int) -> Path:

@@ -11,9 +11,11 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline import hashing
 from beam_pipeline.examples import parse_example
-from beam_pipeline.listing import REJECTS, Ref
+from beam_pipeline.listing import REJECTS
 from beam_pipeline.planning import PlanShards
 from beam_pipeline.run.finalize import choose_results, final_layout, rename_idempotent
+from beam_pipeline.vocab.records import ShardResult
+from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer import records
 from beam_pipeline.writer.budget import Budget
 from beam_pipeline.writer.readahead import read_then_convert
@@ -128,7 +130,7 @@ def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
             | beam.ParDo(WriteShardFn(tmp_dir, "none", 2), ["cat"], {}).with_outputs(REJECTS, main="results")
         )
         assert_that(
-            out.results | beam.Map(lambda r: (r["split"], r["shard"], r["records"], r["labels"])),
+            out.results | beam.Map(lambda r: (r.split, r.shard, r.records, r.labels)),
             equal_to([("train", 0, 6, {"cat": 6})]),
             label="Results",
         )
@@ -188,20 +190,20 @@ def test_plan_shards_transform():
 
 def test_finalize_picks_one_result_per_shard_and_drops_empty_ones():
     results = [
-        {"split": "train", "shard": 0, "tmp_path": "/t/b", "records": 3, "bytes": 30},
-        {"split": "train", "shard": 0, "tmp_path": "/t/a", "records": 3, "bytes": 30},  # a retried writer
-        {"split": "train", "shard": 1, "tmp_path": "/t/c", "records": 0, "bytes": 0},
-        {"split": "train", "shard": 2, "tmp_path": "/t/d", "records": 2, "bytes": 20},
+        ShardResult(split="train", shard=0, tmp_path="/t/b", records=3, bytes=30),
+        ShardResult(split="train", shard=0, tmp_path="/t/a", records=3, bytes=30),  # a retried writer
+        ShardResult(split="train", shard=1, tmp_path="/t/c", records=0, bytes=0),
+        ShardResult(split="train", shard=2, tmp_path="/t/d", records=2, bytes=20),
     ]
     chosen = choose_results(results)
-    assert chosen[("train", 0)]["tmp_path"] == "/t/a"
+    assert chosen[("train", 0)].tmp_path == "/t/a"
     assert chosen == choose_results(list(reversed(results)))
     layout = final_layout(chosen, "ds", "none")
     assert [name for name, _ in layout["train"]] == [
         "ds-train.tfrecord-00000-of-00002",
         "ds-train.tfrecord-00001-of-00002",
     ]
-    assert [r["tmp_path"] for _, r in layout["train"]] == ["/t/a", "/t/d"]
+    assert [r.tmp_path for _, r in layout["train"]] == ["/t/a", "/t/d"]
 
 
 def test_rename_is_idempotent(tmp_path):
@@ -225,12 +227,10 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     staging = str(out / ".beam_pipeline-tmp-test")
     writer = WriteShardFn(staging, "none", 2)
     writer.setup()
-    first = [r for r in writer.process((("train", 0), refs), ["cat"], {}) if isinstance(r, dict) and "tmp_path" in r]
-    second = [
-        r for r in writer.process((("train", 0), refs[::-1]), ["cat"], {}) if isinstance(r, dict) and "tmp_path" in r
-    ]
+    first = [r for r in writer.process((("train", 0), refs), ["cat"], {}) if isinstance(r, ShardResult)]
+    second = [r for r in writer.process((("train", 0), refs[::-1]), ["cat"], {}) if isinstance(r, ShardResult)]
     writer.teardown()
-    assert first[0]["tmp_path"] != second[0]["tmp_path"]
+    assert first[0].tmp_path != second[0].tmp_path
 
     cfg = ConvertConfig(output=str(out), name="ds", input=str(tmp_path / "in"), transform=False, tfds_metadata=False)
     layout = Layout(

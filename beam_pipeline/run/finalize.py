@@ -30,6 +30,7 @@ from ..annotations import masks, objects
 from ..config import ConvertConfig, Layout
 from ..finalize import _files_under, delete_files, move_files
 from ..storage import write_text
+from ..vocab.records import ShardResult
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
 from .publish import REJECT_PARTS, publish, published_run
 
@@ -37,21 +38,21 @@ from .publish import REJECT_PARTS, publish, published_run
 REJECT_BUCKETS = 256
 
 
-def choose_results(results: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], Mapping[str, Any]]:
+def choose_results(results: Iterable[ShardResult]) -> dict[tuple[str, int], ShardResult]:
     """One result per (split, shard); a duplicate (a retried writer) is resolved the same way every time."""
-    chosen: dict[tuple[str, int], Mapping[str, Any]] = {}
-    for result in sorted(results, key=lambda r: (r["split"], r["shard"], r["tmp_path"])):
-        chosen.setdefault((result["split"], result["shard"]), result)
+    chosen: dict[tuple[str, int], ShardResult] = {}
+    for result in sorted(results, key=lambda r: (r.split, r.shard, r.tmp_path)):
+        chosen.setdefault((result.split, result.shard), result)
     return chosen
 
 
 def final_layout(
-    chosen: Mapping[tuple[str, int], Mapping[str, Any]], name: str, compression: str
-) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:
+    chosen: Mapping[tuple[str, int], ShardResult], name: str, compression: str
+) -> dict[str, list[tuple[str, ShardResult]]]:
     """{split: [(final file name, result)]}, empty shards dropped, numbered from 0."""
-    by_split: dict[str, list[Mapping[str, Any]]] = collections.defaultdict(list)
+    by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
     for (split, _), result in sorted(chosen.items()):
-        if result["records"] > 0:
+        if result.records > 0:
             by_split[split].append(result)
     return {
         split: [
@@ -107,14 +108,14 @@ def concat_files(parts: Sequence[str], dest: str) -> None:
                 shutil.copyfileobj(fh, out, 1 << 20)
 
 
-def write_dataset_index(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> None:
+def write_dataset_index(layout: Mapping[str, list[tuple[str, ShardResult]]], staging: str) -> None:
     """index.jsonl from the chosen shards' index parts, in published shard order.
 
     Only the planned sink's writers make parts; without them (``--sink
     write_to_tfrecord``) there is no index. A retried finalize rewrites the
     same file: the parts stay until the staging folder is removed.
     """
-    parts = [(r["index_path"], final) for files in layout.values() for final, r in files if r.get("index_path")]
+    parts = [(r.index_path, final) for files in layout.values() for final, r in files if r.index_path]
     if not parts:
         return
     failpoints.hit("finalize.write")
@@ -150,7 +151,7 @@ class FinalizeFn(beam.DoFn):
     def process(
         self,
         _: Any,
-        results: Sequence[Mapping[str, Any]],
+        results: Sequence[ShardResult],
         reject_parts: Sequence[str],
         reject_counts: Sequence[tuple[str, int]],
         skipped_counts: Sequence[tuple[str, int]],
@@ -204,8 +205,8 @@ class FinalizeFn(beam.DoFn):
 
     def _describe(
         self,
-        chosen: Mapping[tuple[str, int], Mapping[str, Any]],
-        layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+        chosen: Mapping[tuple[str, int], ShardResult],
+        layout: Mapping[str, list[tuple[str, ShardResult]]],
         labelled: bool,
         labels: Sequence[str],
         extra_types: Mapping[str, str],
@@ -217,12 +218,12 @@ class FinalizeFn(beam.DoFn):
         cfg = self._cfg
         splits: dict[str, Any] = {}
         for split, files in layout.items():
-            label_counts = split_label_counts.get(split) or merge_counts(r.get("labels", {}) for _, r in files)
+            label_counts = split_label_counts.get(split) or merge_counts(r.labels for _, r in files)
             splits[split] = {
-                "examples": sum(r["records"] for _, r in files),
-                "bytes": sum(r["bytes"] for _, r in files),
+                "examples": sum(r.records for _, r in files),
+                "bytes": sum(r.bytes for _, r in files),
                 "num_shards": len(files),
-                "shards": [{"file": f, "records": r["records"], "bytes": r["bytes"]} for f, r in files],
+                "shards": [{"file": f, "records": r.records, "bytes": r.bytes} for f, r in files],
                 "labels": dict(label_counts) if labelled else None,
             }
         info = metadata.dataset_json(
@@ -238,25 +239,25 @@ class FinalizeFn(beam.DoFn):
             sink=cfg.sink,
             multi_label=cfg.label_separator is not None,
         )
-        info["converted"] = merge_counts(r.get("converted", {}) for files in layout.values() for _, r in files)
+        info["converted"] = merge_counts(r.converted for files in layout.values() for _, r in files)
         empty = sorted({split for split, _ in chosen} - set(layout))
         if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
             info["empty_splits"] = empty
-        if any(r.get("idx_path") for files in layout.values() for _, r in files):
+        if any(r.idx_path for files in layout.values() for _, r in files):
             info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record
         return info
 
     def _describe_objects(
         self,
         info: dict[str, Any],
-        layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+        layout: Mapping[str, list[tuple[str, ShardResult]]],
         categories: Sequence[tuple[int, str]] | None,
         object_counts: Sequence[tuple[str, int]],
     ) -> None:
         """A detection or segmentation dataset's additions to dataset.json: object counts and features."""
         if categories is not None:
             # the planned sink's writers counted the objects of the records they wrote, per shard
-            written = [kv for files in layout.values() for _, r in files for kv in r.get("objects", {}).items()]
+            written = [kv for files in layout.values() for _, r in files for kv in r.objects.items()]
             info.update(detection_summary(categories, [*object_counts, *written]))
             info["features"] = dict(sorted({**info["features"], **objects.feature_spec()}.items()))
         if self._layout.masks:
@@ -265,7 +266,7 @@ class FinalizeFn(beam.DoFn):
     def _write_metadata(
         self,
         info: Mapping[str, Any],
-        layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+        layout: Mapping[str, list[tuple[str, ShardResult]]],
         reject_parts: Sequence[str],
         labels: Sequence[str] | None,
         categories: Sequence[tuple[int, str]] | None,
@@ -303,20 +304,20 @@ class FinalizeFn(beam.DoFn):
             publish(staging, out_dir, leased=leased)
 
 
-def name_shards(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> None:
+def name_shards(layout: Mapping[str, list[tuple[str, ShardResult]]], staging: str) -> None:
     """Temp shards (and their .idx files) get their final names inside the staging folder: one listing,
     batched renames; what a retried or empty writer left there goes. The rejects parts stay until the
     staging folder is removed."""
     prefix = staging.rstrip("/") + "/"
     in_staging = set(_files_under(staging))
     pairs = [
-        (result["tmp_path"], FileSystems.join(staging, final)) for files in layout.values() for final, result in files
+        (result.tmp_path, FileSystems.join(staging, final)) for files in layout.values() for final, result in files
     ]
     pairs += [
-        (result["idx_path"], FileSystems.join(staging, index.IDX_DIR, final + ".idx"))
+        (result.idx_path, FileSystems.join(staging, index.IDX_DIR, final + ".idx"))
         for files in layout.values()
         for final, result in files
-        if result.get("idx_path")
+        if result.idx_path
     ]
     # Where each shard goes, for a later run that resumes from this one if it dies before publishing.
     # Only while there is a shard to rename: a late attempt whose run published (and removed its staging

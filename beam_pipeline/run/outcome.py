@@ -12,6 +12,7 @@ from ..annotations import coco, objects
 from ..config import ConvertConfig, Layout
 from ..errors import RejectsError, UsageError
 from ..vocab.reasons import NO_LABEL
+from ..vocab.records import ShardResult
 from .preflight import flat_folder_hint
 
 
@@ -95,8 +96,8 @@ def outcome(
 def incremental_summary(
     previous: str,
     changes: Mapping[str, int],
-    layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
-    results: Iterable[Mapping[str, Any]] = (),
+    layout: Mapping[str, list[tuple[str, ShardResult]]],
+    results: Iterable[ShardResult] = (),
 ) -> dict[str, Any]:
     """What an ``--incremental-from`` run took from the previous dataset, for dataset.json and ``inspect``.
 
@@ -113,10 +114,10 @@ def incremental_summary(
     previous index.jsonl or rejects.jsonl that were damaged or not its own;
     their files were read and converted afresh.
     """
-    records = sum(r["records"] for files in layout.values() for _, r in files)
-    reused = sum(r.get("reused", 0) for files in layout.values() for _, r in files)
-    kept = sum(r.get("rejects_kept", 0) for r in results)
-    reconverted = sum(r.get("reconverted", 0) for r in results)
+    records = sum(r.records for files in layout.values() for _, r in files)
+    reused = sum(r.reused for files in layout.values() for _, r in files)
+    kept = sum(r.rejects_kept for r in results)
+    reconverted = sum(r.reconverted for r in results)
     counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
     summary = {
         "from": previous,
@@ -132,7 +133,7 @@ def incremental_summary(
     return summary
 
 
-def resumed_summary(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], staging: str) -> dict[str, Any]:
+def resumed_summary(layout: Mapping[str, list[tuple[str, ShardResult]]], staging: str) -> dict[str, Any]:
     """What this run took from earlier runs' finished shards (resume.py): shards, records, run ids; {} if none.
 
     A retried writer that took its own run's finished shard is not counted: a
@@ -140,17 +141,14 @@ def resumed_summary(layout: Mapping[str, list[tuple[str, Mapping[str, Any]]]], s
     """
     own = staging.rstrip("/")
     taken = [
-        r
-        for files in layout.values()
-        for _, r in files
-        if r.get("resumed_from") and str(r["resumed_from"]).rstrip("/") != own
+        r for files in layout.values() for _, r in files if r.resumed_from and str(r.resumed_from).rstrip("/") != own
     ]
     if not taken:
         return {}
-    runs = {str(r["resumed_from"]).rstrip("/").rsplit("/", 1)[-1] for r in taken}
+    runs = {str(r.resumed_from).rstrip("/").rsplit("/", 1)[-1] for r in taken}
     return {
         "shards": len(taken),
-        "records": sum(r["records"] for r in taken),
+        "records": sum(r.records for r in taken),
         "from_runs": sorted(name[len(metadata.TMP_PREFIX) :] for name in runs),
     }
 

@@ -4,7 +4,9 @@
   stage that emits it, the file it is written to); docs/bad-input.md's table is
   generated from it (``scripts/gen_docs_tables.py``).
 - ``refs``: ``Ref``, one listed input image before its bytes are read, and the
-  reject rows stages pass on (``reject``, ``file_reject``).
+  reject rows stages pass on (``reject``, ``file_reject``);
+- ``records``: typed records that cross stages (``ShardResult``, one written
+  shard, from the writer to finalize and the resume marker).
 
 Anything here is imported by listing, the image check, the writer, the index,
 resume and the annotation sources alike; nothing here imports them, so a module

@@ -22,7 +22,7 @@ and the error names the bucket); any other I/O error (a GCS 429/503, a
 reset connection, an expired token) fails the bundle so the runner retries
 it: a transient error must not drop an image.
 
-    (split, shard), [Ref] ──► {"split", "shard", "tmp_path", "index_path", "records", "bytes", "labels"}
+    (split, shard), [Ref] ──► ShardResult (split, shard, tmp_path, index_path, records, bytes, labels, …)
                          └──► rejects: {"path", "reason", "detail"}
 """
 
@@ -49,6 +49,7 @@ from ..annotations.join import CountingDoFn, record_counts
 from ..images.options import ImageOptions, Prepared, Rejected
 from ..listing import REJECTS, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
+from ..vocab.records import ShardResult
 from ..vocab.refs import Ref
 from .budget import budgets, decode_threads, process_pool
 from .readahead import read_then_convert
@@ -179,7 +180,7 @@ class WriteShardFn(beam.DoFn):
         if finished is not None:
             taken = resume.adopt(finished, paths)
             if taken is not None:
-                yield from self._resumed_shard(split, shard, digest, taken)
+                yield from self._resumed_shard(split, shard, digest, ShardResult.from_json(taken))
                 return
             # Its source vanished half-way: the files linked so far share their bytes with that run's
             # (maybe published) files, so the shard is written under new names, never through them.
@@ -191,7 +192,7 @@ class WriteShardFn(beam.DoFn):
         self._count(write)
         # The shard is closed: a later run (or a retry of this bundle) with the same digest takes it.
         if not write.retried:
-            resume.write_marker(self._tmp_dir, split, shard, digest, result)
+            resume.write_marker(self._tmp_dir, split, shard, digest, result.to_json())
         failpoints.hit("writer.result")
         yield result
 
@@ -227,18 +228,18 @@ class WriteShardFn(beam.DoFn):
             paths["idx_path"] = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.idx")
         return paths
 
-    def _resumed_shard(self, split: str, shard: int, digest: str, result: dict[str, Any]) -> Iterator[Any]:
+    def _resumed_shard(self, split: str, shard: int, digest: str, result: ShardResult) -> Iterator[Any]:
         """A shard an earlier attempt or run finished with the same digest (its files copied): rejects, result."""
         rejected = 0
-        for row in resume.read_rejects(result["rejects_path"]):
+        for row in resume.read_rejects(result.rejects_path):
             rejected += 1
             yield beam.pvalue.TaggedOutput(REJECTS, row)
-        resume.write_marker(self._tmp_dir, split, shard, digest, result)
+        resume.write_marker(self._tmp_dir, split, shard, digest, result.to_json())
         self._rejected.inc(rejected)
-        self._records.inc(result["records"])
+        self._records.inc(result.records)
         self._shards.inc()
         self._resumed.inc()
-        PROGRESS.add(images=result["records"], rejected=rejected, shards=1)
+        PROGRESS.add(images=result.records, rejected=rejected, shards=1)
         failpoints.hit("writer.result")
         yield result
 
@@ -421,23 +422,25 @@ class ShardWrite:
                 f"first error: {self._first_denied}"
             )
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> ShardResult:
         """The closed shard, as finalize gets it and the resume marker keeps it."""
         size = FileSystems.match([self.paths["tmp_path"]])[0].metadata_list[0].size_in_bytes
-        return {
-            "split": self.split,
-            "shard": self.shard,
-            **self.paths,
-            "rejects_path": self.paths["rejects_path"] if self._rejects_out is not None else None,
-            "records": self.records,
-            "bytes": size,
-            "labels": dict(sorted(self.label_counts.items())),
-            "converted": dict(sorted(self.converted.items())),
-            "objects": dict(sorted(self.objects.items())),
-            "reused": self.reused,
-            "reconverted": len(self.reconverted),
-            "rejects_kept": self.kept,
-        }
+        return ShardResult(
+            split=self.split,
+            shard=self.shard,
+            tmp_path=self.paths["tmp_path"],
+            index_path=self.paths["index_path"],
+            rejects_path=self.paths["rejects_path"] if self._rejects_out is not None else None,
+            idx_path=self.paths.get("idx_path"),
+            records=self.records,
+            bytes=size,
+            labels=dict(sorted(self.label_counts.items())),
+            converted=dict(sorted(self.converted.items())),
+            objects=dict(sorted(self.objects.items())),
+            reused=self.reused,
+            reconverted=len(self.reconverted),
+            rejects_kept=self.kept,
+        )
 
 
 class DecodeFn(CountingDoFn):

@@ -25,6 +25,7 @@ from PIL import Image
 
 from beam_pipeline import hashing
 from beam_pipeline.images.options import ImageOptions
+from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer import shard
 
@@ -65,13 +66,13 @@ def main(argv: list[str] | None = None) -> None:
         fn.setup()
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         start = time.perf_counter()
-        [result] = [o for o in fn.process((("train", 0), refs), [], {}) if isinstance(o, dict)]
+        [result] = [o for o in fn.process((("train", 0), refs), [], {}) if isinstance(o, ShardResult)]
         wall = time.perf_counter() - start
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         listed = sum(r.size for r in refs)
         print(
             f"accounting={'off' if args.off else 'on'} images={args.images} side={args.side} "
-            f"listed={listed / 1e6:.1f} MB shard={result['bytes'] / 1e6:.1f} MB "
+            f"listed={listed / 1e6:.1f} MB shard={result.bytes / 1e6:.1f} MB "
             f"read budget={fn._read_budget.capacity / 1e6:.0f} MB peak held={fn._read_budget.peak / 1e6:.1f} MB "
             f"peak RSS={rss / 1024:.0f} MB (before the shard {rss0 / 1024:.0f} MB) wall={wall:.1f} s"
         )

@@ -1,0 +1,50 @@
+"""Typed records that cross stages: what one written shard is (``ShardResult``).
+
+A shard writer yields one ``ShardResult`` per shard it closes; finalize names
+the shards and sums them into ``dataset.json``; the resume marker keeps it as
+JSON (``to_json`` / ``from_json``) so a later run can take the shard over.
+
+    result = ShardResult(split="train", shard=0, tmp_path="/out/.tmp/train-0.tfrecord", records=12, bytes=4096)
+    ShardResult.from_json(result.to_json()) == result
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """One closed shard file, as its writer (or the WriteToTFRecord sink's describe step) saw it."""
+
+    split: str
+    shard: int  # the planned shard number within the split (final names renumber without the empty ones)
+    tmp_path: str  # the shard file in the run's scratch folder
+    records: int
+    bytes: int
+    index_path: str | None = None  # its index.jsonl part (the planned sink only)
+    rejects_path: str | None = None  # its rejects, kept for a run that takes the shard over (None: no rejects)
+    idx_path: str | None = None  # its .idx file (uncompressed shards of the planned sink)
+    labels: Mapping[str, int] = field(default_factory=dict)  # records per label
+    converted: Mapping[str, int] = field(default_factory=dict)  # images converted, per source format
+    objects: Mapping[str, int] = field(default_factory=dict)  # object counts of its records
+    reused: int = 0  # records copied from the --incremental-from dataset
+    reconverted: int = 0  # unchanged files whose previous record could not be reused
+    rejects_kept: int = 0  # rejects of the previous run kept as they were
+    resumed_from: str | None = None  # the scratch folder of the run it was taken from (resume.py)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object of the set fields (paths left None are left out)."""
+        out = asdict(self)
+        for key in ("index_path", "idx_path", "resumed_from"):
+            if out[key] is None:
+                del out[key]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ShardResult:
+        """The record a JSON object (``to_json``, or a resume marker of an earlier run) describes."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
