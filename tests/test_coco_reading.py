@@ -267,7 +267,7 @@ def test_contact_sheet_draws_the_box_the_mask_outline_and_nothing_else(tmp_path)
     import numpy as np
     from PIL import Image
 
-    from beam_pipeline import inspection
+    from beam_pipeline import contact_sheet
 
     from .conftest import run_cli
 
@@ -300,7 +300,7 @@ def test_contact_sheet_draws_the_box_the_mask_outline_and_nothing_else(tmp_path)
     left, top = 2, 17
     colour = pixels[top + 60, left + 20]  # on the box's left edge (x = 40, y = 120 in the image)
     assert tuple(colour) != (128, 128, 128), "no box drawn"
-    assert tuple(colour) == inspection.object_colour(3)
+    assert tuple(colour) == contact_sheet.object_colour(3)
 
     def coloured_near(x: float, y: float) -> bool:  # (x, y) in image pixels; within a pixel on the thumbnail
         cx, cy = left + round(x / 2), top + round(y / 2)

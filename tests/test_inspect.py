@@ -281,15 +281,15 @@ def test_a_contact_sheet_draws_its_records_without_a_list_of_every_record(monkey
     import random
     import tracemalloc
 
-    from beam_pipeline import inspection
+    from beam_pipeline import contact_sheet
 
     shards = [{"file": f"d-train.tfrecord-{i:05d}-of-00020", "records": 500_000} for i in range(20)]
     info = {"splits": {"train": {"shards": shards}}}
     asked: dict[str, set[int]] = {}
-    monkeypatch.setattr(inspection, "_read_at", lambda path, wanted: asked.setdefault(path, set(wanted)) and {})
+    monkeypatch.setattr(contact_sheet, "_read_at", lambda path, wanted: asked.setdefault(path, set(wanted)) and {})
     tracemalloc.start()
     try:
-        inspection.sample("out", info, 64, 7, None)
+        contact_sheet.sample("out", info, 64, 7, None)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
