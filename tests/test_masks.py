@@ -53,10 +53,9 @@ def rotated_jpeg(height: int, width: int, orientation: int) -> bytes:
     return encode(Image.fromarray(dark, "RGB"), "JPEG", quality=95, exif=exif.tobytes())
 
 
-@pytest.fixture(scope="module")
-def mask_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, np.ndarray]]:
-    """Images under ``in/``, label maps under ``masks/``, with every validation case; the expected label maps."""
-    base = tmp_path_factory.mktemp("masks")
+def make_mask_set(base: Path) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """Images under ``base/in/``, label maps under ``base/masks/``, with every validation case; the expected
+    label maps."""
     root, mdir = base / "in", base / "masks"
     expected = {"a.jpg": label_array(24, 32, 0), "sub/b.png": label_array(20, 30, 1)}
     write(str(root / "a.jpg"), image_bytes("jpeg", 24, 32, 0))
@@ -78,6 +77,11 @@ def mask_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     write(str(mdir / "orphan.png"), grey_png(label_array(8, 8, 0)))  # no image
     write(str(mdir / "README.txt"), b"class 1 = road\n")
     return root, mdir, expected
+
+
+@pytest.fixture(scope="module")
+def mask_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    return make_mask_set(tmp_path_factory.mktemp("masks"))
 
 
 @pytest.fixture(scope="module")

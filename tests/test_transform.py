@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,9 @@ from .imagegen import image_bytes, write
 SIZE = 32
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    """A manifest-split dataset where 'zebra' appears only in validation."""
-    base = tmp_path_factory.mktemp("tft")
+def make_manifest(base: Path) -> Path:
+    """Images under ``base/img/`` and the manifest ``base/m.csv`` naming them with their splits: 'zebra'
+    appears only in validation."""
     rows = ["path,label,split"]
     for i in range(24):
         label = ["cat", "dog", "owl"][i % 3]
@@ -28,6 +28,14 @@ def dataset(tmp_path_factory):
     write(str(base / "img" / "z.img"), image_bytes("jpeg", 50, 50, seed=99))
     rows.append("img/z.img,zebra,validation")
     (base / "m.csv").write_text("\n".join(rows) + "\n")
+    return base / "m.csv"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A manifest-split dataset where 'zebra' appears only in validation."""
+    base = tmp_path_factory.mktemp("tft")
+    make_manifest(base)
     out = base / "out"
     (base / "tmp").mkdir()
     with pytest.MonkeyPatch.context() as env:
