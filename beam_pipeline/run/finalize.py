@@ -173,9 +173,17 @@ class FinalizeFn(beam.DoFn):
         labelled = self._layout.label_source != "none" if labelled is None else labelled
         categories = self._categories(labels)
         info = self._describe(
-            chosen, layout, labelled, labels, extra_types, split_label_counts, reject_counts, skipped_counts
+            chosen,
+            layout,
+            labelled,
+            labels,
+            extra_types,
+            split_label_counts,
+            reject_counts,
+            skipped_counts,
+            categories,
+            object_counts,
         )
-        self._describe_objects(info, layout, categories, object_counts)
         if self._layout.previous:
             info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
         resumed = resumed_summary(layout, staging)
@@ -213,8 +221,11 @@ class FinalizeFn(beam.DoFn):
         split_label_counts: Mapping[str, Mapping[str, int]],
         reject_counts: Sequence[tuple[str, int]],
         skipped_counts: Sequence[tuple[str, int]],
+        categories: Sequence[tuple[int, str]] | None,
+        object_counts: Sequence[tuple[str, int]],
     ) -> dict[str, Any]:
-        """dataset.json's content: splits and their shards, labels, features, rejects and skips."""
+        """dataset.json's content: splits and their shards, labels, features, objects, rejects and skips (in
+        this order: the file's key order is part of the output)."""
         cfg = self._cfg
         splits: dict[str, Any] = {}
         for split, files in layout.items():
@@ -239,6 +250,7 @@ class FinalizeFn(beam.DoFn):
             sink=cfg.sink,
             multi_label=cfg.label_separator is not None,
         )
+        self._describe_objects(info, layout, categories, object_counts)
         info["converted"] = merge_counts(r.converted for files in layout.values() for _, r in files)
         empty = sorted({split for split, _ in chosen} - set(layout))
         if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
