@@ -24,7 +24,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from .listing import REJECTS
+from .sources.rules import REJECTS
 from .vocab.reasons import DUPLICATE
 from .vocab.refs import Ref, reject
 

@@ -42,8 +42,8 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples
 from .annotations.objects import digest as annotations_digest
-from .listing import class_values
 from .metadata import REJECTS_JSONL
+from .sources.rules import class_values
 from .storage import open_lines
 from .vocab.reasons import MISSING, UNREADABLE
 from .vocab.refs import Ref
@@ -280,7 +280,7 @@ def kept_reject(entry: Mapping[str, Any], ref: Ref) -> bool:
 
 def reject_key(entry: Mapping[str, Any], root: str) -> str:
     """The path a previous reject joins on: its file's path relative to the input root, as ``Ref.relpath`` is."""
-    from .listing import relative_path
+    from .sources.rules import relative_path
 
     return relative_path(entry.get("source") or entry["path"], root)
 

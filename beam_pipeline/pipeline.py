@@ -25,9 +25,11 @@ from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
-from .listing import REJECTS, SKIPPED, InferColumnTypes, ListInputs, label_names, with_relative_path
 from .planning import PlanShards, ShardPlan, assign_shard
 from .run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
+from .sources.listing import ListInputs
+from .sources.manifest import InferColumnTypes
+from .sources.rules import REJECTS, SKIPPED, label_names, with_relative_path
 from .storage import read_json
 from .vocab.records import ShardResult
 from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records

@@ -24,7 +24,7 @@ import apache_beam as beam
 from . import hashing
 from .config import case_twins_problem
 from .errors import UsageError
-from .listing import label_names
+from .sources.rules import label_names
 from .vocab.refs import Ref
 
 # Shards may exceed the target by this factor before another shard is added:

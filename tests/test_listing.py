@@ -10,17 +10,10 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.config import ConvertConfig, Layout
-from beam_pipeline.listing import (
-    InferColumnTypes,
-    ListInputs,
-    Ref,
-    label_cell,
-    make_ref,
-    read_manifest_rows,
-    relative_path,
-    skip_reason,
-    value_type,
-)
+from beam_pipeline.sources.listing import ListInputs
+from beam_pipeline.sources.manifest import InferColumnTypes, read_manifest_rows, value_type
+from beam_pipeline.sources.rules import label_cell, make_ref, relative_path, skip_reason
+from beam_pipeline.vocab.refs import Ref
 
 from .conftest import BUCKET, local_pipeline, run_cli
 from .imagegen import image_bytes, write
@@ -316,7 +309,8 @@ def _messy_tree(root) -> None:
 def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline.listing import FILES, REJECTS, ListFolder, _OddLocalEntries
+    from beam_pipeline.sources.folders import FILES, ListFolder, _OddLocalEntries
+    from beam_pipeline.sources.rules import REJECTS
 
     root = tmp_path / "in"
     _messy_tree(root)
@@ -339,8 +333,8 @@ def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
 def test_fanned_out_gcs_listing_equals_one_match(gcs):
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline.listing import FILES, ListFolder
     from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
+    from beam_pipeline.sources.folders import FILES, ListFolder
 
     use_anonymous_gcs_for_emulator()
     bucket = gcs.bucket(BUCKET)
@@ -422,7 +416,7 @@ def test_only_transient_stat_errors_fail_the_bundle():
     from apache_beam.io.filesystem import BeamIOError
     from google.api_core import exceptions as gexc
 
-    from beam_pipeline.listing import is_transient
+    from beam_pipeline.sources.manifest import is_transient
 
     for error in (gexc.ServiceUnavailable("busy"), gexc.TooManyRequests("slow down"), ConnectionResetError()):
         assert is_transient(error)
@@ -533,9 +527,9 @@ def test_a_csv_field_over_the_limit_names_its_line_and_the_limit_is_far_above_cs
     limit is now MAX_CSV_FIELD, and a field beyond it is a ValueError naming the line (a one-line error)."""
     import csv
 
-    from beam_pipeline import listing
+    from beam_pipeline.sources import manifest
 
-    assert csv.field_size_limit() == listing.MAX_CSV_FIELD >= 64 << 20
+    assert csv.field_size_limit() == manifest.MAX_CSV_FIELD >= 64 << 20
     text = "path,label\na.jpg,cat\nb.jpg," + "x" * 2000 + "\n"
     assert [len(r["label"]) for r in read_manifest_rows(io.StringIO(text), "csv")] == [3, 2000]
     try:
@@ -543,7 +537,7 @@ def test_a_csv_field_over_the_limit_names_its_line_and_the_limit_is_far_above_cs
         with pytest.raises(ValueError, match="manifest line 3: "):
             list(read_manifest_rows(io.StringIO(text), "csv"))
     finally:
-        csv.field_size_limit(listing.MAX_CSV_FIELD)
+        csv.field_size_limit(manifest.MAX_CSV_FIELD)
 
 
 @pytest.mark.parametrize(
@@ -553,6 +547,6 @@ def test_a_csv_field_over_the_limit_names_its_line_and_the_limit_is_far_above_cs
 )  # fmt: skip
 def test_value_type_counts_digits_without_leading_zeros_and_never_calls_int_on_thousands(text, want):
     """Zero-padded codes stay an int column; 5,000 digits (beyond what int() reads) are a float column, not a crash."""
-    from beam_pipeline.listing import value_type
+    from beam_pipeline.sources.manifest import value_type
 
     assert value_type(text) == want

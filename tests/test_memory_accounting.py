@@ -202,7 +202,7 @@ def test_a_shard_whose_every_read_is_forbidden_fails_naming_the_bucket(tmp_path,
 
 
 def test_a_few_forbidden_files_are_still_rejects(tmp_path, monkeypatch):
-    from beam_pipeline.listing import REJECTS
+    from beam_pipeline.sources.rules import REJECTS
     from beam_pipeline.writer.shard import DENIED_SHARD_MIN, WriteShardFn
 
     _forbid_every_read(monkeypatch)

@@ -14,7 +14,7 @@ import pytest
 
 from beam_pipeline import resume
 from beam_pipeline.config import ConvertConfig, Layout
-from beam_pipeline.listing import make_ref, split_labels
+from beam_pipeline.sources.rules import make_ref, split_labels
 
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write

@@ -11,9 +11,9 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline import hashing
 from beam_pipeline.examples import parse_example
-from beam_pipeline.listing import REJECTS
 from beam_pipeline.planning import PlanShards
 from beam_pipeline.run.finalize import choose_results, final_layout, rename_idempotent
+from beam_pipeline.sources.rules import REJECTS
 from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer import records

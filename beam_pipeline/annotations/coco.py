@@ -36,8 +36,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from ..config import MAX_CATEGORY_ID
 from ..errors import UsageError, message_lines
-from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED
 from ..metadata import line_break_problem
+from ..sources.manifest import MAX_JSON_DEPTH
+from ..sources.rules import REJECTS, SKIPPED
 from ..vocab import reasons
 from ..vocab.reasons import BAD_IMAGE_ENTRY, DUPLICATE_FILE_NAME, DUPLICATE_IMAGE_ID, MISSING_IMAGE, UNKNOWN_IMAGE_ID
 from ..vocab.refs import reject

@@ -2,7 +2,7 @@
 
 An image ``INPUT/a/b.jpg`` is paired with ``DIR/a/b.png`` (its relative path
 without the extension, plus ``.png``). The mask folder is listed inside the job
-(``listing.ListFolder``, local or gs://) and joined to the listed images by that
+(``sources.folders.ListFolder``, local or gs://) and joined to the listed images by that
 key (``join.join_tagged``): no process holds every mask. Only the mask's path,
 size and mtime (``LabelMap``) ride on the image's Ref through the shuffle; the
 shard writer reads the mask beside its image (``segmentation_features``).
@@ -34,7 +34,8 @@ import apache_beam as beam
 
 from ..images.headers import png_problem
 from ..images.options import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
-from ..listing import FILES, REJECTS, SKIPPED, ListFolder, relative_path
+from ..sources.folders import FILES, ListFolder
+from ..sources.rules import REJECTS, SKIPPED, relative_path
 from ..vocab.reasons import BAD_MASK, DUPLICATE_MASK, MASK_NOT_SINGLE_CHANNEL, MASK_SIZE_MISMATCH, MISSING_MASK
 from ..vocab.refs import Ref, reject
 from . import objects

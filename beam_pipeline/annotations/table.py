@@ -36,16 +36,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from ..config import BOX_UNITS, MANIFEST_OBJECTS
-from ..listing import (
-    LABEL_COLUMN,
-    MAX_JSON_DEPTH,
-    PATH_COLUMN,
-    REJECTS,
-    canonical_row,
-    is_transient,
-    nested_deeper,
-    value_type,
-)
+from ..sources.manifest import MAX_JSON_DEPTH, canonical_row, is_transient, nested_deeper, value_type
+from ..sources.rules import LABEL_COLUMN, PATH_COLUMN, REJECTS
 from ..vocab import reasons
 from ..vocab.reasons import BAD_IMAGE_SIZE, BAD_OBJECTS, CONFLICTING_ROWS, DUPLICATE_OBJECT, UNREADABLE
 from ..vocab.refs import Ref, reject

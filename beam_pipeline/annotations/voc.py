@@ -39,7 +39,8 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from ..listing import REJECTS, SKIPPED, is_transient
+from ..sources.manifest import is_transient
+from ..sources.rules import REJECTS, SKIPPED
 from ..vocab import reasons
 from ..vocab.reasons import DUPLICATE_FILE_NAME, MISSING_IMAGE
 from ..vocab.refs import reject

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 
-from ..listing import open_text
+from ..sources.manifest import open_text
 
 
 def is_remote(path: str) -> bool:

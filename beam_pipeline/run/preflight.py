@@ -28,7 +28,8 @@ from ..annotations.objects import fixed_object_labels, is_background
 from ..annotations.table import PIXELS, looks_normalized, required_columns
 from ..config import LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_source
 from ..errors import UsageError, last_line
-from ..listing import LABEL_COLUMN, PATH_COLUMN, manifest_sources, open_text, read_manifest_rows
+from ..sources.manifest import manifest_sources, open_text, read_manifest_rows
+from ..sources.rules import LABEL_COLUMN, PATH_COLUMN
 from .common import absolute, is_remote, label_lines, note
 from .previous import (
     choose_previous,
@@ -137,7 +138,7 @@ def _only_files_directly_in(root: str, pattern: str) -> bool:
     if rest != "**":  # a glob: its matches are direct entries of root when it names no sub-folder
         return "/" not in rest and "**" not in rest
     from ..config import IMAGE_EXTENSIONS
-    from ..listing import FILES, _Lister
+    from ..sources.folders import FILES, _Lister
 
     images = 0
     for n, entry in enumerate(_Lister(root).one_level(root)):
@@ -183,7 +184,7 @@ def _manifest_columns(path: str, fmt: str) -> tuple[str, ...]:
         raise UsageError(f"--manifest {path}: not UTF-8 text") from None
     except ValueError as e:
         raise UsageError(f"--manifest {path}: {e}") from None
-    except csv.Error as e:  # a header field over listing.MAX_CSV_FIELD
+    except csv.Error as e:  # a header field over sources.manifest.MAX_CSV_FIELD
         raise UsageError(f"--manifest {path}: its header is not CSV the reader can take ({e})") from None
 
 
@@ -328,7 +329,7 @@ class _Input:
     split_source: str = "default"
     label_source: str = "folder"
     # A JSONL manifest's first rows may lack a column later rows have: the pipeline decides over every row
-    # (listing.manifest_sources again); here a flag that conflicts with the first rows fails early.
+    # (sources.manifest.manifest_sources again); here a flag that conflicts with the first rows fails early.
     first_look: bool = False
 
 

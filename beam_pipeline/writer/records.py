@@ -18,7 +18,8 @@ from ..annotations.masks import LabelMap, TransientMaskRead, segmentation_featur
 from ..annotations.objects import masks_too_large, object_features, size_mismatch
 from ..images.convert import prepare_image
 from ..images.options import Geometry, ImageOptions, Prepared, Rejected
-from ..listing import class_values, coerce
+from ..sources.manifest import coerce
+from ..sources.rules import class_values
 from ..storage import read_bytes
 from ..vocab.reasons import ANNOTATION_SIZE_MISMATCH, BAD_VALUE, DECODE_ERROR, MASKS_TOO_LARGE
 from ..vocab.refs import Ref, file_reject

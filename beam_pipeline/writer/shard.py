@@ -47,7 +47,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 from .. import failpoints, index, resume
 from ..annotations.join import CountingDoFn, record_counts
 from ..images.options import ImageOptions, Prepared, Rejected
-from ..listing import REJECTS, class_values, label_names
+from ..sources.rules import REJECTS, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
 from ..vocab.records import ShardResult
 from ..vocab.refs import Ref
