@@ -10,6 +10,8 @@ from beam_pipeline.config import MB
 from beam_pipeline.listing import Ref
 from beam_pipeline.planning import cut_buckets, estimated_record_bytes, make_plans, shard_count
 
+pytestmark = pytest.mark.unit
+
 TARGET = 150 * MB
 
 

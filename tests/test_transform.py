@@ -12,6 +12,8 @@ from beam_pipeline import reader
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 SIZE = 32
 
 
@@ -47,6 +49,7 @@ def test_a_run_leaves_no_temporary_file(dataset):
     assert left == []
 
 
+@pytest.mark.e2e
 def test_runs_in_threads_of_a_program_both_analyze_and_leave_the_programs_temporary_files(tmp_path):
     """A program calling run_convert from two threads: TFT's graph building is process-wide state, so the two
     analyses took turns failing ("AssertionError"); and the run took over tempfile's folder for the whole
@@ -206,6 +209,7 @@ def test_detach_is_for_remote_runners_only(tmp_path):
     assert result.returncode == 2 and "--detach needs a remote runner" in result.stderr
 
 
+@pytest.mark.unit
 def test_pixel_moments_merge_like_one_pass():
     from beam_pipeline.analysis import EMPTY_MOMENTS, merge_moments, moments_of, stats_from_moments
 
