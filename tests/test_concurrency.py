@@ -263,7 +263,6 @@ def _interleaved(monkeypatch, point: str, k: int, other: Callable[[], object]) -
 HARMLESS = (finalize.StagingIncomplete, lease.LeaseLost, FileNotFoundError)
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("tfds", [False, True], ids=["finalize_publishes", "post_steps_publish"])
 def test_a_late_attempt_after_its_run_published_changes_nothing(tmp_path, monkeypatch, tfds):
     """Attempt 1 stalls at the k-th hit of a point; attempt 2 runs whole (publishes, cleans up); attempt 1

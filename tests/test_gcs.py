@@ -144,7 +144,6 @@ def test_multi_process_runner_with_post_steps_in_the_job_matches_an_in_process_r
     assert "_SUCCESS" in remote and not any(n.startswith(".beam_pipeline-tmp-") for n in remote)
 
 
-@pytest.mark.e2e
 def test_publish_on_gcs_finishes_after_a_crash_at_any_batch(gcs, monkeypatch):
     """Batched renames and deletes (2 per batch here) on the emulator: a crash before any batch,
     then the retried step's published_run(), ends with exactly the new dataset."""
@@ -207,7 +206,6 @@ class _ProjectSeenByWorker(beam.DoFn):
         yield None if options is None else options.view_as(GoogleCloudOptions).project
 
 
-@pytest.mark.e2e
 def test_multi_processing_workers_get_the_pipeline_options(tmp_path):
     """A fresh worker process sees the job's options (GCS settings for FileSystems), as in Beam's DirectRunner."""
     from beam_pipeline.runner import make_options

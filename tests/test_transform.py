@@ -49,7 +49,6 @@ def test_a_run_leaves_no_temporary_file(dataset):
     assert left == []
 
 
-@pytest.mark.e2e
 def test_runs_in_threads_of_a_program_both_analyze_and_leave_the_programs_temporary_files(tmp_path):
     """A program calling run_convert from two threads: TFT's graph building is process-wide state, so the two
     analyses took turns failing ("AssertionError"); and the run took over tempfile's folder for the whole
