@@ -1,12 +1,24 @@
-"""Shared fixtures: CLI runs in a subprocess, TensorFlow read-back helpers."""
+"""Shared fixtures: CLI runs (in process, or in a subprocess where a process is the point), TensorFlow
+read-back helpers, and the test layers.
+
+Every test has exactly one layer marker (``pytest.ini`` registers them; an unmarked test fails
+collection): ``unit`` (pure functions, no Beam pipeline), ``pipeline`` (builds or runs Beam pipelines
+in this process), ``e2e`` (the CLI through ``main``, or a subprocess where a process is the point) and
+``cluster`` (a real Flink or Spark cluster). ``scripts/test.sh --fast`` runs ``unit or pipeline``.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +49,52 @@ def gcs_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> str:
     return address
 
 
-def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 300) -> CliResult:
-    """``python -m beam_pipeline ARGS`` as a user runs it."""
+LAYERS = ("unit", "pipeline", "e2e", "cluster")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test in exactly one layer: its module's (or class's) ``pytestmark`` names it, and a marker on the
+    test itself replaces that one (for ``-m`` too). A test with none, or with two of its own, fails collection."""
+    problems = []
+    for item in items:
+        own = {m.name for m in item.own_markers if m.name in LAYERS}
+        inherited = {m.name for node in item.listchain()[:-1] for m in node.own_markers if m.name in LAYERS}
+        if len(own) > 1 or (not own and len(inherited) != 1):
+            problems.append(f"  {item.nodeid}: {', '.join(sorted(own or inherited)) or 'no layer'}")
+        elif own and inherited - own:
+            _hide_markers(item, inherited - own)
+    if problems:
+        raise pytest.UsageError(f"every test needs exactly one of {', '.join(LAYERS)}:\n" + "\n".join(problems))
+
+
+def _hide_markers(item: pytest.Item, names: set[str]) -> None:
+    """Markers ``names`` of the test's module or class no longer apply to this test (its own marker does)."""
+    inherited = item.iter_markers_with_node
+
+    def iter_markers_with_node(name: str | None = None):  # noqa: ANN202 - pytest's own signature
+        for node, mark in inherited(name=name):
+            if node is item or mark.name not in names:
+                yield node, mark
+
+    item.iter_markers_with_node = iter_markers_with_node  # type: ignore[method-assign]
+
+
+# Set, these make a run a process's business: failpoints count per process and may kill it.
+PROCESS_ENV = ("BEAM_PIPELINE_FAILPOINTS",)
+
+
+def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 300, process: bool = False) -> CliResult:
+    """``python -m beam_pipeline ARGS``: in this process through ``cli.main`` (no 2 s of imports per run),
+    or in a fresh one with ``process=True`` or while a failpoint is armed (``PROCESS_ENV``).
+    ``timeout`` only bounds a subprocess."""
+    if process or any(os.environ.get(name) for name in PROCESS_ENV):
+        return run_cli_process(*args, cwd=cwd, timeout=timeout)
+    return run_cli_in_process(*args, cwd=cwd)
+
+
+def run_cli_process(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 300) -> CliResult:
+    """``python -m beam_pipeline ARGS`` as a user runs it, in a subprocess."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
@@ -50,6 +106,78 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 3
         timeout=timeout,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _stream() -> io.TextIOWrapper:
+    """A text stream like a pipe's (an encoding, a buffer, not a terminal) that keeps what is written."""
+    return io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
+
+
+def _text(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    return stream.buffer.getvalue().decode("utf-8", errors="backslashreplace")  # type: ignore[attr-defined]
+
+
+TEST_SERVER_LOGGERS = ("gcp_storage_emulator",)
+
+
+def run_cli_in_process(*args: str, cwd: str | os.PathLike | None = None) -> CliResult:
+    """``cli.main(args)`` as ``console_main`` runs it, with what a process would not carry over undone
+    afterwards: the root logger's handlers and level, logger levels, signal handlers, os.environ, the
+    working directory, sys.argv, tempfile's cached folder, the per-process GCS client."""
+    from beam_pipeline import cli, finalize
+
+    out, err = _stream(), _stream()
+    root = logging.getLogger()
+    handlers, root_level = root.handlers[:], root.level
+    for name in ("apache_beam", "absl", "tensorflow", "tensorflow_transform"):  # the ones main quiets
+        logging.getLogger(name)
+    levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    handlers_of = {signum: signal.getsignal(signum) for signum in signal.valid_signals()}
+    environ, cwd_before, argv, tempdir = dict(os.environ), os.getcwd(), sys.argv[:], tempfile.tempdir
+    root.handlers = []  # basicConfig only configures a root logger without handlers, as in a fresh process
+    # Servers of the test's own (the GCS emulator's threads) log in this process; in a subprocess run their lines
+    # never reached the CLI's stderr, nor do they here: they go to the handlers the root logger had (pytest's).
+    servers = [logging.getLogger(name) for name in TEST_SERVER_LOGGERS]
+    before = [(lg.propagate, lg.handlers[:]) for lg in servers]
+    for lg in servers:
+        lg.propagate, lg.handlers = False, [*lg.handlers, *handlers]
+    finalize._gcs_client.clear()  # noqa: SLF001 - "one per process": a run in a new process makes its own
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.argv = [str(REPO / "beam_pipeline" / "__main__.py"), *args]
+        # Processes the run starts (the multi-process runner's workers) import this checkout, as run_cli_process's do.
+        os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        tempfile.tempdir = None  # TMPDIR as the run's environment has it
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except KeyboardInterrupt:
+                code = cli._interrupted()  # noqa: SLF001
+            except SystemExit as e:  # argparse's --help and usage errors, as console_main reports them
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        for signum, handler in handlers_of.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd_before)
+        sys.argv, tempfile.tempdir = argv, tempdir
+        finalize._gcs_client.clear()  # noqa: SLF001
+        for lg, (propagate, own) in zip(servers, before, strict=True):
+            lg.propagate, lg.handlers = propagate, own
+    return CliResult(code, _text(out), _text(err))
 
 
 def convert(*args: str, transform: bool = False, tfds: bool = False, **kwargs: Any) -> CliResult:

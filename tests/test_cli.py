@@ -11,6 +11,8 @@ from beam_pipeline.errors import UsageError
 from .conftest import run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     "output,name",
@@ -74,6 +76,7 @@ def _one_line_error(result, *needles):
         assert needle in lines[0], lines[0]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args,needles",
     [
@@ -106,6 +109,7 @@ def test_mistakes_are_one_line_exit_2(small_input, tmp_path, args, needles):
     _one_line_error(run_cli("convert", *args), *needles)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("text", "needle"),
     [("run_date: 2026-02-30\n", "day is out of range"), ("seed: " + "[" * 100_000 + "\n", "nested deeper"),
@@ -121,6 +125,7 @@ def test_a_config_python_cannot_hold_is_one_line_exit_2(small_input, tmp_path, t
     _one_line_error(result, "--config", needle)
 
 
+@pytest.mark.e2e
 def test_bad_yaml_and_unknown_setting(small_input, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("seed: [1,\n")
@@ -135,11 +140,13 @@ def test_bad_yaml_and_unknown_setting(small_input, tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_output_that_is_a_file(small_input, tmp_path):
     (tmp_path / "file").write_text("x")
     _one_line_error(run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "file")), "is a file")
 
 
+@pytest.mark.e2e
 def test_split_ratios_conflict_with_split_folders(tmp_path):
     root = tmp_path / "in"
     write(str(root / "train" / "cat" / "a.jpg"), image_bytes("jpeg"))
@@ -149,12 +156,14 @@ def test_split_ratios_conflict_with_split_folders(tmp_path):
     _one_line_error(result, "--split-ratios", "split folders")
 
 
+@pytest.mark.e2e
 def test_manifest_without_path_column(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("file,label\na.jpg,cat\n")
     _one_line_error(run_cli("convert", "--manifest", str(manifest), "--output", str(tmp_path / "o")), "'path' column")
 
 
+@pytest.mark.e2e
 def test_manifest_split_column_conflicts_with_ratios(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("path,split\na.jpg,train\n")
@@ -164,17 +173,20 @@ def test_manifest_split_column_conflicts_with_ratios(tmp_path):
     _one_line_error(result, "split column")
 
 
+@pytest.mark.e2e
 def test_verbose_shows_the_traceback(small_input, tmp_path):
     result = run_cli("convert", "--input", str(small_input / "missing"), "--output", str(tmp_path / "o"), "-v")
     assert result.returncode == 2 and "Traceback" in result.stderr
 
 
+@pytest.mark.e2e
 def test_help_and_unknown_command():
     assert run_cli("convert", "--help").returncode == 0
     result = run_cli("transmogrify")
     assert result.returncode == 2 and "unknown command" in result.stderr
 
 
+@pytest.mark.e2e
 def test_console_script_is_installed():
     import os
     import shutil
@@ -192,6 +204,7 @@ def test_shell_expanded_glob_is_explained():
         parse_convert(["--input", "p/a.jpg", "p/b.jpg", "--output", "o"])
 
 
+@pytest.mark.e2e
 def test_convert_help_shows_required_flags_defaults_examples_and_exit_codes():
     result = run_cli("convert", "--help")
     assert result.returncode == 0 and result.stderr == ""
@@ -225,6 +238,7 @@ def test_every_convert_flag_has_help():
         assert action.help, action.option_strings
 
 
+@pytest.mark.e2e
 def test_done_in_counts_from_process_start():
     import subprocess
     import sys
@@ -249,6 +263,7 @@ sys.exit(rc)
 """
 
 
+@pytest.mark.e2e
 def test_without_tensorflow_transform_convert_still_works_and_says_so(small_input, tmp_path):
     """The base install has no TFT: the default run skips the analysis with a note and never imports TF."""
     import subprocess
@@ -274,9 +289,12 @@ def test_without_tensorflow_transform_convert_still_works_and_says_so(small_inpu
     _one_line_error(stats, "--image-stats needs tensorflow-transform")
 
 
+@pytest.mark.e2e
 def test_a_default_run_prints_only_its_summary(small_input, tmp_path):
-    """TFT analysis and TFDS metadata on: no TensorFlow, absl or Beam lines on stderr, wall time reported."""
-    result = run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "full"))
+    """TFT analysis and TFDS metadata on: no TensorFlow, absl or Beam lines on stderr, wall time reported.
+    (A process of its own: TensorFlow's C++ start-up lines go to the process's stderr, and only a fresh
+    interpreter imports TensorFlow.)"""
+    result = run_cli("convert", "--input", str(small_input), "--output", str(tmp_path / "full"), process=True)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
@@ -284,6 +302,7 @@ def test_a_default_run_prints_only_its_summary(small_input, tmp_path):
     assert all(line.startswith(("done in ", "  ")) for line in lines), result.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["UsageError", "RejectsError", "PipelineError"])
 def test_an_error_message_of_several_lines_is_printed_as_one(monkeypatch, capsys, kind):
     """Whatever library text ends up in an error (a parser's snippet and arrow), the user sees one line."""

@@ -8,6 +8,8 @@ import pytest
 
 from beam_pipeline import cli
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.parametrize("argv", [["-v", "convert"], ["convert", "-v"]], ids=["before", "after"])
 def test_verbose_before_or_after_the_command_shows_the_traceback(argv, tmp_path, caplog, capsys):
@@ -22,6 +24,7 @@ def test_verbose_before_or_after_the_command_shows_the_traceback(argv, tmp_path,
     assert record.exc_info is not None
 
 
+@pytest.mark.unit
 def test_a_job_not_run_here_says_where_it_went():
     assert cli._not_run_here({"template_location": "t.json"}, "o") == "job request written to t.json (not submitted)"
     assert cli._not_run_here({"detached": True, "job_id": "j1"}, "gs://b/o") == (

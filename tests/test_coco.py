@@ -18,6 +18,8 @@ from beam_pipeline.vocab import reasons
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 # Non-contiguous ids, as COCO's (80 categories with ids 1-90).
 CATEGORIES = [
     {"id": 1, "name": "person"},
@@ -350,12 +352,14 @@ def test_label_map_labels_txt_and_dataset_json(converted):
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+@pytest.mark.unit
 def test_label_map_quotes_names():
     assert objects.label_map_pbtxt([(2, "it's"), (1, "a\\b")]) == (
         "item {\n  id: 1\n  name: 'a\\\\b'\n}\nitem {\n  id: 2\n  name: 'it\\'s'\n}\n"
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("box", "want"),
     [
@@ -377,6 +381,7 @@ def test_check_box(box, want):
     assert (got.reason if isinstance(got, objects.Invalid) else got) == want
 
 
+@pytest.mark.unit
 def test_read_categories_refuses_a_bad_file_in_one_line(tmp_path):
     def categories(cats: Any) -> Path:
         path = tmp_path / "c.json"
@@ -410,6 +415,7 @@ def test_read_categories_refuses_a_bad_file_in_one_line(tmp_path):
         coco.read_categories(str(broken))
 
 
+@pytest.mark.unit
 def test_read_categories_gives_what_a_full_parse_gives(tmp_path):
     """The event-built items equal json.load's, whatever else the file holds around and inside them."""
     doc = {
@@ -541,6 +547,7 @@ def test_a_gs_coco_file_and_images_make_the_same_shards_as_local_files(converted
     assert len(reasons) == 7
 
 
+@pytest.mark.unit
 def test_the_shard_digest_covers_annotations():
     """Resume takes a finished shard only when its images' annotations are the same."""
     from beam_pipeline import resume
@@ -566,6 +573,7 @@ def test_the_shard_digest_covers_annotations():
     )
 
 
+@pytest.mark.unit
 def test_the_code_digest_covers_subpackages(tmp_path, monkeypatch):
     """A change in writer/ or annotations/ (which build records) is a change of the code that reused records
     and resumed shards must come from."""
@@ -618,6 +626,7 @@ def test_objects_keep_the_files_order_as_model_garden_writes_them(tmp_path, tf):
     assert [round(x * 50) for x in rows["b.jpg"]["image/object/bbox/xmin"]] == [12, 4]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "counts",
     [
@@ -636,6 +645,7 @@ def test_a_corrupt_compressed_rle_is_a_bad_mask_not_a_crash_in_the_writer(counts
     assert objects.check_segmentation(compressed_rle(48, 64), 64, 48) is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("far", [1e8, -1e8, 1e300])
 def test_a_polygon_point_far_outside_the_image_is_a_bad_mask(far):
     """pycocotools rasterizes a polygon edge pixel by pixel, wherever it goes: one point at 1e8 made the worker
@@ -742,6 +752,7 @@ def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
     assert info["rejects"]["total"] == 3 and info["examples"] == 1, info["rejects"]
 
 
+@pytest.mark.unit
 def test_a_mask_of_many_polygons_is_rasterized_in_one_layer():
     """An annotation of 2,000 polygons (a crowd outlined piece by piece) must not cost an image-size layer per
     polygon: pycocotools decodes a list of RLEs to height x width x n, so they are merged first. The peak is
@@ -767,6 +778,7 @@ def test_a_mask_of_many_polygons_is_rasterized_in_one_layer():
     assert mask[4, 100] == 1 and mask[12, 25] == 1 and mask[100, 100] == 0
 
 
+@pytest.mark.pipeline
 def test_counters_summed_per_bundle_are_exact_over_several_bundles():
     """The object reject counters leave each bundle as a few sums (join.Counts), not one element per object: on a
     runner that splits the images over two workers there are several partial sums, and they add up exactly."""
@@ -1040,6 +1052,7 @@ def test_ids_beyond_64_bits_are_refused_saying_so_and_convert_as_text(tmp_path, 
     assert row["image/source_id"] == str(big).encode() and list(row["image/object/class/label"]) == [1]
 
 
+@pytest.mark.unit
 def test_categories_sharing_a_name_are_kept_apart_with_a_note(tmp_path):
     """Merged label sets repeat a name under two ids: the OD API's name-to-id map would fold them, silently."""
     path = tmp_path / "c.json"
@@ -1157,6 +1170,7 @@ def test_odd_image_id_text_and_an_area_beyond_float32_are_object_rejects_not_a_f
     assert list(record["image/object/area"]) == [pytest.approx(16 * 12)]
 
 
+@pytest.mark.unit
 def test_an_images_entry_side_of_2_to_the_31_or_more_is_a_bad_image_entry():
     """The frame sizes a source may give stop below 2**31 (as for VOC and manifests): a width of 1e300 gave an
     annotation_size_mismatch whose detail held a 301-digit number."""
@@ -1168,6 +1182,7 @@ def test_an_images_entry_side_of_2_to_the_31_or_more_is_a_bad_image_entry():
     assert coco._entry_problem({**entry, "width": 2**31 - 1, "height": 64.0}) is None  # noqa: SLF001
 
 
+@pytest.mark.unit
 def test_coco_category_offset_adds_to_every_category_id(tmp_path):
     """--coco-category-offset N: categories and annotations alike; the bound on ids holds after it."""
     _, path = label_studio_export(tmp_path)
@@ -1182,6 +1197,7 @@ def test_coco_category_offset_adds_to_every_category_id(tmp_path):
         coco.read_categories(str(path), coco.MAX_CATEGORY_ID)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
@@ -1263,6 +1279,7 @@ def test_a_panoptic_file_is_refused_at_the_start_naming_segments_info(tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.unit
 def test_a_keypoints_file_converts_its_objects_with_a_note_that_keypoints_are_not_written(tmp_path, capsys):
     """A person_keypoints file: its boxes and masks convert, its keypoints were dropped without a word."""
     from beam_pipeline.config import ConvertConfig
@@ -1293,6 +1310,7 @@ def test_a_keypoints_file_converts_its_objects_with_a_note_that_keypoints_are_no
     assert coco.read_categories(str(plain)).keypoints == 0
 
 
+@pytest.mark.unit
 def test_a_coco_run_builds_on_no_dataset_whose_labels_txt_gives_other_ids(tmp_path):
     """--incremental-from with a previous labels.txt that is not the first lines of this run's: why, for the
     note that says every image is converted (new categories after its last id keep its ids: built on)."""

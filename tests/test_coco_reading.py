@@ -19,6 +19,8 @@ from beam_pipeline import tfds_metadata
 from .conftest import convert, load_info
 from .test_coco import expected_objects, make_coco, mask_of
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def detection(tmp_path_factory):
@@ -72,6 +74,7 @@ def test_tfds_loads_the_objects_as_a_sequence(detection):
     assert seen == {"a.jpg", "c.jpg", "d.jpg", "sub/b.png"}
 
 
+@pytest.mark.unit
 def test_tfds_metadata_is_skipped_for_a_category_name_tfds_would_change():
     info = {"compression": "none", "labels": None, "categories": [{"id": 1, "name": " cat"}]}
     assert "leading or trailing spaces" in tfds_metadata.skip_reason(info)

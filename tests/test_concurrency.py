@@ -28,6 +28,8 @@ from .conftest import BUCKET, REPO, convert, run_cli
 from .imagegen import image_bytes, write
 from .test_failpoints import NEW_RUN, _job, run_until_finalized, snapshot
 
+pytestmark = pytest.mark.e2e
+
 
 def _photos(root: Path, n: int = 8) -> Path:
     for i in range(n):
@@ -201,6 +203,7 @@ def _cas_emulator(monkeypatch) -> None:
     monkeypatch.setattr(objects, "insert", wrapped[objects.insert])
 
 
+@pytest.mark.unit
 def test_the_lease_on_gcs_is_a_compare_and_swap(gcs, monkeypatch):
     from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
@@ -366,6 +369,7 @@ def _publish_over_user_files(put: Callable[[str, bytes], None], get: Callable[[]
     assert get() == {**new, **user, "_SUCCESS": b""}
 
 
+@pytest.mark.unit
 def test_publish_leaves_a_users_files_under_the_tft_folders_alone(tmp_path):
     out = tmp_path / "out"
 
@@ -378,6 +382,7 @@ def test_publish_leaves_a_users_files_under_the_tft_folders_alone(tmp_path):
     _publish_over_user_files(put, get, str(out))
 
 
+@pytest.mark.unit
 def test_publish_on_gcs_leaves_a_users_files_under_the_tft_folders_alone(gcs):
     from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
@@ -518,6 +523,7 @@ def test_clean_keeps_the_folder_of_a_publish_cut_short_that_the_same_command_fin
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.unit
 def test_a_detached_job_over_its_reject_budget_gives_up_the_lease(tmp_path):
     """A --detach job (its launcher is gone: the lease lasts 24 h, publish releases it) that may not publish over
     an existing dataset (too many rejects) leaves that dataset alone, and must give the lease up too: else the
@@ -537,6 +543,7 @@ def test_a_detached_job_over_its_reject_budget_gives_up_the_lease(tmp_path):
     assert lease.holder(cfg.output) is None
 
 
+@pytest.mark.unit
 def test_a_late_finalize_attempt_stalled_before_its_first_step_leaves_nothing_in_the_output(tmp_path, monkeypatch):
     """Attempt 1 of finalize finds its run unpublished, then stalls; attempt 2 runs whole (publishes, removes
     the staging folder); attempt 1 carries on. The output must be exactly the published dataset: not even a

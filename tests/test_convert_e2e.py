@@ -14,6 +14,8 @@ from beam_pipeline import hashing
 from .conftest import convert, load_info, read_records, run_cli
 from .imagegen import broken_bytes, image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 GOOD_KINDS = ["jpeg", "jpeg", "jpeg_gray", "png", "png_rgba", "png_palette", "gif", "bmp", "webp", "jpeg_progressive"]
 LABELS = ["bird", "cat", "dog"]
 BROKEN = {"zero.jpg": "empty", "cut.jpg": "truncated", "text.jpg": "not_an_image", "noise.png": "not_an_image"}

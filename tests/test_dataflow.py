@@ -10,8 +10,12 @@ import sys
 import tarfile
 import time
 
+import pytest
+
 from .conftest import BUCKET, REPO, gcs_that_does_not_answer, run_cli
 from .imagegen import image_bytes
+
+pytestmark = pytest.mark.e2e
 
 DATAFLOW_ENV = {"GCP_PROJECT": "my-project", "GCP_REGION": "europe-west1", "GCS_BUCKET": BUCKET}
 
@@ -139,6 +143,7 @@ def test_sdist_for_setup_file_carries_the_package_and_its_requirements(tmp_path)
     assert "tensorflow-transform<1.22,>=1.21" in requires.split("[transform]\n", 1)[1]
 
 
+@pytest.mark.unit
 def test_worker_requirements_carry_the_converter_and_transform_extras_at_the_pinned_versions():
     """Workers get setup.py without extras: the [transform] extra's packages (the converter's and TFT) must be in
     the worker requirements file, at the version requirements/constraints.txt pins (what the tests and the

@@ -18,6 +18,8 @@ from beam_pipeline.flex_main import convert_args
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 EXAMPLES = {
     "input": "gs://b/photos",
     "manifest": "gs://b/list.csv",
@@ -128,6 +130,7 @@ def test_dated_output_and_job_name():
     assert cfg.output == "o" and cfg.output_template is None and cfg.run_date is None
 
 
+@pytest.mark.pipeline
 def test_dockerfile_matches_the_pinned_versions():
     docker = (REPO / "Dockerfile").read_text()
     constraints = (REPO / "requirements" / "constraints.txt").read_text()
@@ -138,11 +141,13 @@ def test_dockerfile_matches_the_pinned_versions():
     assert "COPY setup.py" in docker and "FLEX_TEMPLATE_PYTHON_PY_FILE=/template/beam_pipeline/flex_main.py" in docker
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("script", ["build_template.sh", "run_template.sh", "schedule.sh"])
 def test_deploy_scripts_parse(script):
     subprocess.run(["bash", "-n", str(REPO / "scripts" / "dataflow" / script)], check=True)
 
 
+@pytest.mark.e2e
 def test_scheduled_runs_build_on_the_previous_night(tmp_path):
     """Every nightly launcher passes incremental_from=latest for a dated output (the first night converts all)."""
     body = _scheduler_body(tmp_path / "dated", "gs://b/datasets/photos/{date}")
@@ -168,6 +173,7 @@ def _scheduler_body(stub_dir: Path, output: str) -> dict:
     return json.loads(args[args.index("--message-body") + 1])["launchParameter"]
 
 
+@pytest.mark.e2e
 def test_every_launcher_runs_the_workers_in_the_template_image(tmp_path):
     """run_template.sh, schedule.sh and the DAG pass the image build_template.sh builds as sdk_container_image."""
     image = "r-docker.pkg.dev/p/beam-pipeline/beam-pipeline:" + _version()
@@ -197,6 +203,7 @@ def test_airflow_dag_compiles():
     py_compile.compile(str(REPO / "scripts" / "airflow" / "beam_pipeline_dag.py"), doraise=True)
 
 
+@pytest.mark.e2e
 def test_the_wheel_installs_by_role(tmp_path):
     """pip install . is the reader (TensorFlow as a range, nothing else); Beam and TFT are extras; [test] has all."""
     subprocess.run(

@@ -15,6 +15,8 @@ from beam_pipeline.annotations.objects import Annotations, Obj
 from beam_pipeline.images.options import ImageOptions
 from beam_pipeline.vocab.refs import Ref
 
+pytestmark = pytest.mark.unit
+
 VARIANTS = {
     "boxes": (),
     "polygons": ([[1.0, 2.0, 30.5, 2.0, 30.5, 40.25]], [[0, 0, 5, 0, 5, 5], [7, 7, 9, 7, 9, 9]]),

@@ -12,9 +12,12 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from beam_pipeline import cli
+
+pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parent.parent
 

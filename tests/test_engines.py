@@ -30,6 +30,8 @@ from tests import imagegen
 from tests.conftest import REPO, convert, load_info, run_cli
 from tests.test_coco import make_coco
 
+pytestmark = pytest.mark.cluster
+
 CLUSTER = str(REPO / "scripts" / "cluster.sh")
 HOME = Path(os.environ.get("BEAM_CLUSTER_HOME") or REPO / ".cluster")
 SPLITS = ("--split-ratios", "train=0.7,validation=0.15,test=0.15")

@@ -15,6 +15,8 @@ import pytest
 from tests.test_engines import classification_matches, killed_mid_run, running_cluster
 from tests.test_engines import shared as shared  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.cluster
+
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[list[str]]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from beam_pipeline.examples import build_example, parse_example
+
+pytestmark = pytest.mark.unit
 
 
 def test_tensorflow_parses_our_examples(tf):

@@ -36,6 +36,8 @@ from beam_pipeline.writer.shard import WriteShardFn
 
 from .imagegen import broken_bytes, image_bytes, write
 
+pytestmark = pytest.mark.unit
+
 NEW_RUN = "20991231-000000-feedf00d"
 OLD_RUN = "20991230-000000-0ld0ld00"
 LABELS = ["cat", "dog"]
@@ -223,6 +225,7 @@ def test_failpoint_spec_and_once_semantics(monkeypatch):
 BEFORE_PUBLISH = {"writer.record", "writer.result", "rejects.write", "finalize.rename", "finalize.write"}
 
 
+@pytest.mark.e2e
 def test_sweep_every_point_without_post_steps(tmp_path, armed):
     """Finalize publishes itself (no TFT, no TFDS): writer, rejects, finalize and publish points."""
     base = tmp_path / "base"
@@ -268,6 +271,7 @@ def test_sweep_every_point_without_post_steps(tmp_path, armed):
     assert swept["writer.record"] == 9 and swept["publish.move"] >= 5 and swept["publish.delete"] >= 4, swept
 
 
+@pytest.mark.e2e
 def test_sweep_post_steps_and_publish_with_tft_and_tfds(tmp_path, armed):
     """Post-steps as the job's last step: TFT folders and TFDS files replace an older run's."""
     base = tmp_path / "base"
@@ -372,6 +376,7 @@ def test_a_retried_finalize_after_publish_changes_nothing(tmp_path):
     assert not [p for p in os.listdir(out) if p.startswith(".")]
 
 
+@pytest.mark.e2e
 def test_the_cli_honours_the_variable_and_the_next_run_takes_over(tmp_path, monkeypatch):
     """The local runner does not retry: the crash fails the run (exit 1, one line, no _SUCCESS),
     and the next run publishes over what it left."""
@@ -455,6 +460,7 @@ def test_an_unknown_point_is_an_error_naming_the_known_points(monkeypatch):
         failpoints.hit("publish.move")  # armed through the variable: the same check, at the first hit
 
 
+@pytest.mark.e2e
 def test_the_cli_refuses_an_unknown_point_before_starting(tmp_path, monkeypatch):
     from .conftest import run_cli
 

@@ -24,6 +24,8 @@ from beam_pipeline.flex_main import to_cli_args
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 # A value for every --config key, other than its default; extra settings it needs to be valid.
 EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "input": ("photos", {}),

@@ -8,12 +8,15 @@ import time
 from pathlib import Path
 
 import apache_beam as beam
+import pytest
 
 from beam_pipeline import finalize
 from beam_pipeline.run import previous, publish, workers
 
 from .conftest import BUCKET, convert, gcs_that_does_not_answer, load_info, run_cli
 from .imagegen import broken_bytes, image_bytes, write
+
+pytestmark = pytest.mark.e2e
 
 
 def test_gs_input_and_output_match_a_local_run(gcs, tmp_path):
@@ -224,6 +227,7 @@ def test_multi_processing_workers_get_the_pipeline_options(tmp_path):
     assert out.read_text() == "probe-project"
 
 
+@pytest.mark.unit
 def test_line_files_on_gcs_are_read_in_buffers_not_a_byte_per_call(gcs):
     """A gs:// file opened through Beam has no peek, so iterating its lines read it one byte per call (~120 µs
     a line: 20 minutes for a 10 M-line index.jsonl in finalize). Every line reader goes through a buffer."""
@@ -257,6 +261,7 @@ def test_line_files_on_gcs_are_read_in_buffers_not_a_byte_per_call(gcs):
     assert len(written) == 3000 and json.loads(written[-1])["record"] == 2999
 
 
+@pytest.mark.pipeline
 def test_latest_on_gcs_lists_the_dated_folders_not_every_nights_files(gcs, monkeypatch):
     """A glob over gs://b/nightly/????-??-??/_SUCCESS lists every object under nightly/ (every night's shards:
     millions a year without --keep-last). The dated folders are listed instead, and _SUCCESS looked for newest
@@ -331,6 +336,7 @@ def test_a_missing_bucket_or_an_empty_prefix_is_said_so(gcs, capsys, tmp_path):
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: " + needle), (args, err)
 
 
+@pytest.mark.unit
 def test_without_credentials_the_lookup_goes_anonymous_at_once_and_a_refusal_says_why(monkeypatch):
     """No GOOGLE_APPLICATION_CREDENTIALS, no gcloud login, not on Google Cloud: Beam would retry ~25 s."""
     import time
@@ -361,6 +367,7 @@ def test_without_credentials_the_lookup_goes_anonymous_at_once_and_a_refusal_say
     assert "GOOGLE_APPLICATION_CREDENTIALS" in said
 
 
+@pytest.mark.unit
 def test_each_kind_of_gcs_failure_names_its_cause(monkeypatch):
     import requests
     from google.api_core import exceptions as gexc

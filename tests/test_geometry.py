@@ -24,6 +24,8 @@ from beam_pipeline.vocab import reasons
 from .conftest import convert, load_info, run_cli
 from .test_coco import parsed_records
 
+pytestmark = pytest.mark.e2e
+
 STORED_W, STORED_H = 160, 120  # the painted JPEGs' stored frame (landscape, so turning them swaps the axes)
 RED, BLUE, GREY = (220, 30, 30), (30, 30, 220), (128, 128, 128)
 # (colour, [x, y, w, h] in the stored frame): asymmetric, so every orientation moves them somewhere else
@@ -237,6 +239,7 @@ def test_the_size_check_is_against_the_stored_frame(runs):
         assert "160x120" in rejects[0]["detail"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_oriented_box_is_where_exif_transpose_puts_the_pixels(orientation):
     """oriented_box against Pillow: a block painted at the box, turned by exif_transpose, has the turned box
@@ -255,6 +258,7 @@ def test_oriented_box_is_where_exif_transpose_puts_the_pixels(orientation):
     assert upright.shape == ((height, width) if orientation < 5 else (width, height))
 
 
+@pytest.mark.unit
 def test_prepare_image_reports_the_transform_it_applied():
     data = painted_jpeg(6)
     kept = prepare_image(data, ImageOptions())
@@ -279,6 +283,7 @@ def test_dedupe_with_coco_stays_a_usage_error(tmp_path):
     assert result.returncode == 2 and "--dedupe" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.unit
 def test_a_size_mismatch_of_swapped_sides_names_the_likely_exif_turn():
     """An annotation tool that showed an EXIF-rotated photo upright records its upright size: the reject says so."""
     stored = Geometry(64, 48, 64, 48)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import collections
 
+import pytest
+
 from beam_pipeline import hashing
+
+pytestmark = pytest.mark.unit
 
 RATIOS = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
 

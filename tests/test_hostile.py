@@ -29,6 +29,8 @@ from .imagegen import encode, image_bytes, write
 from .test_images import _png_claiming, _tf_shape_matches
 from .test_images import _verdict as _reason
 
+pytestmark = pytest.mark.unit
+
 
 def test_gif_frames_declaring_extents_far_beyond_the_screen_are_refused_before_pillow_sees_them():
     # A 10 x 10 screen; Pillow would grow its canvas to 60,000 x 60,000 (3.6 G pixels) on opening.
@@ -108,6 +110,7 @@ def test_a_large_file_whose_head_breaks_a_limit_is_refused_after_reading_its_hea
     assert storage.read_bytes(ok, os.path.getsize(ok), ImageOptions()) == Path(ok).read_bytes()
 
 
+@pytest.mark.e2e
 def test_importing_the_package_changes_no_process_wide_state():
     script = textwrap.dedent(
         """
@@ -133,6 +136,7 @@ def test_importing_the_package_changes_no_process_wide_state():
     assert int(count) >= 15 and same == "True", out.stdout
 
 
+@pytest.mark.e2e
 def test_a_real_memory_error_fails_instead_of_rejecting(tmp_path):
     """Under an address-space limit, a legal 13,000 x 13,000 PNG cannot be decoded: that must raise
     (the runner retries the bundle), not become a too_many_pixels reject."""
@@ -228,6 +232,7 @@ def run_measured(args: list[str], timeout: float = 600) -> tuple[int, str, int]:
     return proc.returncode, err.decode(errors="replace"), peak[0]
 
 
+@pytest.mark.e2e
 def test_hostile_files_beside_large_legal_ones_convert_with_bounded_memory(tmp_path):
     root = tmp_path / "in"
     legal, reasons = make_hostile_folder(root)

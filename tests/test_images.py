@@ -9,6 +9,8 @@ from beam_pipeline.images.options import Rejected
 
 from .imagegen import broken_bytes, image_bytes
 
+pytestmark = pytest.mark.unit
+
 READABLE = [
     "jpeg",
     "jpeg_gray",
@@ -94,6 +96,7 @@ def _tf_shape_matches(prepared, tf):
     return decoded.numpy()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["cmyk_jpeg", "tiff", "bmp_palette", "ico"])
 def test_formats_tensorflow_misreads_are_converted_to_png(kind, tf):
     rgb = Image.fromarray(pixels(24, 32, 5), "RGB")
@@ -252,6 +255,7 @@ def _verdict(data: bytes, options: ImageOptions | None = None) -> str:
         return r.reason
 
 
+@pytest.mark.e2e
 def test_validate_only_jpeg_decode_rejects_the_same_files_as_a_full_decode():
     # A JPEG kept as it is is only decoded at 1/8 scale; --reencode needs every
     # pixel, so the same file goes through Pillow's full decode. Both must agree
@@ -293,6 +297,7 @@ def _files_of_every_kind() -> dict[str, bytes]:
     return files
 
 
+@pytest.mark.e2e
 def test_pillow_open_picks_the_format_image_open_picks():
     """images.check._pillow_open tries the plugins with a signature check before those without one (Image.open tries
     IM, IMT and IPTC before JPEG): every file still opens as the format Image.open gives it, or neither opens it."""

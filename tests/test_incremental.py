@@ -15,6 +15,8 @@ from beam_pipeline.index import read_record_at
 from .conftest import CliResult, convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 ARGS = ["--name", "ds", "--split-ratios", "train=0.7,test=0.3", "--seed", "3", "--target-shard-mb", "0.004"]
 
 
@@ -234,6 +236,7 @@ def test_previous_rejects_are_kept_unread_unless_the_file_changed(tmp_path):
     ]
 
 
+@pytest.mark.unit
 def test_which_previous_rejects_are_kept():
     from beam_pipeline.index import kept_reject, reject_key
     from beam_pipeline.vocab.refs import Ref
@@ -330,6 +333,7 @@ def test_gzip_offsets_are_in_the_uncompressed_stream_and_gzip_shards_are_not_reu
     assert result.returncode == 2 and "needs the planned sink" in result.stderr
 
 
+@pytest.mark.unit
 def test_earlier_dated_folders_takes_real_dates_before_the_run_newest_first():
     from beam_pipeline.run.previous import earlier_dated_folders
 
@@ -558,6 +562,7 @@ def test_label_names_keep_their_ids_exactly_whitespace_included(tmp_path):
     assert shard_bytes(full) == shard_bytes(second)
 
 
+@pytest.mark.unit
 def test_tfds_metadata_is_skipped_when_tfds_would_read_a_label_back_otherwise():
     from beam_pipeline.tfds_metadata import skip_reason
 
@@ -604,11 +609,23 @@ def test_damaged_lines_of_the_previous_index_and_rejects_are_left_out_not_a_cras
     assert "unreadable_previous_lines" not in load_info(again)["incremental"]
 
 
+@pytest.fixture(scope="module")
+def three_cats(tmp_path_factory) -> tuple[Path, Path]:
+    """3 images and their dataset (ARGS), converted once for the tests that damage a copy of it."""
+    root = tmp_path_factory.mktemp("three_cats")
+    make_images(root / "src", {"cat": 3})
+    convert("--input", str(root / "src"), "--output", str(root / "prev"), *ARGS)
+    return root / "src", root / "prev"
+
+
+def _copy_of(dataset: Path, to: Path) -> Path:
+    shutil.copytree(dataset, to)
+    return to
+
+
 @pytest.mark.parametrize("damage", [b"[1, 2]\n", b"[" * 100_000 + b"]" * 100_000], ids=["not-an-object", "too-deep"])
-def test_incremental_from_a_dataset_whose_dataset_json_is_damaged_is_a_one_line_error(tmp_path, damage):
-    src, prev = tmp_path / "src", tmp_path / "prev"
-    make_images(src, {"cat": 3})
-    convert("--input", str(src), "--output", str(prev), *ARGS)
+def test_incremental_from_a_dataset_whose_dataset_json_is_damaged_is_a_one_line_error(tmp_path, damage, three_cats):
+    src, prev = three_cats[0], _copy_of(three_cats[1], tmp_path / "prev")
     (prev / "dataset.json").write_bytes(damage)
     result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "inc"), "--incremental-from", str(prev))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
@@ -620,11 +637,11 @@ def test_incremental_from_a_dataset_whose_dataset_json_is_damaged_is_a_one_line_
     [(b"\xff\xfe\x00cat\n", "its labels.txt is not UTF-8 text (damaged)"), (b"cat\ncat\n", "lists 'cat' twice")],
     ids=["not-utf8", "a-label-twice"],
 )
-def test_incremental_from_a_dataset_whose_labels_txt_is_damaged_is_a_one_line_error(tmp_path, damage, words):
+def test_incremental_from_a_dataset_whose_labels_txt_is_damaged_is_a_one_line_error(
+    tmp_path, damage, words, three_cats
+):
     """Line k of labels.txt is id k: bytes that are no text, or a label on two lines, give no ids to keep."""
-    src, prev = tmp_path / "src", tmp_path / "prev"
-    make_images(src, {"cat": 3})
-    convert("--input", str(src), "--output", str(prev), *ARGS)
+    src, prev = three_cats[0], _copy_of(three_cats[1], tmp_path / "prev")
     (prev / "labels.txt").write_bytes(damage)
     result = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "inc"), "--incremental-from", str(prev))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

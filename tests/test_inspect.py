@@ -12,6 +12,8 @@ from PIL import Image
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
@@ -275,6 +277,7 @@ def test_a_reader_that_goes_away_is_no_error(dataset):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
+@pytest.mark.unit
 def test_a_contact_sheet_draws_its_records_without_a_list_of_every_record(monkeypatch):
     """sample() used to build one (shard, i) pair per record to draw 64: ~1 GB for 10 M records before
     anything was read. It draws numbers from the records' range and finds each one's shard (same picks)."""

@@ -19,6 +19,8 @@ from beam_pipeline.run import local
 from .conftest import REPO, convert, load_info
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 CONVERTER_MODULES = ("apache_beam", "PIL", "yaml")
 
 
@@ -126,6 +128,7 @@ def _worker_requirements(cfg_changes: dict, flags: list[str]) -> list[str] | Non
         return Path(path).read_text().split()
 
 
+@pytest.mark.unit
 def test_setup_file_workers_get_the_converter_they_install_without_extras():
     """--setup_file workers install the base package (TensorFlow only): the converter comes in a requirements file,
     TFT too when the job runs the analysis; Beam is the worker image's."""
@@ -143,6 +146,7 @@ def test_setup_file_workers_get_the_converter_they_install_without_extras():
     assert _worker_requirements({}, []) is None
 
 
+@pytest.mark.unit
 def test_a_given_requirements_file_keeps_beams_download_cache_outside_the_runs_temporary_folder(tmp_path):
     """A run's temporary files go to a folder of its own, removed after it (local._RunTemporaryFolder); Beam's
     cache of a --requirements_file's downloads lives in tempfile's folder by default and is meant to outlive
@@ -165,6 +169,7 @@ def test_a_given_requirements_file_keeps_beams_download_cache_outside_the_runs_t
     assert with_worker_requirements(cfg, given, str(tmp_path)) == given
 
 
+@pytest.mark.unit
 def test_runs_in_threads_share_one_temporary_folder_removed_after_the_last():
     """Two runs in one process that end in the order they started: the second keeps its temporary folder (and
     tempfile keeps working) until it ends; then tempfile's folder is what it was and the run folder is gone."""
@@ -187,6 +192,7 @@ def test_runs_in_threads_share_one_temporary_folder_removed_after_the_last():
     assert tempfile.tempdir == before and tempfile.gettempdir() == system
 
 
+@pytest.mark.pipeline
 def test_a_lock_file_that_is_a_fifo_does_not_stall_the_next_run(tmp_path):
     """Anyone can make a beam_pipeline-run-* folder in a shared /tmp: a FIFO planted as its _run.lock made the
     look at dead runs' folders (at every run's start) block for ever on open/read. It is left alone, at once;

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 PACKAGE = Path(__file__).resolve().parent.parent / "beam_pipeline"
 
 
@@ -165,6 +167,7 @@ def test_every_package_import_names_something_that_exists():
     assert missing_imports() == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("module", sorted(module_names()))
 def test_every_module_imports_alone_in_a_fresh_interpreter(module):
     """``python -c 'import beam_pipeline.X'``: X and what it imports load in whatever order X starts."""

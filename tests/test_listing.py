@@ -18,6 +18,8 @@ from beam_pipeline.vocab.refs import Ref
 from .conftest import BUCKET, local_pipeline, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.unit
+
 CFG = ConvertConfig(output="/out", name="ds", input="/in")
 
 
@@ -181,6 +183,7 @@ def test_jsonl_manifest_rows():
         list(read_manifest_rows(io.StringIO('{"path": "a.jpg"}\n[1]\n'), "jsonl"))
 
 
+@pytest.mark.e2e
 def test_jsonl_manifest_line_with_half_a_surrogate_pair_is_an_error_naming_the_line(tmp_path):
     """JSON lets a string escape half of a UTF-16 pair (a caption cut inside an emoji); no UTF-8 text
     holds it, and the run died with "'utf-8 [while running 'List/ReadManifest']' codec can't encode"."""
@@ -197,6 +200,7 @@ def test_jsonl_manifest_line_with_half_a_surrogate_pair_is_an_error_naming_the_l
     assert "manifest line 2" in result.stderr and "surrogate" in result.stderr, result.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("depth", [100_000, 900], ids=["deeper-than-json-loads", "json-loads-reads-it"])
 @pytest.mark.parametrize("line", [2, 150], ids=["launcher-look", "in-pipeline"])
 def test_a_jsonl_line_nested_too_deep_is_an_error_naming_the_line(tmp_path, line, depth):
@@ -235,6 +239,7 @@ def test_value_type(value, kind):
     assert value_type(value) == kind
 
 
+@pytest.mark.pipeline
 def test_column_types_widen_over_rows():
     refs = [
         Ref("/a", "a", 1, "train", None, 0, (("n", "1"), ("x", "1"), ("s", "a"))),
@@ -245,6 +250,7 @@ def test_column_types_widen_over_rows():
         assert_that(types, equal_to([{"n": "int", "s": "string", "x": "float"}]))
 
 
+@pytest.mark.pipeline
 def test_list_inputs_transform(tmp_path):
     root = tmp_path / "in"
     write(str(root / "cat" / "a.jpg"), image_bytes("jpeg"))
@@ -305,6 +311,7 @@ def _messy_tree(root) -> None:
     write(os.path.join(latin1, "sub", "deeper", "z.jpg"), b"zz")
 
 
+@pytest.mark.pipeline
 @pytest.mark.parametrize("depth", [0, 1, 2, 3])
 def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
     from apache_beam.io.filesystems import FileSystems
@@ -330,6 +337,7 @@ def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
         assert_that(fanned[REJECTS], equal_to(expected_odd), label="SameOddEntries")
 
 
+@pytest.mark.pipeline
 def test_fanned_out_gcs_listing_equals_one_match(gcs):
     from apache_beam.io.filesystems import FileSystems
 
@@ -360,6 +368,7 @@ def test_fanned_out_gcs_listing_equals_one_match(gcs):
             assert_that(paths, equal_to(everything))
 
 
+@pytest.mark.pipeline
 def test_manifest_paths_with_glob_characters_are_stat_literally(tmp_path):
     root = tmp_path / "in"
     for name, size in [("a[1].jpg", 3), ("a1.jpg", 5), ("b*.jpg", 7), ("bb.jpg", 11), ("c?.jpg", 13), ("cc.jpg", 17)]:
@@ -376,6 +385,7 @@ def test_manifest_paths_with_glob_characters_are_stat_literally(tmp_path):
         assert_that(reasons, equal_to(expected), label="Rejects")
 
 
+@pytest.mark.pipeline
 def test_gcs_manifest_paths_with_glob_characters_are_stat_literally(gcs):
     from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
@@ -394,6 +404,7 @@ def test_gcs_manifest_paths_with_glob_characters_are_stat_literally(gcs):
         assert_that(reasons, equal_to([(f"{root}/d[2].jpg", "missing", "file does not exist")]), label="Rejects")
 
 
+@pytest.mark.e2e
 def test_convert_keeps_manifest_files_whose_names_look_like_globs(tmp_path):
     """End to end: a[1].jpg exists and becomes a record (it used to be matched as a pattern: `missing`)."""
     from .conftest import convert, read_records
@@ -448,6 +459,7 @@ def _check_manifest(tmp_path, name: str, text: str, refs: list, rejects: list, *
         )
 
 
+@pytest.mark.pipeline
 def test_jsonl_split_column_is_any_rows_whatever_the_order(tmp_path):
     """105 rows without a split then 5 with one (and the reverse): a split column, the 105 no_split rejects."""
     import json
@@ -462,6 +474,7 @@ def test_jsonl_split_column_is_any_rows_whatever_the_order(tmp_path):
         _check_manifest(tmp_path, "list.jsonl", text, refs, [(f"{i:03d}.jpg", "no_split") for i in range(105)])
 
 
+@pytest.mark.pipeline
 def test_csv_empty_label_and_split_cells_are_rejects(tmp_path):
     for name in ("a.jpg", "b.jpg", "c.jpg"):
         write(str(tmp_path / name), b"x")
@@ -471,6 +484,7 @@ def test_csv_empty_label_and_split_cells_are_rejects(tmp_path):
     )
 
 
+@pytest.mark.pipeline
 def test_duplicate_rows_keep_the_first_by_canonical_json(tmp_path):
     """One file in three rows, spelt two ways: one ref, two duplicate_row rejects, whatever the order."""
     import json
@@ -492,6 +506,7 @@ def test_duplicate_rows_keep_the_first_by_canonical_json(tmp_path):
         _check_manifest(tmp_path, "list.jsonl", text, refs, rejects)
 
 
+@pytest.mark.pipeline
 def test_gcs_jsonl_manifest_labels_and_duplicate_rows_over_every_row(gcs, tmp_path):
     """The same over a gs:// manifest: the launcher reads its first rows only, the job every row."""
     import json

@@ -18,6 +18,8 @@ from .conftest import convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
 from .test_coco import parsed_records
 
+pytestmark = pytest.mark.e2e
+
 COLUMNS = ["path", "split", "xmin", "ymin", "xmax", "ymax", "label", "width", "height", "weather"]
 # (file, kind, width, height)
 IMAGES = [
@@ -319,6 +321,7 @@ def test_cli_errors_name_the_flag(object_set, tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.unit
 def test_a_transient_error_reading_the_size_is_retried_not_a_reject(monkeypatch):
     """A busy server while reading a header fails the bundle (the runner retries it); a file that is not an
     image is the image's reject."""
@@ -395,6 +398,7 @@ def test_a_killed_run_resumes_only_shards_whose_objects_did_not_change(tmp_path,
     assert all(got[n]["image/object/bbox/xmin"][0] == pytest.approx(4 / 64, abs=1e-6) for n in names if n != moved)
 
 
+@pytest.mark.unit
 def test_rows_of_one_file_group_the_same_whatever_their_order():
     def row(path: str, box: str, label: str) -> tuple[str, dict[str, str]]:
         return "/m/a.jpg", {
@@ -416,6 +420,7 @@ def test_rows_of_one_file_group_the_same_whatever_their_order():
     assert out.value["reason"] == reasons.CONFLICTING_ROWS and "split" in out.value["detail"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
@@ -536,6 +541,7 @@ def test_boxes_all_within_0_and_1_read_as_pixels_get_a_note_naming_box_units(obj
     assert "--box-units" not in converted[1].stderr  # pixel boxes, one of them within [0, 1]: no note
 
 
+@pytest.mark.unit
 def test_an_object_of_other_keys_or_a_label_list_is_rejected_saying_so():
     """A JSON object in x/y/width/height (COCO's box) said its box 'holds a value that is not a number' and a
     label given as a list said the name 'is empty': neither said what was wrong."""
@@ -659,6 +665,7 @@ def test_a_csv_width_written_as_64_point_0_is_the_frame_as_in_json(object_set, t
     assert not jsonl_lines(out / "rejects.jsonl") and load_info(out)["objects"]["kept"] == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "want"),
     [("64", 64), (" 64.0 ", 64), ("0000000000000000032", 32), ("３２", 32), ("١٢", 12), ("²", None), ("1" * 19, None),

@@ -21,6 +21,8 @@ from beam_pipeline.vocab import reasons
 from .conftest import convert, load_info, run_cli
 from .imagegen import encode, image_bytes, pixels, write
 
+pytestmark = pytest.mark.e2e
+
 # A VOC-like palette: index k drawn in some colour; 255 (the "ignore" border) in cream.
 PALETTE = [0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0, *([0, 0, 0] * 251), 224, 224, 192]
 
@@ -160,6 +162,7 @@ def test_each_bad_mask_is_a_reject_with_its_reason(converted):
     assert "image/class/label" not in info["features"]  # the classes are in the pixels
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "mode,values",
     [
@@ -175,6 +178,7 @@ def test_one_bit_and_16_bit_label_maps_become_8_bit_ids(mode, values):
     assert Image.open(io.BytesIO(out)).mode == "L"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bits", [2, 4])
 def test_two_and_four_bit_grey_label_maps_keep_their_ids_not_pillows_scaled_grey(bits):
     """Pillow opens a 2- or 4-bit grey PNG as 8-bit grey scaled up (×85, ×17): id 15 would become 255, the
@@ -192,6 +196,7 @@ def test_two_and_four_bit_grey_label_maps_keep_their_ids_not_pillows_scaled_grey
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(out))), ids)
 
 
+@pytest.mark.unit
 def test_a_class_id_beyond_255_is_a_bad_mask():
     data = encode(Image.fromarray(np.array([[0, 300]], np.uint16)), "PNG")
     with pytest.raises(Rejected) as e:
@@ -199,6 +204,7 @@ def test_a_class_id_beyond_255_is_a_bad_mask():
     assert e.value.reason == reasons.BAD_MASK and "300" in e.value.detail
 
 
+@pytest.mark.unit
 def test_grey_with_alpha_is_not_a_label_map():
     data = encode(Image.fromarray(np.zeros((2, 2, 2), np.uint8), "LA"), "PNG")
     with pytest.raises(Rejected) as e:
@@ -271,6 +277,7 @@ def test_a_changed_mask_never_reuses_the_old_record(mask_set, tmp_path):
     }
 
 
+@pytest.mark.unit
 def test_the_shard_digest_covers_the_mask_file():
     """Resume takes a finished shard only when its images' mask files are the same (size, mtime)."""
     from beam_pipeline import resume
@@ -387,6 +394,7 @@ def test_a_mask_changed_after_a_kill_rewrites_its_shard_only(tmp_path, monkeypat
     assert resumed["shards"] == 2 and resumed["records"] == sum(r["records"] for r in taken[1:]), resumed
 
 
+@pytest.mark.unit
 def test_a_transient_error_reading_a_mask_fails_the_bundle_not_the_image(tmp_path, monkeypatch):
     """A reset connection while reading the label map is not bad input: the error is raised (the runner retries
     the bundle), never turned into a reject. A mask gone since the listing is a missing_mask reject."""
@@ -458,6 +466,7 @@ def test_a_labels_file_with_masks_over_a_flat_folder_says_what_it_is_for(tmp_pat
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("damage", ["idat-crc", "unknown-critical-chunk"])
 def test_an_8_bit_grey_mask_tensorflow_cannot_read_as_stored_is_re_encoded(damage, tf):
     """An 8-bit grey label map was stored byte for byte once Pillow read it; with a bad IDAT CRC or an unknown
@@ -486,6 +495,7 @@ def test_an_8_bit_grey_mask_tensorflow_cannot_read_as_stored_is_re_encoded(damag
     assert masks.label_map_png(plain, (4, 2), 1, (4, 2)) == plain  # a sound one is still kept byte for byte
 
 
+@pytest.mark.unit
 def test_verify_decodes_each_label_map_as_tensorflow_reads_it(tf):
     """inspect --verify decoded the instance masks of a detection record but not a --masks record's label map:
     one TensorFlow cannot read, or of another size than its image, passed."""

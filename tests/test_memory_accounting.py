@@ -6,8 +6,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from beam_pipeline.writer.budget import Budget
 from beam_pipeline.writer.readahead import read_then_convert
+
+pytestmark = pytest.mark.unit
 
 GROWTH = 20  # a small CMYK JPEG re-encoded as PNG: ~20 times its file
 
@@ -21,6 +25,7 @@ def _wait_for(predicate, seconds: float = 5.0) -> bool:
     return predicate()
 
 
+@pytest.mark.e2e
 def test_results_waiting_in_the_queue_are_charged_at_their_real_size():
     budget = Budget(1000)
     lock = threading.Lock()

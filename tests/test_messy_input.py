@@ -13,6 +13,8 @@ from .conftest import convert, load_info, read_records
 from .imagegen import broken_bytes, encode, image_bytes, pixels, write
 from .test_images import _png_claiming
 
+pytestmark = pytest.mark.e2e
+
 
 def make_messy(root):
     """Returns (expected record relpaths, {relpath: reject reason}, skipped count)."""
@@ -116,6 +118,7 @@ def test_a_file_name_that_is_not_utf8_is_a_reject_not_a_crash(tmp_path):
     assert line["reason"] == "bad_filename" and line["path"].endswith("cat/caf\\xe9.jpg")
 
 
+@pytest.mark.pipeline
 def test_dedupe_transform_keeps_the_same_copy_whatever_the_order(tmp_path):
     """Hashing runs per ref wherever it lands; the kept copy depends on paths only, and a path listed twice
     (a manifest may) is kept once, its second row a duplicate."""

@@ -19,6 +19,8 @@ from beam_pipeline.sources.rules import make_ref, split_labels
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 NO_BUDGET = ("--max-reject-fraction", "1")
 
 # file → the CSV label cell; None: an empty cell
@@ -130,6 +132,7 @@ def test_labels_file_orders_ids_and_rejects_unknown_labels(tmp_path, tf):
     assert reason == "unknown_label" and "'cow'" in detail
 
 
+@pytest.mark.unit
 def test_split_labels_rules():
     assert split_labels("b | a|b", "|") == (("a", "b"), "")
     assert split_labels(["dog", " cat", "dog"], "|") == (("cat", "dog"), "")
@@ -143,6 +146,7 @@ def test_split_labels_rules():
     assert "--label-separator" in split_labels(["a"], None)[1]
 
 
+@pytest.mark.unit
 def test_a_multi_label_ref_holds_its_labels_as_a_tuple():
     cfg = ConvertConfig(output="o", name="d", manifest="m.csv", label_separator=";")
     layout = Layout(root="/r", pattern=None, manifest="/r/m.csv", manifest_format="csv", label_source="manifest")

@@ -8,6 +8,8 @@ from beam_pipeline.annotations import objects
 from beam_pipeline.annotations.objects import BACKGROUND, UNASSIGNED, Annotations, Obj
 from beam_pipeline.images.options import Geometry
 
+pytestmark = pytest.mark.unit
+
 SAME_10X10 = Geometry(10, 10, 10, 10)  # a 10 x 10 image recorded as it is stored
 
 

@@ -59,6 +59,8 @@ from .test_resume import make_source
 from .test_transform import make_manifest
 from .test_voc import make_voc
 
+pytestmark = pytest.mark.e2e
+
 DIGESTS = Path(__file__).with_name("output_digests.json")
 RECORD = os.environ.get("BEAM_PIPELINE_RECORD_DIGESTS") == "1"
 MTIME = 1_700_000_000  # every input file's mtime (a changed file's: later)

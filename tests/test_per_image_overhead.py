@@ -28,6 +28,8 @@ from beam_pipeline.writer.readahead import read_then_convert
 from beam_pipeline.writer.shard import WriteShardFn, frame_record
 from tests.imagegen import image_bytes
 
+pytestmark = pytest.mark.unit
+
 # ---- reads: sized by the listing, a file that grew is still read whole (up to the limit) ---------------
 
 
@@ -272,6 +274,7 @@ class _CountingPool(ThreadPoolExecutor):
         return super().submit(*args, **kwargs)
 
 
+@pytest.mark.e2e
 def test_batches_keep_order_budget_and_raise_at_their_item() -> None:
     budget = Budget(10_000)
     read_at: list[int] = []

@@ -10,6 +10,8 @@ from beam_pipeline.config import MB
 from beam_pipeline.planning import cut_buckets, estimated_record_bytes, make_plans, shard_count
 from beam_pipeline.vocab.refs import Ref
 
+pytestmark = pytest.mark.unit
+
 TARGET = 150 * MB
 
 

@@ -13,6 +13,8 @@ from beam_pipeline import cli
 from beam_pipeline.writer import readahead, shard
 from tests.imagegen import image_bytes
 
+pytestmark = pytest.mark.e2e
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 

@@ -9,6 +9,8 @@ from beam_pipeline import reader
 from .conftest import convert, load_info, read_records
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def one_shard(tmp_path_factory):
@@ -55,6 +57,7 @@ def test_batches_are_shuffled_too(one_shard):
     assert sorted(names) == sorted(stored) and names != stored
 
 
+@pytest.mark.unit
 def test_default_shuffle_buffer_follows_record_size():
     assert reader.default_shuffle_buffer({"examples": 100_000, "bytes": 100_000 * 150_000}) == 1789
     assert reader.default_shuffle_buffer({"examples": 300, "bytes": 300 * 7_000_000}) == 64

@@ -31,6 +31,8 @@ from .conftest import BUCKET, convert, load_info, run_cli
 from .imagegen import image_bytes, write
 from .test_incremental import make_images, shard_bytes
 
+pytestmark = pytest.mark.unit
+
 ARGS = ["--name", "ds", "--seed", "3", "--target-shard-mb", "0.004", "--max-reject-fraction", "1"]
 QUICK = ["--no-transform", "--no-tfds-metadata"]
 TMP = ".beam_pipeline-tmp-"
@@ -87,6 +89,7 @@ def same_output(got: Path, want: Path) -> None:
     assert (got / "_SUCCESS").exists()
 
 
+@pytest.mark.e2e
 def test_a_killed_run_takes_its_finished_shards_when_run_again(tmp_path, monkeypatch):
     src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
     make_source(src)
@@ -110,6 +113,7 @@ def test_a_killed_run_takes_its_finished_shards_when_run_again(tmp_path, monkeyp
     assert f"resumed: 3 shards ({spoiled} records) from an earlier run that did not finish" in shown.stdout
 
 
+@pytest.mark.e2e
 def test_a_file_changed_after_the_kill_rewrites_its_shard_only(tmp_path, monkeypatch):
     src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
     make_source(src)
@@ -126,6 +130,7 @@ def test_a_file_changed_after_the_kill_rewrites_its_shard_only(tmp_path, monkeyp
     assert load_info(out)["resumed"]["records"] == sum(r["records"] for r in taken[1:])
 
 
+@pytest.mark.e2e
 def test_no_resume_writes_every_shard_again(tmp_path, monkeypatch):
     src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
     make_source(src)
@@ -137,6 +142,7 @@ def test_no_resume_writes_every_shard_again(tmp_path, monkeypatch):
     assert scratch_folders(out) == [dead]  # nothing was taken from it: it goes by age (finalize.STALE_TMP_AGE_S)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "point",
     [
@@ -166,6 +172,7 @@ def test_a_run_killed_in_finalize_or_publish_is_finished_by_the_same_command(tmp
     assert scratch_folders(out) == []
 
 
+@pytest.mark.e2e
 def test_resume_with_the_multi_process_runner(tmp_path, monkeypatch):
     """A worker process killed: the job fails; run again on two worker processes, the finished shards are taken."""
     src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
@@ -181,6 +188,7 @@ def test_resume_with_the_multi_process_runner(tmp_path, monkeypatch):
     assert load_info(out)["resumed"]["shards"] == len(taken)
 
 
+@pytest.mark.e2e
 def test_a_run_killed_after_finalize_takes_every_shard(tmp_path, monkeypatch):
     """Killed in the post-steps (TFDS metadata here): the shards were renamed in staging; the re-run follows."""
     src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
@@ -202,6 +210,7 @@ def test_a_run_killed_after_finalize_takes_every_shard(tmp_path, monkeypatch):
     assert (out / "dataset_info.json").exists()
 
 
+@pytest.mark.e2e
 def test_resume_on_gcs(gcs, tmp_path, monkeypatch):
     """gs:// output: the finished shards are copied server-side; the dead run's folder stays (GCS has no lock)."""
     src = tmp_path / "src"

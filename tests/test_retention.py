@@ -10,11 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from beam_pipeline import lease, retention
 from beam_pipeline.inspection import verify
 
 from .conftest import BUCKET, REPO, convert, load_info, run_cli
 from .test_incremental import make_images
+
+pytestmark = pytest.mark.e2e
 
 ARGS = ["--name", "ds", "--target-shard-mb", "0.004", "--no-transform", "--no-tfds-metadata"]
 TMP = ".beam_pipeline-tmp-"
@@ -96,6 +100,7 @@ def test_keep_last_never_deletes_a_later_date_or_after_a_failed_run(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["2026-02-05", "2026-02-09"]
 
 
+@pytest.mark.unit
 def test_keep_last_on_gcs(gcs, tmp_path):
     bucket = gcs.bucket(BUCKET)
     own = {

@@ -8,11 +8,14 @@ produces the input of the step that does the per-file work.
 from __future__ import annotations
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor
 
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.pipeline import build_pipeline
+
+pytestmark = pytest.mark.pipeline
 
 
 def _producers(p: beam.Pipeline) -> dict[str, list[str]]:

@@ -16,6 +16,8 @@ from beam_pipeline import lease, resume, scratch
 from .conftest import BUCKET, REPO, convert, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 TMP = ".beam_pipeline-tmp-"
 
 
@@ -130,6 +132,7 @@ def test_a_live_runs_folder_is_never_removed(tmp_path):
     assert f"removed {live.name}" in result.stdout and not live.exists()
 
 
+@pytest.mark.unit
 def test_without_a_lock_only_age_or_force_removes_a_folder(tmp_path):
     """A folder with no lock file (an older version's run, a file system without locks) goes by age."""
     out = tmp_path / "out"
@@ -144,6 +147,7 @@ def test_without_a_lock_only_age_or_force_removes_a_folder(tmp_path):
     assert [why for s, why in scratch.clean(str(out), force=True)] == ["--force"] and not young.exists()
 
 
+@pytest.mark.unit
 def test_an_old_run_with_a_fresh_file_is_kept(tmp_path):
     """Started days ago but wrote a file a minute ago (a long run): neither age lets it go."""
     out = tmp_path / "out"
@@ -160,11 +164,13 @@ def test_clean_usage_errors(tmp_path):
     assert bad.returncode == 2 and "--older-than" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("30m", 1800), ("6h", 21600), ("1.5d", 129600)])
 def test_parse_age(text, seconds):
     assert scratch.parse_age(text) == seconds
 
 
+@pytest.mark.unit
 def test_on_gcs_only_age_or_force_removes_a_folder(gcs):
     """GCS has no lock: a folder goes once its run started and its newest object was written over
     --older-than ago, or with --force. The emulator cannot backdate objects, so the clock is moved on 4 days."""

@@ -22,6 +22,8 @@ from . import variants
 from .conftest import REPO, convert, read_records
 from .imagegen import encode, pixels, write
 
+pytestmark = pytest.mark.e2e
+
 
 def _convert_corpus(tmp_path: Path, files: dict[str, bytes], *flags: str) -> tuple[list[dict], dict[str, dict]]:
     """A real ``convert`` of ``files``, listed in a manifest (so formats without an image extension count too)."""
@@ -151,6 +153,7 @@ def test_a_png_whose_text_chunk_is_over_pillows_limit_is_stored_without_its_text
         assert record["image/encoded"] != files[name], name
 
 
+@pytest.mark.unit
 def test_only_text_chunks_over_pillows_limit_are_dropped_and_only_once():
     """The retry without text chunks keeps everything else: a PNG's EXIF orientation still turns it; an iCCP
     profile over the same limit (not a text chunk) stays a decode_error reject, at once, not a retry loop."""
@@ -176,6 +179,7 @@ def test_only_text_chunks_over_pillows_limit_are_dropped_and_only_once():
     assert rejected.value.reason == "decode_error" and "MAX_TEXT_CHUNK" in rejected.value.detail
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("where", ["raw profile zTXt", "XMP iTXt"])
 def test_a_text_chunk_holding_the_orientation_stays_when_another_is_over_pillows_limit(where):
     """Pillow also reads the EXIF orientation from text chunks (ImageMagick's "Raw profile type exif" zTXt, XMP
@@ -244,6 +248,7 @@ def test_a_photoshop_file_with_layers_is_converted_to_its_composite_image(tmp_pa
         assert np.array_equal(tf.io.decode_image(record["image/encoded"]).numpy(), expected), name
 
 
+@pytest.mark.unit
 def test_gif_colour_indices_past_the_first_frames_table_are_converted(tf):
     """TF refuses a first frame whose indices run past its colour table; a table smaller than the LZW
     code size allows is only a risk, so the indices are checked after decoding."""
@@ -259,6 +264,7 @@ def test_gif_colour_indices_past_the_first_frames_table_are_converted(tf):
     assert err.value.reason == "unsupported_format" and "colour indices past its table" in err.value.detail
 
 
+@pytest.mark.unit
 def test_a_lossless_jpeg_is_converted_whatever_the_pixel_options(tf):
     """TensorFlow cannot decode a lossless JPEG; Pillow can (but not at 1/8 scale): with a full decode
     asked for (--apply-exif-orientation, no orientation tag) it was stored as it is."""
@@ -280,6 +286,7 @@ def variants_reject():
     return ImageOptions(on_unsupported="reject")
 
 
+@pytest.mark.unit
 def test_on_unsupported_reject_names_why_a_variant_is_not_stored():
     files = variants.corpus()
     expected = {
@@ -478,6 +485,7 @@ def test_a_decoder_warning_is_in_the_detail_of_every_reject_it_explains(tmp_path
     assert "Truncated File Read" not in out.stderr, out.stderr
 
 
+@pytest.mark.unit
 def test_a_transparent_gif_is_stored_as_it_is_and_decodes_black_where_transparent(tf):
     """docs/bad-input.md#transparent-gifs: a transparent GIF Pillow writes (left half transparent, index 2 = blue)
     is stored byte for byte, 3 channels; TF's decode_image and decode_gif give its transparent pixels as (0, 0, 0),

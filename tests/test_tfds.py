@@ -7,10 +7,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from .conftest import REPO, convert, load_info
 from .imagegen import image_bytes, write
+
+pytestmark = pytest.mark.e2e
 
 
 def test_tfds_loads_every_split_with_counts_and_pixels(tmp_path):

@@ -13,6 +13,8 @@ from beam_pipeline import reader
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
 
+pytestmark = pytest.mark.e2e
+
 SIZE = 32
 
 
@@ -214,6 +216,7 @@ def test_detach_is_for_remote_runners_only(tmp_path):
     assert result.returncode == 2 and "--detach needs a remote runner" in result.stderr
 
 
+@pytest.mark.unit
 def test_pixel_moments_merge_like_one_pass():
     from beam_pipeline.analysis import EMPTY_MOMENTS, merge_moments, moments_of, stats_from_moments
 

@@ -21,6 +21,8 @@ from .imagegen import encode, image_bytes, pixels, write
 from .test_cli import _one_line_error
 from .test_incremental import make_images
 
+pytestmark = pytest.mark.e2e
+
 QUICK = ["--no-transform", "--no-tfds-metadata"]
 
 
@@ -88,6 +90,7 @@ def test_summary_shows_the_shards_a_rerun_resumed(tmp_path, monkeypatch):
 # --- split names --------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "spec,hint",
     [
@@ -142,6 +145,7 @@ def test_a_misspelt_split_in_a_manifest_row_is_a_reject_not_a_split(tmp_path, tf
     assert load_info(allowed)["rejects"]["total"] == 0
 
 
+@pytest.mark.pipeline
 def test_manifest_splits_differing_only_in_case_stop_the_run_before_anything_is_published(tmp_path):
     """Train and train (with --allow-split-names) wrote shard files that are one file on macOS or Windows. The
     rows are read inside the job; the shard plan stops it with a usage error before any shard is written."""
@@ -274,6 +278,7 @@ def test_help_groups_reruns_and_describes_the_sinks_as_they_are():
     assert "(default: planned)" in text
 
 
+@pytest.mark.unit
 def test_keep_last_is_a_template_parameter():
     params = {p["name"] for p in json.loads((REPO / "templates" / "metadata.json").read_text())["parameters"]}
     assert "keep_last" in params
@@ -282,6 +287,7 @@ def test_keep_last_is_a_template_parameter():
     assert to_cli_args(["--keep_last=7", "--allow_split_names=true"]) == ["--keep-last=7", "--allow-split-names"]
 
 
+@pytest.mark.unit
 def test_keep_last_needs_a_dated_output():
     with pytest.raises(UsageError, match=r"--keep-last needs \{date\} in --output"):
         parse_convert(["--input", "i", "--output", "o", "--keep-last", "2"])

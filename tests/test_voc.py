@@ -18,6 +18,8 @@ from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
 from .test_coco import od_api_spec
 
+pytestmark = pytest.mark.e2e
+
 # name → (format, height, width); the XMLs below describe them
 IMAGES = {
     "000001.jpg": ("jpeg", 48, 64),
@@ -303,6 +305,7 @@ def test_an_incremental_run_keeps_ids_and_reconverts_a_changed_xml(voc_set, tmp_
     assert load_info(second)["categories"][-1] == {"id": 6, "name": "ant"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("filename", "path", "xml_relpath", "want"),
     [
@@ -320,6 +323,7 @@ def test_the_pairing_rule(filename, path, xml_relpath, want):
     assert voc.image_key(root, xml_relpath) == want
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("fields", "want"),
     [
@@ -339,6 +343,7 @@ def test_check_object(fields, want):
     assert (got.reason if isinstance(got, objects.Invalid) else got.bbox) == want
 
 
+@pytest.mark.unit
 def test_a_billion_laughs_is_refused_at_once():
     """The DOCTYPE is refused before its entities are declared, let alone expanded (no memory, no time)."""
     for text in (BILLION_LAUGHS, EXTERNAL_ENTITY):
@@ -376,6 +381,7 @@ def test_the_summary_counts_objects(converted):
     assert "categories          5 -> label_map.pbtxt, labels.txt" in result.stdout
 
 
+@pytest.mark.unit
 def test_an_oversized_xml_is_a_reject_and_is_not_read(tmp_path, monkeypatch):
     """A file far bigger than any VOC annotation is refused by its listed size (never read into memory)."""
     from apache_beam.io.filesystem import FileMetadata
@@ -392,6 +398,7 @@ def test_an_oversized_xml_is_a_reject_and_is_not_read(tmp_path, monkeypatch):
     assert key == "a.jpg" and tag == voc.VOC and parsed.objects[0]["name"] == "dog"
 
 
+@pytest.mark.unit
 def test_an_image_without_size_or_readable_header_gets_no_frame(tmp_path):
     """<size> missing: the header's size is the frame; a file that is not an image gets none (0 x 0) and no
     object rejects (its boxes were not wrong): the writer rejects the image with why."""
@@ -509,6 +516,7 @@ def test_boxes_follow_exif_orientation_and_resize(tmp_path, tf):
         assert list(row["image/object/area"]) == pytest.approx(areas, rel=1e-5)
 
 
+@pytest.mark.unit
 def test_a_transient_error_reading_an_image_header_is_retried_not_a_reject(monkeypatch, tmp_path):
     """An XML without <size> sends the job to the image's header: a busy server there fails the bundle (the
     runner retries it); a file that is not an image gets (0, 0), and the writer rejects it with why."""

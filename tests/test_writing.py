@@ -25,6 +25,8 @@ from beam_pipeline.writer.shard import WriteShardFn, count_records
 from .conftest import local_pipeline
 from .imagegen import broken_bytes, image_bytes, write
 
+pytestmark = pytest.mark.unit
+
 
 def _ref(path: str, relpath: str, label: str | None = "cat", seed: int = 0) -> Ref:
     import os
@@ -32,6 +34,7 @@ def _ref(path: str, relpath: str, label: str | None = "cat", seed: int = 0) -> R
     return Ref(path, relpath, os.path.getsize(path), "train", label, hashing.shuffle_key(relpath, seed))
 
 
+@pytest.mark.e2e
 def test_read_then_convert_keeps_order_within_its_window_and_byte_budget():
     import threading
     import time
@@ -115,6 +118,7 @@ def test_budget_is_first_come_first_served_and_an_oversized_request_runs_alone()
     assert budget.held == 0 and most[0] == 50
 
 
+@pytest.mark.pipeline
 def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
     refs = []
     for i in range(6):
@@ -177,6 +181,7 @@ def test_an_unforeseen_error_on_one_image_is_a_reject_not_a_crash(tmp_path, monk
     assert result.reason == "decode_error" and "IndexError: tuple index out of range" in result.detail
 
 
+@pytest.mark.pipeline
 def test_plan_shards_transform():
     refs = [Ref(f"/x/{i}", f"{i}.jpg", 1_000_000, "train", None, hashing.shuffle_key(f"{i}", 0)) for i in range(450)]
     refs += [Ref(f"/y/{i}", f"y{i}.jpg", 1_000_000, "test", None, hashing.shuffle_key(f"y{i}", 0)) for i in range(20)]
