@@ -399,8 +399,8 @@ def test_a_worker_that_decodes_with_other_code_reuses_no_record(tmp_path):
 
     refs = [_ref(tmp_path / "in", i) for i in range(2)]
     prev, _ = _write(tmp_path / "prev" / f"{TMP}20990101-000000-aaaaaaaa", refs)
-    entries = [json.loads(line) for line in Path(prev["index_path"]).read_text().splitlines()]
-    at = {e["path"]: Previous(prev["tmp_path"], e["offset"], e["length"], e["sha256"], "cat", 0, "") for e in entries}
+    entries = [json.loads(line) for line in Path(prev.index_path).read_text().splitlines()]
+    at = {e["path"]: Previous(prev.tmp_path, e["offset"], e["length"], e["sha256"], "cat", 0, "") for e in entries}
     with_previous = [dataclasses.replace(r, previous=at[r.relpath]) for r in refs]
     for path in (r.path for r in refs):  # a decode now rejects them: a reused record would not
         Path(path).write_bytes(b"x")
