@@ -33,7 +33,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from . import hashing
+from . import hashing, storage
 from .config import (
     IMAGE_EXTENSIONS,
     OS_FILES,
@@ -87,7 +87,7 @@ def relative_path(path: str, root: str) -> str:
     root = root.rstrip("/")
     if root and path.startswith(root + "/"):
         return path[len(root) + 1 :]
-    return path.lstrip("/") if "://" not in path else path
+    return path if storage.is_remote(path) else path.lstrip("/")
 
 
 def skip_reason(relpath: str, check_extension: bool) -> str | None:
@@ -353,7 +353,7 @@ def open_text(path: str) -> io.TextIOWrapper:
 
 def manifest_path_of(row_path: str, layout: Layout, join: Callable[[str, str], str] = FileSystems.join) -> str:
     """A manifest ``path`` value as a full path: relative ones are under the manifest's folder."""
-    if "://" in row_path or row_path.startswith("/"):
+    if storage.is_absolute(row_path):
         return row_path
     return join(layout.root, row_path)
 
@@ -430,9 +430,7 @@ def canonical_row(row: dict[str, Any]) -> str:
 
 def _path_key(path: str) -> str:
     """Rows name the same file when their paths match; ``./a.jpg`` and ``a.jpg`` are one local file."""
-    import os
-
-    return path if "://" in path else os.path.normpath(path)
+    return storage.same_file_key(path)
 
 
 class _KeyRowByPath(beam.DoFn):
@@ -490,15 +488,7 @@ def stat_literal(path: str) -> Any:
     and ``?`` as glob characters, so an existing ``a[1].jpg`` would not be
     found. Raises on errors other than "not found" (permission, network).
     """
-    fs = FileSystems.get_filesystem(path)
-    if "://" not in path:
-        return fs.metadata(path) if fs.exists(path) else None
-    try:
-        return fs.metadata(path)  # one request on GCS; raises BeamIOError
-    except Exception as e:
-        if any(type(c).__name__ == "NotFound" or isinstance(c, FileNotFoundError) for c in _causes(e)):
-            return None
-        raise
+    return storage.backend_for(path).stat(path)
 
 
 # Errors a retry may cure (the storage client already retried them): they
@@ -509,17 +499,10 @@ _TRANSIENT = frozenset(
 )
 
 
-def _causes(e: BaseException) -> list[BaseException]:
-    """The file system errors behind a BeamIOError (it wraps them per path), or the error itself."""
-    from apache_beam.io.filesystem import BeamIOError
-
-    details = getattr(e, "exception_details", None) if isinstance(e, BeamIOError) else None
-    return [c for c in details.values() if isinstance(c, BaseException)] if details else [e]
-
-
 def is_transient(e: BaseException) -> bool:
     """True for an error worth retrying the bundle for (server busy, connection reset, time-out)."""
-    return any(type(c).__name__ in _TRANSIENT or isinstance(c, (ConnectionError, TimeoutError)) for c in _causes(e))
+    causes = storage.causes(e)
+    return any(type(c).__name__ in _TRANSIENT or isinstance(c, (ConnectionError, TimeoutError)) for c in causes)
 
 
 class _StatManifestRow(beam.DoFn):
@@ -653,13 +636,6 @@ def lists_whole_folder(layout: Layout) -> bool:
     return bool(layout.pattern) and layout.pattern == FileSystems.join(layout.root, "**")
 
 
-def _bucket_and_prefix(folder: str) -> tuple[str, str]:
-    """gs://bucket/a/b → ("bucket", "a/b/"); the bucket itself → ("bucket", "")."""
-    bucket, _, prefix = folder.split("://", 1)[1].partition("/")
-    prefix = prefix.rstrip("/")
-    return bucket, prefix + "/" if prefix else ""
-
-
 def not_on_this_worker(folder: str) -> str:
     """The launcher found ``folder`` (its pre-flight checks passed) but the worker listing it does not: a local
     path on a cluster whose workers do not share this machine's disk. Said as such, not as an empty input."""
@@ -673,21 +649,11 @@ def not_on_this_worker(folder: str) -> str:
 
 
 class _Lister:
-    """Direct-entry and recursive listings of a local folder or a gs:// prefix.
-
-    One GCS client per instance (per DoFn instance on a worker), not per call.
-    """
+    """Direct-entry and recursive listings of a local folder or a gs:// prefix (storage's backend for it)."""
 
     def __init__(self, root: str) -> None:
         self._root = root
-        self._gcs: Any = None
-
-    def _client(self) -> Any:
-        if self._gcs is None:
-            # Beam's GCS file system builds its client from the options the
-            # worker was started with (emulator, credentials); reuse it.
-            self._gcs = FileSystems.get_filesystem(self._root)._gcsIO().client  # noqa: SLF001
-        return self._gcs
+        self._backend = storage.backend_for(root)
 
     def one_level(self, folder: str) -> Iterator[Any]:
         """Direct entries of ``folder``: subfolders as str, files as TaggedOutput(FILES, FileMetadata),
@@ -695,56 +661,27 @@ class _Lister:
         from apache_beam.io.filesystem import FileMetadata
 
         tagged = beam.pvalue.TaggedOutput
-        if "://" in folder:
-            bucket, prefix = _bucket_and_prefix(folder)
-            pages = self._client().list_blobs(bucket, prefix=prefix, delimiter="/")
-            for blob in pages:
-                updated = blob.updated.timestamp() if blob.updated else 0.0
-                yield tagged(FILES, FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated))
-            for sub in sorted(pages.prefixes):  # complete once every page was read
-                yield f"gs://{bucket}/{sub.rstrip('/')}"
-            return
-        import os
-
-        if folder == self._root and not os.path.isdir(folder):
+        if folder == self._root and not self._backend.is_folder(folder):
             raise UsageError(not_on_this_worker(folder))
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:  # as os.walk: an unreadable folder lists nothing
-            return
-        for entry in entries:
-            if entry.is_dir():  # follows symlinks, like os.walk's dirnames
-                yield from (tagged(REJECTS, r) for r in _odd_directory(entry.path, self._root))
-                if not entry.is_symlink():  # os.walk does not descend into a linked folder
-                    yield entry.path
-                continue
-            try:
-                yield tagged(FILES, FileMetadata(entry.path, os.path.getsize(entry.path), os.path.getmtime(entry.path)))
-            except OSError:
-                yield from (tagged(REJECTS, r) for r in _odd_file(entry.path, self._root))
+        for entry in self._backend.one_level(folder, self._odd):
+            if isinstance(entry, str):
+                yield entry
+            elif isinstance(entry, tuple):
+                yield tagged(FILES, FileMetadata(*entry))
+            else:
+                yield tagged(REJECTS, entry)
 
     def tree(self, folder: str) -> Iterator[Any]:
         """Every file below ``folder`` (FileMetadata), odd local entries as TaggedOutput(REJECTS, ...)."""
         from apache_beam.io.filesystem import FileMetadata
 
-        if "://" in folder:
-            bucket, prefix = _bucket_and_prefix(folder)
-            for blob in self._client().list_blobs(bucket, prefix=prefix):
-                updated = blob.updated.timestamp() if blob.updated else 0.0
-                yield FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated)
-            return
-        import os
-
         tagged = beam.pvalue.TaggedOutput
-        for dirpath, dirnames, filenames in os.walk(folder):
-            for name in dirnames:
-                yield from (tagged(REJECTS, r) for r in _odd_directory(os.path.join(dirpath, name), self._root))
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    yield FileMetadata(path, os.path.getsize(path), os.path.getmtime(path))
-                except OSError:  # Beam's listing drops it too
-                    yield from (tagged(REJECTS, r) for r in _odd_file(path, self._root))
+        for entry in self._backend.tree(folder, self._odd):
+            yield FileMetadata(*entry) if isinstance(entry, tuple) else tagged(REJECTS, entry)
+
+    def _odd(self, path: str, is_dir: bool) -> Iterator[Any]:
+        """Rejects of an odd local entry (a folder or file the listing cannot take)."""
+        return _odd_directory(path, self._root) if is_dir else _odd_file(path, self._root)
 
 
 def _folder_bytes(folder: str) -> bytes:
@@ -863,7 +800,9 @@ class ListInputs(beam.PTransform):
         else:  # a glob: one match, which is how far the user's pattern can be split
             glob = pbegin | "Glob" >> beam.Create([layout.pattern])
             files = glob | "Match" >> fileio.MatchAll()  # FileMetadata
-            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if "://" not in layout.root else None
+            # Beam's listing passes odd entries over only on a local disk
+            local = not storage.is_remote(layout.root)
+            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if local else None
         spread = (
             files
             | "PathAndSize" >> beam.Map(_to_listed)

@@ -34,6 +34,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from .. import storage
 from ..config import MAX_CATEGORY_ID
 from ..errors import UsageError, message_lines
 from ..listing import MAX_JSON_DEPTH, REJECTS, SKIPPED
@@ -246,7 +247,7 @@ def _id_key(value: Any) -> str:
 def input_roots(root: str) -> tuple[str, ...]:
     """The prefixes an absolute file_name under the input folder ``root`` may start with: the folder, and for a
     local one the folder its links lead to (each ending in "/")."""
-    tops = [root] if "://" in root else [root, os.path.realpath(root)]
+    tops = storage.names_of(root)
     return tuple(dict.fromkeys(top.rstrip("/") + "/" for top in tops))
 
 
@@ -261,7 +262,8 @@ def file_key(file_name: str, roots: Sequence[str] = ()) -> str:
 
 def _absolute(file_name: str) -> bool:
     """A file_name that names a place of its own: ``/x``, ``C:/x`` or ``C:\\x``, ``gs://b/x``."""
-    return file_name.startswith(("/", "\\")) or "://" in file_name or re.match(r"[A-Za-z]:[/\\]", file_name) is not None
+    windows = file_name.startswith("\\") or re.match(r"[A-Za-z]:[/\\]", file_name) is not None
+    return storage.is_absolute(file_name) or windows
 
 
 def _unknown_id_detail(key: str) -> str:
