@@ -133,8 +133,8 @@ def test_sdist_for_setup_file_carries_the_package_and_its_requirements(tmp_path)
     for module in (
         "cli.py",
         "pipeline.py",
-        "storage/__init__.py",
-        "storage/gcs.py",
+        "storage.py",
+        "backends/gcs.py",
         "writer/shard.py",
         "analysis.py",
         "__main__.py",

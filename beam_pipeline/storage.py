@@ -11,7 +11,7 @@ and the reason codes a failed read becomes), so anything may import it.
 for good (a reject) from one that may pass (a 429/503, a reset connection,
 an expired token: the bundle fails and the runner retries it).
 
-One layer, two backends (``local``, ``gcs``) behind one interface; callers ask
+One layer, two backends (``backends.local``, ``backends.gcs``) behind one interface; callers ask
 it, never the path's scheme::
 
     backend_for(path)                   # the module that does it for this path
@@ -21,7 +21,7 @@ it, never the path's scheme::
     move_files(pairs, existing, ...); delete_files(paths, ...)   # batched on GCS
     cas_file(path)                      # create-if-absent, replace/delete-if-unchanged (the lease)
 
-Every GCS client is made in ``gcs`` (``gcs.gcsio()``, ``gcs.client()``).
+Every GCS client is made in ``backends.gcs`` (``gcs.gcsio()``, ``gcs.client()``).
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ from typing import Any, Protocol
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from ..errors import last_line
-from ..images import ImageOptions, Rejected, check_header
-from ..vocab.reasons import MISSING, TOO_LARGE, UNREADABLE
-from . import gcs, local
-from .gcs import BATCH as BATCH
-from .gcs import ChangesTooOften as ChangesTooOften
-from .local import NO_HARD_LINKS as NO_HARD_LINKS
+from .backends import gcs, local
+from .backends.failures import causes as causes
+from .backends.gcs import BATCH as BATCH
+from .backends.gcs import ChangesTooOften as ChangesTooOften
+from .backends.local import NO_HARD_LINKS as NO_HARD_LINKS
+from .errors import last_line
+from .images import ImageOptions, Rejected, check_header
+from .vocab.reasons import MISSING, TOO_LARGE, UNREADABLE
 
 _LOG = logging.getLogger(__name__)
 
@@ -387,14 +388,6 @@ def is_remote(path: str) -> bool:
 def normalize(path: str) -> str:
     """A folder as the run names it: a bucket path without its trailing slash; a local one absolute."""
     return path.rstrip("/") if gcs.owns(path) else os.path.abspath(os.path.expanduser(path))
-
-
-def causes(e: BaseException) -> list[BaseException]:
-    """The file system errors behind a BeamIOError (it wraps them per path), or the error itself."""
-    from apache_beam.io.filesystem import BeamIOError
-
-    details = getattr(e, "exception_details", None) if isinstance(e, BeamIOError) else None
-    return [c for c in details.values() if isinstance(c, BaseException)] if details else [e]
 
 
 def stat(path: str) -> Any:

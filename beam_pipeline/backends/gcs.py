@@ -17,6 +17,8 @@ from typing import Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from .failures import causes
+
 SCHEME = "gs://"
 # Renames/deletes per GCS batch request (Beam's gcsio allows at most 100).
 BATCH = 100
@@ -132,8 +134,6 @@ def read_image(path: str, size: int, options: Any, header_bytes: int, check_head
 
 
 def stat(path: str) -> Any:
-    from . import causes
-
     try:
         return FileSystems.get_filesystem(path).metadata(path)  # one request; raises BeamIOError
     except Exception as e:
