@@ -457,7 +457,7 @@ class _JoinImageObjects(CountingDoFn):
 
     def _file_key(self, file_name: str) -> str:
         """``file_key`` under this input; a local absolute name outside it may reach it through a link."""
-        if file_name.startswith("/") and "://" not in self._root and not file_name.startswith(self._roots):
+        if file_name.startswith("/") and not storage.is_remote(self._root) and not file_name.startswith(self._roots):
             file_name = os.path.realpath(file_name)
         return file_key(file_name, self._roots)
 
