@@ -37,20 +37,17 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from . import examples
+from . import examples, storage
 from .examples import parse_example
-from .finalize import delete_tree
 from .metadata import is_multi_label
-from .storage import write_text
+from .storage import delete_tree, write_text
 
 TRANSFORM_FN = "transform_fn"
 TRANSFORMED_METADATA = "transformed_metadata"
@@ -385,10 +382,7 @@ def _analyze(
 
     # TFT's scratch must be shared by the workers: under --temp_location on a
     # remote runner, a local temp folder otherwise.
-    if temp_root and "://" in temp_root:
-        work = FileSystems.join(temp_root, f"beam_pipeline-tft-{uuid.uuid4().hex}")
-    else:
-        work = tempfile.mkdtemp(prefix="beam_pipeline-tft-", dir=temp_root)
+    work = storage.make_temp_folder(temp_root, "beam_pipeline-tft-")
     try:
         if image_stats and pixel_stats is None:
             pixel_stats = compute_pixel_stats(stats_split_files, image_size, options=options, runner=runner, work=work)
@@ -433,10 +427,7 @@ def _analyze(
             copy_tree(FileSystems.join(local_out, name), dest)
         return result
     finally:
-        if "://" in work:
-            delete_tree(work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        storage.remove_temp_folder(work)
 
 
 def _outputs(local_out: str) -> Iterator[str]:

@@ -383,7 +383,7 @@ def run_inspect(argv: Sequence[str]) -> int:
 
 
 def _clean_parser() -> Parser:
-    from .finalize import STALE_TMP_AGE_S
+    from .run.files import STALE_TMP_AGE_S
 
     return build_parser(clean_command(STALE_TMP_AGE_S / 86400))
 

@@ -40,12 +40,10 @@ class VerifyError(Exception):
 def check_access(output: str) -> None:
     """A gs:// output is asked about first, with a short deadline (storage.gcs_check): no network, no bucket
     or no credentials is one line saying so, not minutes of the GCS client's retries."""
-    if output.startswith("gs://"):
-        storage.settle_gcs_credentials()
-        try:
-            storage.gcs_check(output, folder=True)
-        except storage.GcsAccessError as e:
-            raise UsageError(f"{output}: {e}") from None
+    try:
+        storage.check_reachable(output)
+    except storage.GcsAccessError as e:
+        raise UsageError(f"{output}: {e}") from None
 
 
 def read_info(output: str) -> dict[str, Any]:

@@ -31,7 +31,6 @@ rather than leave it over a mix.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -40,6 +39,8 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from . import storage
 
 _LOG = logging.getLogger(__name__)
 
@@ -78,139 +79,32 @@ def describe(record: dict[str, Any]) -> str:
 # --- storage: read, create, replace and delete with compare-and-swap -----------------------------
 
 
-class _LocalStore:
+class _Store:
+    """The lease file through storage's compare-and-swap (a lock-file scheme locally, generation
+    preconditions on GCS): records in, records out."""
+
     def __init__(self, path: str) -> None:
-        self.path = path
+        self.file = storage.cas_file(path, _RETRIES)
 
     def read(self) -> tuple[dict[str, Any], Any] | None:
-        with self._locked() as fd:
-            if fd is None:
-                return None
-            data = _read_fd(fd)
-            return _parse(data), data
+        try:
+            found = self.file.read()
+        except storage.ChangesTooOften as e:
+            raise LeaseLost(str(e)) from None
+        return None if found is None else (_parse(found[0]), found[1])
 
     def create(self, record: dict[str, Any]) -> bool:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        part = f"{self.path}.{os.getpid()}-{threading.get_ident()}.part"
-        with open(part, "wb") as fh:
-            fh.write(_dump(record))
-        try:
-            os.link(part, self.path)  # whole or not at all; fails if it exists
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.remove(part)
+        return self.file.create(_dump(record))
 
     def replace(self, record: dict[str, Any], token: Any) -> bool:
-        with self._locked() as fd:
-            if fd is None or _read_fd(fd) != token:
-                return False
-            data = _dump(record)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-            return True
+        return self.file.replace(_dump(record), token)
 
     def delete(self, token: Any) -> bool:
-        with self._locked() as fd:
-            if fd is None or _read_fd(fd) != token:
-                return False
-            os.remove(self.path)
-            return True
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[int | None]:
-        """The lease file, open and locked (None if there is none); the lock is on the file at the path."""
-        import fcntl
-
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR)
-            except FileNotFoundError:
-                yield None
-                return
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except OSError as e:  # a file system without locks: unlocked, best effort
-                    if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-                try:
-                    same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-                except FileNotFoundError:
-                    same = False
-                if same:
-                    yield fd
-                    return
-            finally:
-                os.close(fd)  # releases the lock
+        return self.file.delete(token)
 
 
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, 65536, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
-class _GcsStore:
-    def __init__(self, path: str) -> None:
-        from apache_beam.io.filesystems import FileSystems
-        from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
-
-        bucket, self.name = parse_gcs_path(path)
-        client = GcsIO(pipeline_options=FileSystems._pipeline_options).client  # noqa: SLF001
-        self.bucket = client.bucket(bucket)
-
-    def read(self) -> tuple[dict[str, Any], Any] | None:
-        from google.api_core import exceptions
-
-        for _ in range(_RETRIES):
-            blob = self.bucket.get_blob(self.name)
-            if blob is None:
-                return None
-            generation = blob.generation  # before the download, which may reset the blob's properties
-            try:
-                data = blob.download_as_bytes(if_generation_match=generation)
-            except (exceptions.NotFound, exceptions.PreconditionFailed):
-                continue  # changed between the two requests
-            return _parse(data), generation
-        raise LeaseLost(f"gs://{self.bucket.name}/{self.name}: changes too often to be read")
-
-    def create(self, record: dict[str, Any]) -> bool:
-        return self._write(record, 0)
-
-    def replace(self, record: dict[str, Any], token: Any) -> bool:
-        return self._write(record, token)
-
-    def _write(self, record: dict[str, Any], generation: int) -> bool:
-        from google.api_core import exceptions
-
-        try:
-            self.bucket.blob(self.name).upload_from_string(
-                _dump(record), content_type="application/json", if_generation_match=generation
-            )
-            return True
-        except exceptions.PreconditionFailed:
-            return False
-
-    def delete(self, token: Any) -> bool:
-        from google.api_core import exceptions
-
-        try:
-            self.bucket.blob(self.name).delete(if_generation_match=token)
-            return True
-        except (exceptions.PreconditionFailed, exceptions.NotFound):
-            return False
-
-
-def _store(output: str) -> _LocalStore | _GcsStore:
-    path = output.rstrip("/") + "/" + LEASE
-    return _GcsStore(path) if path.startswith("gs://") else _LocalStore(path)
+def _store(output: str) -> _Store:
+    return _Store(output.rstrip("/") + "/" + LEASE)
 
 
 def _dump(record: dict[str, Any]) -> bytes:

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import json
 import os
@@ -61,9 +60,9 @@ from typing import Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from . import metadata
+from . import metadata, storage
 from .annotations.objects import digest as annotations_digest
-from .storage import open_lines, permanent_reason
+from .storage import open_lines, permanent_reason, write_atomic
 from .vocab.reasons import MISSING
 
 DONE = "_done"  # markers and rejects parts, inside a run's scratch folder; never published
@@ -76,8 +75,6 @@ MARKER_FORMAT = 2
 MAX_SOURCES = 4
 # The files of a writer's result: the temp shard, its index part, its rejects part, its .idx (uncompressed).
 FILE_KEYS = ("tmp_path", "index_path", "rejects_path", "idx_path")
-# What os.link raises where a file system (or a pair of them) has no hard links: copy (or move) instead.
-NO_HARD_LINKS = (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP)
 # Settings of images.ImageOptions that do not change what is written.
 _NOT_POLICY = {"memory_budget_bytes"}
 
@@ -139,20 +136,6 @@ def marker_path(scratch: str, split: str, shard: int, digest: str) -> str:
 def rejects_path(scratch: str, stem: str) -> str:
     """Where a writer attempt streams its shard's rejects (``stem``: split-shard-attempt)."""
     return FileSystems.join(scratch, DONE, f"{stem}.rejects.jsonl")
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Whole or not at all: a GCS object appears complete; locally a rename makes it so."""
-    data = text.encode("utf-8")
-    if "://" in path:
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-            fh.write(data)
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    part = f"{path}.{os.getpid()}-{threading.get_ident()}.part"
-    with open(part, "wb") as fh:
-        fh.write(data)
-    os.replace(part, path)
 
 
 def write_marker(scratch: str, split: str, shard: int, digest: str, result: Mapping[str, Any]) -> None:
@@ -243,16 +226,7 @@ def find_finished(sources: Sequence[str], split: str, shard: int, digest: str, o
 
 
 def _link_or_copy(src: str, dst: str) -> None:
-    if "://" in src or "://" in dst:
-        FileSystems.copy([src], [dst])
-        return
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    try:
-        os.link(src, dst)  # no second copy of the bytes
-    except OSError as e:
-        if e.errno not in NO_HARD_LINKS:
-            raise
-        FileSystems.copy([src], [dst])
+    storage.link_or_copy(src, dst)
 
 
 def adopt(found: Mapping[str, Any], paths: Mapping[str, str]) -> dict[str, Any] | None:
@@ -291,41 +265,17 @@ def scratch_folders(output: str) -> list[str]:
     prefixes, not the objects in them). A missing output has none; any other
     error is raised.
     """
-    if "://" not in output:
-        try:
-            names = os.listdir(output)
-        except FileNotFoundError:
-            return []
-        return sorted(os.path.join(output, n) for n in names if n.startswith(metadata.TMP_PREFIX))
-    return gcs_folders(output.rstrip("/") + "/" + metadata.TMP_PREFIX)
+    return storage.subfolders(output.rstrip("/") + "/" + metadata.TMP_PREFIX)
 
 
 def gcs_folders(prefix: str) -> list[str]:
-    """The gs:// "folders" whose names start with ``prefix`` (gs://bucket/path/start), sorted: one listing with a
-    delimiter, so the objects inside them are not listed."""
-    from apache_beam.io.gcp.gcsio import parse_gcs_path
-
-    bucket, name = parse_gcs_path(prefix, object_optional=True)
-    blobs = _gcs_client().list_blobs(bucket, prefix=name, delimiter="/")
-    for _ in blobs.pages:  # the prefixes are known once every page is read
-        pass
-    return sorted(f"gs://{bucket}/{p.rstrip('/')}" for p in blobs.prefixes)
-
-
-def _gcs_client() -> Any:
-    from apache_beam.io.gcp.gcsio import GcsIO
-
-    return GcsIO(pipeline_options=FileSystems._pipeline_options).client  # noqa: SLF001
+    """The folders whose names start with ``prefix`` (storage.subfolders; launcher's name for it)."""
+    return storage.subfolders(prefix)
 
 
 def _has_markers(folder: str) -> bool:
     """Whether a scratch folder has a DONE folder (a run that got as far as finishing a shard)."""
-    if "://" not in folder:
-        return os.path.isdir(os.path.join(folder, DONE))
-    from apache_beam.io.gcp.gcsio import parse_gcs_path
-
-    bucket, name = parse_gcs_path(folder + "/" + DONE + "/")
-    return any(True for _ in _gcs_client().list_blobs(bucket, prefix=name, max_results=1))
+    return storage.has_any(FileSystems.join(folder, DONE))
 
 
 def resume_sources(output: str, own_scratch: str) -> tuple[str, ...]:
@@ -360,7 +310,7 @@ def run_lock(scratch: str) -> Iterator[None]:
     except ImportError:  # not POSIX: every run counts as live (scratch folders go by age)
         yield
         return
-    if "://" in scratch:
+    if storage.is_remote(scratch):  # a lock is a process's hold on a local file
         yield
         return
     os.makedirs(scratch, exist_ok=True)
@@ -398,7 +348,7 @@ def run_state(scratch: str) -> str:
         import fcntl
     except ImportError:
         return UNKNOWN
-    if "://" in scratch:
+    if storage.is_remote(scratch):  # a lock is a process's hold on a local file
         return UNKNOWN
     try:
         # never blocking, never through a link, a regular file only: a FIFO or a device planted as the lock

@@ -27,7 +27,6 @@ it as a failed one. Everything goes through Beam ``FileSystems`` (local, gs://).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import uuid
 from collections.abc import Iterable
@@ -35,10 +34,11 @@ from dataclasses import dataclass, field
 
 from apache_beam.io.filesystems import FileSystems
 
-from . import index, lease, metadata, resume
+from . import index, lease, metadata, resume, storage
 from .config import DATE_FIELD, ConvertConfig, Layout, is_date
-from .finalize import delete_files, stale_tmp_dirs
+from .run.files import stale_tmp_dirs
 from .run.publish import PUBLISHED_DIRS, PUBLISHED_FILES
+from .storage import delete_files
 
 _LOG = logging.getLogger(__name__)
 # {date} as a glob (Beam's match has character classes; every file system lists by prefix).
@@ -152,18 +152,8 @@ def _delete(folder: str) -> bool:
             delete_files([prefix + rel for rel in ordered])
     except lease.LeaseHeld:
         return False
-    if "://" not in folder:
-        _remove_empty_local_dirs(folder)
+    storage.remove_empty_dirs(folder)
     return True
-
-
-def _remove_empty_local_dirs(folder: str) -> None:
-    """Empty folders under ``folder`` and ``folder`` itself; one holding a file written since stays."""
-    for dirpath, _, _ in os.walk(folder, topdown=False):
-        try:
-            os.rmdir(dirpath)
-        except OSError:  # not empty (a file written since the listing), or gone
-            pass
 
 
 def apply(cfg: ConvertConfig, layout: Layout) -> Outcome | None:
@@ -182,4 +172,4 @@ def apply(cfg: ConvertConfig, layout: Layout) -> Outcome | None:
 
 
 def _absolute(path: str) -> str:
-    return path.rstrip("/") if "://" in path else os.path.abspath(os.path.expanduser(path))
+    return storage.normalize(path)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
-from . import lease, metadata, resume
+from . import lease, metadata, resume, storage
 from .errors import UsageError
-from .finalize import STALE_TMP_AGE_S, run_started
+from .run.files import STALE_TMP_AGE_S, run_started
 from .run.publish import PUBLISH_MANIFEST
 from .storage import read_json
 
@@ -57,7 +57,7 @@ class Scratch:
 
 def _contents(folder: str) -> tuple[int, int, float | None]:
     """(files, bytes, newest modification time) of everything under ``folder``."""
-    if "://" not in folder:
+    if not storage.is_remote(folder):
         files, size, newest = 0, 0, None
         for dirpath, _, names in os.walk(folder):
             for name in names:
@@ -189,7 +189,7 @@ def why_removable(s: Scratch, older_than_s: float, force: bool) -> str | None:
 
 
 def _delete(s: Scratch) -> None:
-    if "://" not in s.path:
+    if not storage.is_remote(s.path):
         shutil.rmtree(s.path)
         return
     files = [m.path for m in FileSystems.match([s.path.rstrip("/") + "/**"])[0].metadata_list]
@@ -209,7 +209,7 @@ def clean(
     Liveness is asked again right before each removal: a run that took its
     lock since the listing keeps its folder.
     """
-    if "://" not in output and not os.path.isdir(output):
+    if not storage.is_remote(output) and not os.path.isdir(output):
         raise UsageError(f"{output}: no such folder")
     done = []
     for s in other_runs(output, now=now):

@@ -10,6 +10,18 @@ and the reason codes a failed read becomes), so anything may import it.
 ``permanent_reason`` tells an error that says the file is gone or forbidden
 for good (a reject) from one that may pass (a 429/503, a reset connection,
 an expired token: the bundle fails and the runner retries it).
+
+One layer, two backends (``backends.local``, ``backends.gcs``) behind one interface; callers ask
+it, never the path's scheme::
+
+    backend_for(path)                   # the module that does it for this path
+    open_lines(path); read_bytes(path, size, options)   # streams, ranged reads
+    write_atomic(path, text)            # whole or not at all
+    sizes_under(folder); files_under(folder); subfolders(prefix); has_any(folder)
+    move_files(pairs, existing, ...); delete_files(paths, ...)   # batched on GCS
+    cas_file(path)                      # create-if-absent, replace/delete-if-unchanged (the lease)
+
+Every GCS client is made in ``backends.gcs`` (``gcs.gcsio()``, ``gcs.client()``).
 """
 
 from __future__ import annotations
@@ -17,18 +29,29 @@ from __future__ import annotations
 import errno
 import io
 import json
+import logging
 import os
 import re
-import threading
-from typing import Any
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
+from typing import Any, Protocol
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from .backends import gcs, local
+from .backends.failures import causes as causes
+from .backends.gcs import BATCH as BATCH
+from .backends.gcs import ChangesTooOften as ChangesTooOften
+from .backends.local import NO_HARD_LINKS as NO_HARD_LINKS
 from .errors import last_line
 from .images.check import check_header
 from .images.options import ImageOptions, Rejected
 from .vocab.reasons import MISSING, TOO_LARGE, UNREADABLE
+
+_LOG = logging.getLogger(__name__)
 
 # A file larger than this has its head read and checked (check_header) before the rest.
 HEADER_BYTES = 256 * 1024
@@ -156,83 +179,9 @@ def permission_denied(error: BaseException) -> bool:
 
 def storage_root(path: str) -> str:
     """``gs://bucket`` of a GCS path; the folder of a local one: where a permission problem lives."""
-    if path.startswith("gs://"):
-        return "gs://" + path[len("gs://") :].split("/", 1)[0]
+    if gcs.owns(path):
+        return "gs://" + gcs.split(path)[0]
     return os.path.dirname(path) or "."
-
-
-_THREAD = threading.local()
-
-
-def _gcs() -> Any:
-    """This thread's GCS client (Beam's GcsIO, built once per thread from the pipeline's options).
-
-    Beam's GCSFileSystem makes a new GcsIO, hence a new storage.Client and a
-    new connection pool, on every open, and its reader fetches the object's
-    metadata before its bytes: two round trips and a TLS handshake per image.
-    The read threads live as long as the process (process_pool), so a client
-    is rebuilt when the options (a later pipeline in the same process) or the
-    emulator endpoint changed.
-    """
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    # The options FileSystems.set_options gave this worker (Beam's GCS file system reads them the same way).
-    options = getattr(FileSystems, "_pipeline_options", None)
-    made_for = (options, os.environ.get("STORAGE_EMULATOR_HOST"))
-    client = getattr(_THREAD, "gcsio", None)
-    old = getattr(_THREAD, "made_for", None)
-    if client is None or old is None or old[0] is not made_for[0] or old[1] != made_for[1]:
-        from apache_beam.io.gcp import gcsio, gcsio_retry
-
-        client = _THREAD.gcsio = gcsio.GcsIO(pipeline_options=options or PipelineOptions())
-        _THREAD.retry = gcsio_retry.get_retry(options or PipelineOptions())
-        _THREAD.made_for = made_for
-    return client
-
-
-def _read_gcs(path: str, size: int, options: ImageOptions | None) -> bytes:
-    from apache_beam.io.gcp.gcsio import parse_gcs_path
-
-    client = _gcs()
-    bucket, name = parse_gcs_path(path)
-    blob = client.client.bucket(bucket).blob(name)
-    retry = _THREAD.retry
-    # Never more than one byte over the limit, whatever the object became since it was listed.
-    last = options.max_file_bytes if options is not None and options.max_file_bytes else None
-    if options is not None and size > 4 * HEADER_BYTES:
-        head = blob.download_as_bytes(start=0, end=HEADER_BYTES - 1, raw_download=True, retry=retry)
-        verdict = check_header(head, options)
-        if verdict is not None:
-            raise verdict
-        try:
-            # The rest of the same object generation: an object replaced in between fails the
-            # request (412) and the bundle, instead of joining the head of one file to another's tail.
-            return head + blob.download_as_bytes(
-                start=HEADER_BYTES, end=last, raw_download=True, retry=retry, if_generation_match=blob.generation
-            )
-        except Exception as e:
-            if getattr(e, "code", None) == 416:  # shrank since it was listed: the head is all of it
-                return head
-            raise
-    return blob.download_as_bytes(end=last, raw_download=True, retry=retry)
-
-
-def _read_local(path: str, size: int, options: ImageOptions | None) -> bytes:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-        if options is not None and size > 4 * HEADER_BYTES:
-            verdict = check_header(fh.read(HEADER_BYTES), options)
-            if verdict is not None:
-                raise verdict
-            fh.seek(0)  # re-read the head: cheaper than joining (a copy of the whole file)
-        limit = options.max_file_bytes if options is not None else 0
-        if not limit:
-            return fh.read()
-        # One byte over the limit proves a file that grew. read(n) allocates n bytes up front, so
-        # ask for the listed size (+1, which proves it grew) first, not the limit (256 MB per read).
-        first = fh.read(min(limit, size) + 1) if size >= 0 else fh.read(limit + 1)
-        if size < 0 or len(first) <= size or len(first) > limit:
-            return first
-        return first + fh.read(limit + 1 - len(first))  # it grew since it was listed: the rest, to the limit
 
 
 def read_bytes(path: str, size: int = -1, options: ImageOptions | None = None) -> bytes:
@@ -248,7 +197,7 @@ def read_bytes(path: str, size: int = -1, options: ImageOptions | None = None) -
     if limit and size > limit:
         raise Rejected(TOO_LARGE, f"{size} bytes is over --max-file-mb {limit / MB:g}")
     try:
-        data = _read_gcs(path, size, options) if path.startswith("gs://") else _read_local(path, size, options)
+        data = backend_for(path).read_image(path, size, options, HEADER_BYTES, check_header)
     except Rejected:
         raise
     except Exception as e:
@@ -324,7 +273,7 @@ def gcs_check(path: str, *, folder: bool) -> bool:
     bucket, _, name = path[len("gs://") :].partition("/")
     retry = DEFAULT_RETRY.with_timeout(GCS_CHECK_DEADLINE_S)
     try:
-        client = _gcs().client
+        client = gcs.gcsio().client
         if folder:
             prefix = name.rstrip("/") + "/" if name.strip("/") else ""
             blobs = client.list_blobs(bucket, prefix=prefix, max_results=1, timeout=_GCS_CHECK_TIMEOUT_S, retry=retry)
@@ -400,3 +349,193 @@ def _root_cause(error: BaseException) -> str:
     text = last_line(error)
     match = re.search(r"\[Errno -?\d+\] ([^')\]]+)", text)
     return match.group(1).strip() if match else text
+
+
+# ---- one interface, two backends ------------------------------------------------------------------
+
+
+class Guard(Protocol):
+    """Checked right before and after each change (lease.Guard): a run whose lease was taken stops."""
+
+    def before(self) -> None: ...
+
+    def after(self) -> None: ...
+
+
+class CasFile(Protocol):
+    """A file changed only by compare-and-swap; ``token`` is what ``read`` returned with the bytes."""
+
+    def read(self) -> tuple[bytes, Any] | None: ...
+
+    def create(self, data: bytes) -> bool: ...
+
+    def replace(self, data: bytes, token: Any) -> bool: ...
+
+    def delete(self, token: Any) -> bool: ...
+
+
+def backend_for(path: str) -> ModuleType:
+    """``gcs`` for a ``gs://`` path, ``local`` for one on this machine: modules with the same functions
+    (read_image, write_atomic, subfolders, has_any, move, delete)."""
+    return gcs if gcs.owns(path) else local
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` lives in a bucket, not on this machine's disk. For the few callers that must say so
+    (a Dataflow worker cannot read a local path; a message), not to choose how to do something."""
+    return gcs.owns(path)
+
+
+def normalize(path: str) -> str:
+    """A folder as the run names it: a bucket path without its trailing slash; a local one absolute."""
+    return path.rstrip("/") if gcs.owns(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def stat(path: str) -> Any:
+    """FileMetadata (path, size, mtime) of the file at exactly ``path`` (no glob), or None if there is none.
+    Raises on errors other than "not found" (permission, network)."""
+    return backend_for(path).stat(path)
+
+
+def names_of(folder: str) -> list[str]:
+    """The names a folder goes by: itself, and locally the folder its links lead to."""
+    return [folder] if gcs.owns(folder) else [folder, os.path.realpath(folder)]
+
+
+def check_reachable(path: str) -> None:
+    """A gs:// folder is asked about with a short deadline (gcs_check): GcsAccessError names what is wrong (no
+    network, no bucket, no credentials) instead of minutes of the client's retries. Nothing to ask locally."""
+    if gcs.owns(path):
+        settle_gcs_credentials()
+        gcs_check(path, folder=True)
+
+
+def is_absolute(path: str) -> bool:
+    """A path that names a place of its own (``/x``, ``gs://b/x``), not one relative to a folder."""
+    return gcs.owns(path) or path.startswith("/")
+
+
+def same_file_key(path: str) -> str:
+    """Paths name the same file when their keys match: ``./a.jpg`` and ``a.jpg`` are one local file."""
+    return path if gcs.owns(path) else os.path.normpath(path)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Whole or not at all: a GCS object appears complete; locally a rename makes it so."""
+    backend_for(path).write_atomic(path, text.encode("utf-8"))
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """``dst`` gets ``src``'s bytes: a hard link where the file system has them, else a copy."""
+    if gcs.owns(src) or gcs.owns(dst):
+        FileSystems.copy([src], [dst])
+    else:
+        local.link_or_copy(src, dst)
+
+
+def subfolders(prefix: str) -> list[str]:
+    """The folders whose full paths start with ``prefix`` (``OUT/.tmp-``): names only, nothing under them is
+    listed. A missing parent has none; any other error is raised."""
+    return backend_for(prefix).subfolders(prefix)
+
+
+def has_any(folder: str) -> bool:
+    """Whether ``folder`` exists (locally) / has any object under it (GCS)."""
+    return backend_for(folder).has_any(folder)
+
+
+def sizes_under(path: str) -> dict[str, int]:
+    """{relative path: size} of every file under ``path`` (one listing; hidden folders not entered locally)."""
+    prefix = path.rstrip("/") + "/"
+    try:
+        found = FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list
+    except Exception:  # noqa: BLE001 - nothing there
+        return {}
+    return {m.path[len(prefix) :]: m.size_in_bytes for m in found if m.path.startswith(prefix)}
+
+
+def files_under(path: str) -> list[str]:
+    prefix = path.rstrip("/") + "/"
+    return sorted(prefix + rel for rel in sizes_under(path))
+
+
+def move_files(
+    pairs: Sequence[tuple[str, str]],
+    existing: set[str],
+    kept: Iterable[str] = (),
+    each: Callable[[], None] | None = None,
+    guard: Guard | None = None,
+) -> None:
+    """Renames each (src, dst); a pair whose src is gone and dst present is done already.
+
+    ``existing`` holds the paths known to exist (from listings made just
+    before), so no request per file asks. A pair with neither side present
+    raises FileNotFoundError: a file of the run is lost. ``each`` runs once per
+    file before it changes (a failpoint); ``guard`` is checked around each
+    rename (locally) or batch (GCS). A src in ``kept`` stays where it is: dst
+    becomes a hard link to it (locally; moved where the file system has none)
+    or a copy (GCS).
+    """
+    kept = set(kept)
+    todo = []
+    for src, dst in pairs:
+        if src in existing:
+            todo.append((src, dst))
+        elif dst not in existing:
+            raise FileNotFoundError(f"{src}: gone, and {dst} is not there either")
+    local.move([p for p in todo if not gcs.owns(p[0])], kept, each, guard)
+    gcs.move([p for p in todo if gcs.owns(p[0])], kept, each, guard)
+
+
+def delete_files(paths: Sequence[str], each: Callable[[], None] | None = None, guard: Guard | None = None) -> None:
+    """Deletes files (batched on GCS); one already gone is fine. ``each``, ``guard``: as for move_files."""
+    local.delete([p for p in paths if not gcs.owns(p)], each, guard)
+    gcs.delete([p for p in paths if gcs.owns(p)], each, guard)
+
+
+def delete_quietly(paths: Sequence[str]) -> None:
+    for path in paths:
+        try:
+            FileSystems.delete([path])
+        except Exception as e:  # noqa: BLE001 - already gone is fine
+            _LOG.debug("could not delete %s: %s", path, e)
+
+
+def delete_tree(path: str) -> None:
+    """Deletes a scratch folder and everything under it."""
+    delete_files(files_under(path))
+    remove_folder(path)
+
+
+def make_temp_folder(root: str | None, prefix: str) -> str:
+    """A new folder for scratch work: ``root/<prefix><random>`` in a bucket (made by writing into it), a
+    fresh local one under ``root`` (the system's temp folder when None) otherwise."""
+    if root and gcs.owns(root):
+        return FileSystems.join(root, f"{prefix}{uuid.uuid4().hex}")
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
+
+
+def remove_temp_folder(path: str) -> None:
+    """A ``make_temp_folder`` folder and everything in it goes (what cannot be removed locally stays)."""
+    if gcs.owns(path):
+        delete_tree(path)
+    else:
+        local.remove_folder(path)
+
+
+def remove_folder(path: str) -> None:
+    """Locally the folder and what is left under it go; on GCS there is no folder once its objects are gone."""
+    if not gcs.owns(path):
+        local.remove_folder(path)
+
+
+def remove_empty_dirs(root: str) -> None:
+    """Folders left empty under ``root`` (after moving or deleting their files) go; GCS has no folders."""
+    if not gcs.owns(root):
+        local.remove_empty_dirs(root)
+
+
+def cas_file(path: str, retries: int) -> CasFile:
+    """``path`` as a compare-and-swap file: a lock-file scheme locally, generation preconditions on GCS
+    (``retries``: reads of an object that changed in between before ChangesTooOften)."""
+    return gcs.GenerationFile(path, retries) if gcs.owns(path) else local.LockedFile(path)

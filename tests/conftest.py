@@ -125,7 +125,8 @@ def run_cli_in_process(*args: str, cwd: str | os.PathLike | None = None) -> CliR
     """``cli.main(args)`` as ``console_main`` runs it, with what a process would not carry over undone
     afterwards: the root logger's handlers and level, logger levels, signal handlers, os.environ, the
     working directory, sys.argv, tempfile's cached folder, the per-process GCS client."""
-    from beam_pipeline import cli, finalize
+    from beam_pipeline import cli
+    from beam_pipeline.backends import gcs as gcs_backend
 
     out, err = _stream(), _stream()
     root = logging.getLogger()
@@ -142,7 +143,7 @@ def run_cli_in_process(*args: str, cwd: str | os.PathLike | None = None) -> CliR
     before = [(lg.propagate, lg.handlers[:]) for lg in servers]
     for lg in servers:
         lg.propagate, lg.handlers = False, [*lg.handlers, *handlers]
-    finalize._gcs_client.clear()  # noqa: SLF001 - "one per process": a run in a new process makes its own
+    gcs_backend._PROCESS.clear()  # noqa: SLF001 - "one per process": a run in a new process makes its own
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -174,7 +175,7 @@ def run_cli_in_process(*args: str, cwd: str | os.PathLike | None = None) -> CliR
         os.environ.update(environ)
         os.chdir(cwd_before)
         sys.argv, tempfile.tempdir = argv, tempdir
-        finalize._gcs_client.clear()  # noqa: SLF001
+        gcs_backend._PROCESS.clear()  # noqa: SLF001
         for lg, (propagate, own) in zip(servers, before, strict=True):
             lg.propagate, lg.handlers = propagate, own
     return CliResult(code, _text(out), _text(err))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline import failpoints, finalize, lease
+from beam_pipeline import failpoints, lease, storage
 from beam_pipeline.inspection import verify
 from beam_pipeline.run import finalize as run_finalize
 from beam_pipeline.run import outcome, publish
@@ -662,9 +662,9 @@ def test_a_users_file_under_a_tft_folder_beside_a_dataset_is_never_written_over(
     assert _check_complete(out)["seed"] == 5 and (out / "metadata" / "schema.pbtxt").read_bytes() == b"my schema"
     plan = out / ".beam_pipeline-tmp-20260101-000000-deadbeef" / publish.PUBLISH_MANIFEST
     write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": 321}, "run_id": "x"}).encode())
-    assert publish.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == []
+    assert publish.runs_tft_files(str(out), storage.sizes_under(str(out)), []) == []
     write(str(plan), json.dumps({"files": {"metadata/schema.pbtxt": len(b"my schema")}, "run_id": "x"}).encode())
-    assert publish.runs_tft_files(str(out), finalize.sizes_under(str(out)), []) == ["metadata/schema.pbtxt"]
+    assert publish.runs_tft_files(str(out), storage.sizes_under(str(out)), []) == ["metadata/schema.pbtxt"]
 
 
 def test_tft_files_of_a_version_that_did_not_list_them_go_with_its_dataset(tmp_path):

@@ -134,7 +134,15 @@ def test_sdist_for_setup_file_carries_the_package_and_its_requirements(tmp_path)
         names = tar.getnames()
         pkg_info = next(n for n in names if n.endswith("beam_pipeline.egg-info/requires.txt"))
         requires = tar.extractfile(pkg_info).read().decode()
-    for module in ("cli.py", "pipeline.py", "storage.py", "writer/shard.py", "analysis.py", "__main__.py"):
+    for module in (
+        "cli.py",
+        "pipeline.py",
+        "storage.py",
+        "backends/gcs.py",
+        "writer/shard.py",
+        "analysis.py",
+        "__main__.py",
+    ):
         assert any(n.endswith(f"beam_pipeline/{module}") for n in names), module
     base = requires.split("\n[", 1)[0]  # requires.txt lists extras under [name] sections after the base
     assert base.split() == ["tensorflow<3,>=2.16"]  # workers add the converter from a requirements file

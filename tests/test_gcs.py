@@ -10,7 +10,6 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 
-from beam_pipeline import finalize
 from beam_pipeline.run import previous, publish, workers
 
 from .conftest import BUCKET, convert, gcs_that_does_not_answer, load_info, run_cli
@@ -150,11 +149,11 @@ def test_multi_process_runner_with_post_steps_in_the_job_matches_an_in_process_r
 def test_publish_on_gcs_finishes_after_a_crash_at_any_batch(gcs, monkeypatch):
     """Batched renames and deletes (2 per batch here) on the emulator: a crash before any batch,
     then the retried step's published_run(), ends with exactly the new dataset."""
-    from beam_pipeline import failpoints
+    from beam_pipeline import failpoints, storage
     from beam_pipeline.run.workers import use_anonymous_gcs_for_emulator
 
     use_anonymous_gcs_for_emulator()
-    monkeypatch.setattr(finalize, "BATCH", 2)
+    monkeypatch.setattr(storage.gcs, "BATCH", 2)
     run = "20991231-000000-feedf00d"
     old = {f"ds-train.tfrecord-0000{i}-of-00003": b"old %d" % i for i in range(3)}
     recorded = {"run_id": "old", "transform": {"files": ["transform_fn/saved_model.pb", "transform_fn/assets/label"]}}

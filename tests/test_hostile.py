@@ -350,9 +350,9 @@ def test_gcs_reads_on_the_emulator(gcs, tmp_path):
             storage.read_bytes(path, 10, grown)
         assert err.value.reason == "too_large" and str(1_000_001) in err.value.detail
     # One client per thread, reused: not one per read.
-    first = storage._gcs()  # noqa: SLF001
+    first = storage.gcs.gcsio()  # noqa: SLF001
     storage.read_bytes(f"gs://{BUCKET}/reads/small.jpg", len(small), options)
-    assert storage._gcs() is first  # noqa: SLF001
+    assert storage.gcs.gcsio() is first  # noqa: SLF001
 
 
 def test_limit_flags_reach_the_image_options_and_bad_values_are_usage_errors(tmp_path):

@@ -281,7 +281,7 @@ def test_a_read_threads_gcs_client_follows_the_emulator_endpoint(gcs, monkeypatc
 
     use_anonymous_gcs_for_emulator()
     with ThreadPoolExecutor(1) as thread:  # one read thread, as the process pool's live on
-        first = thread.submit(storage._gcs).result()
-        assert thread.submit(storage._gcs).result() is first  # built once per thread
+        first = thread.submit(storage.gcs.gcsio).result()
+        assert thread.submit(storage.gcs.gcsio).result() is first  # built once per thread
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", os.environ["STORAGE_EMULATOR_HOST"].rstrip("/") + "/")
-        assert thread.submit(storage._gcs).result() is not first
+        assert thread.submit(storage.gcs.gcsio).result() is not first

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from beam_pipeline import hashing, lease, metadata, resume, storage
-from beam_pipeline.finalize import stale_tmp_dirs
 from beam_pipeline.images.options import ImageOptions
 from beam_pipeline.index import Previous, PreviousReject
+from beam_pipeline.run.files import stale_tmp_dirs
 from beam_pipeline.run.publish import cleanup_staging
 from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
@@ -139,7 +139,7 @@ def test_no_resume_writes_every_shard_again(tmp_path, monkeypatch):
     convert("--input", str(src), "--output", str(out), *ARGS, *QUICK, "--no-resume")
     same_output(out, ref)
     assert "resumed" not in load_info(out)
-    assert scratch_folders(out) == [dead]  # nothing was taken from it: it goes by age (finalize.STALE_TMP_AGE_S)
+    assert scratch_folders(out) == [dead]  # nothing was taken from it: it goes by age (run.files.STALE_TMP_AGE_S)
 
 
 @pytest.mark.e2e
@@ -330,18 +330,18 @@ def test_a_shard_with_a_missing_or_unreadable_reject_is_written_again(tmp_path, 
 
     refs = [_ref(tmp_path / "in", i) for i in range(4)]
     out = tmp_path / "out"
-    real = storage._read_local
+    real = storage.local.read_image
 
-    def denied(path, size, options):
+    def denied(path, size, options, *rest):
         if path == refs[1].path:
             raise PermissionError(errno.EACCES, "Permission denied", path)
-        return real(path, size, options)
+        return real(path, size, options, *rest)
 
-    monkeypatch.setattr(storage, "_read_local", denied)
+    monkeypatch.setattr(storage.local, "read_image", denied)
     first, rejects = _write(out / f"{TMP}20990101-000000-aaaaaaaa", refs)
     assert first.records == 3 and [r["reason"] for r in rejects] == ["unreadable"]
     assert not list((out / f"{TMP}20990101-000000-aaaaaaaa" / resume.DONE).glob("*.json"))
-    monkeypatch.setattr(storage, "_read_local", real)  # access granted
+    monkeypatch.setattr(storage.local, "read_image", real)  # access granted
     again, rejects = _write(out / f"{TMP}20990102-000000-bbbbbbbb", refs, (out / f"{TMP}20990101-000000-aaaaaaaa",))
     assert again.records == 4 and rejects == [] and again.resumed_from is None
 
@@ -373,20 +373,20 @@ def test_a_source_that_vanishes_while_taken_means_writing_afresh(tmp_path, monke
         real(src, dst)
 
     monkeypatch.setattr(resume, "_link_or_copy", vanishing)
-    real_read = storage._read_local
+    real_read = storage.local.read_image
 
-    def reset_on_the_second(path: str, size: int, options: object) -> bytes:
+    def reset_on_the_second(path: str, size: int, options: object, *rest: object) -> bytes:
         if path == refs[1].path:  # the fresh write dies half-way: a retry will follow
             raise ConnectionResetError(104, "Connection reset by peer")
-        return real_read(path, size, options)
+        return real_read(path, size, options, *rest)
 
-    monkeypatch.setattr(storage, "_read_local", reset_on_the_second)
+    monkeypatch.setattr(storage.local, "read_image", reset_on_the_second)
     with pytest.raises(ConnectionResetError):
         _write(b, refs, (a,))
     assert len(calls) == 3
     assert {k: Path(getattr(found, k)).read_bytes() for k in before} == before  # written afresh under other names
     assert (tmp_path / "published-shard").read_bytes() == before["tmp_path"]
-    monkeypatch.setattr(storage, "_read_local", real_read)
+    monkeypatch.setattr(storage.local, "read_image", real_read)
     monkeypatch.setattr(resume, "_link_or_copy", real)
     result, _ = _write(b, refs, (a,))  # the retry: this time the source stays
     assert result.resumed_from == str(a) and Path(result.tmp_path).read_bytes() == before["tmp_path"]

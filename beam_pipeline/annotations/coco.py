@@ -34,6 +34,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from .. import storage
 from ..config import MAX_CATEGORY_ID
 from ..errors import UsageError, message_lines
 from ..metadata import line_break_problem
@@ -247,7 +248,7 @@ def _id_key(value: Any) -> str:
 def input_roots(root: str) -> tuple[str, ...]:
     """The prefixes an absolute file_name under the input folder ``root`` may start with: the folder, and for a
     local one the folder its links lead to (each ending in "/")."""
-    tops = [root] if "://" in root else [root, os.path.realpath(root)]
+    tops = storage.names_of(root)
     return tuple(dict.fromkeys(top.rstrip("/") + "/" for top in tops))
 
 
@@ -262,7 +263,8 @@ def file_key(file_name: str, roots: Sequence[str] = ()) -> str:
 
 def _absolute(file_name: str) -> bool:
     """A file_name that names a place of its own: ``/x``, ``C:/x`` or ``C:\\x``, ``gs://b/x``."""
-    return file_name.startswith(("/", "\\")) or "://" in file_name or re.match(r"[A-Za-z]:[/\\]", file_name) is not None
+    windows = file_name.startswith("\\") or re.match(r"[A-Za-z]:[/\\]", file_name) is not None
+    return storage.is_absolute(file_name) or windows
 
 
 def _unknown_id_detail(key: str) -> str:
@@ -456,7 +458,7 @@ class _JoinImageObjects(CountingDoFn):
 
     def _file_key(self, file_name: str) -> str:
         """``file_key`` under this input; a local absolute name outside it may reach it through a link."""
-        if file_name.startswith("/") and "://" not in self._root and not file_name.startswith(self._roots):
+        if file_name.startswith("/") and not storage.is_remote(self._root) and not file_name.startswith(self._roots):
             file_name = os.path.realpath(file_name)
         return file_key(file_name, self._roots)
 

@@ -3,19 +3,14 @@ worker error without the runner's step tails, a labels file's lines."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 
+from .. import storage
 from ..sources.manifest import open_text
 
-
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def absolute(path: str) -> str:
-    return path.rstrip("/") if is_remote(path) else os.path.abspath(os.path.expanduser(path))
+is_remote = storage.is_remote  # a path in a bucket, not on this machine's disk
+absolute = storage.normalize  # a bucket path without its trailing slash; a local one absolute
 
 
 def without_step(message: str) -> str:

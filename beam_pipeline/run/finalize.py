@@ -28,9 +28,10 @@ from apache_beam.io.filesystems import FileSystems
 from .. import failpoints, index, lease, metadata, resume
 from ..annotations import masks, objects
 from ..config import ConvertConfig, Layout
-from ..finalize import _files_under, delete_files, move_files
+from ..storage import files_under as _files_under
 from ..storage import write_text
 from ..vocab.records import ShardResult
+from .files import delete_files, move_files
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
 from .publish import REJECT_PARTS, publish, published_run
 

@@ -67,7 +67,7 @@ def run_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
 
 def gcs_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
     """(flag, value, is a folder) for each gs:// location the run names."""
-    return [place for place in run_locations(cfg) if place[1].startswith("gs://")]
+    return [place for place in run_locations(cfg) if is_remote(place[1])]
 
 
 def ask_gcs(flag: str, value: str, *, folder: bool) -> bool:

@@ -31,28 +31,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from .. import failpoints, index, lease, metadata, resume
+from .. import failpoints, index, lease, metadata, resume, storage
 from ..annotations import objects
 from ..errors import UsageError, last_line
-from ..finalize import (
-    _files_under,
-    _remove_empty_dirs,
-    delete_files,
-    delete_quietly,
-    delete_tree,
-    move_files,
-    sizes_under,
-    stale_tmp_dirs,
-)
-from ..storage import read_json, read_json_object, write_text
+from ..storage import delete_quietly, delete_tree, read_json, read_json_object, sizes_under, write_text
+from ..storage import files_under as _files_under
+from ..storage import remove_empty_dirs as _remove_empty_dirs
 from .common import note
+from .files import delete_files, move_files, stale_tmp_dirs
 
 _LOG = logging.getLogger(__name__)
 
@@ -318,12 +309,7 @@ def _write_manifest(staging: str, manifest: Mapping[str, Any]) -> None:
     """Written whole or not at all: a GCS object appears complete; locally a rename makes it so."""
     failpoints.hit("publish.manifest")
     path = FileSystems.join(staging, PUBLISH_MANIFEST)
-    text = json.dumps(manifest, indent=1) + "\n"
-    if "://" in path:
-        write_text(path, text)
-    else:
-        write_text(path + ".part", text)
-        os.replace(path + ".part", path)
+    storage.write_atomic(path, json.dumps(manifest, indent=1) + "\n")
 
 
 class PublishConflict(RuntimeError):
@@ -484,8 +470,7 @@ def cleanup_staging(staging: str, out_dir: str, taken: Sequence[str] = ()) -> No
     manifest = FileSystems.join(staging, PUBLISH_MANIFEST)
     delete_files([p for p in _files_under(staging) if p != manifest])
     delete_files([manifest])
-    if "://" not in staging:
-        shutil.rmtree(staging, ignore_errors=True)
+    storage.remove_folder(staging)
     for stale_tmp in stale_tmp_dirs(out_dir, keep=staging):  # left by killed runs, days ago
         delete_tree(stale_tmp)
     for folder in taken:

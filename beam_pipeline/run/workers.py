@@ -69,7 +69,7 @@ def check_dataflow_access(options: PipelineOptions) -> None:
     if not is_dataflow(options):
         return
     for flag, value in _dataflow_locations(options):
-        if value.startswith("gs://"):
+        if is_remote(value):
             ask_gcs(flag, value, folder=True)  # a prefix not there yet is fine: the bucket answered
 
 
@@ -89,8 +89,8 @@ def use_anonymous_gcs_for_emulator() -> bool:
 def _settle_gcs_credentials(cfg: ConvertConfig, options: PipelineOptions) -> None:
     """For a run that names a gs:// location: credentials, or anonymous at once (storage.settle_gcs_credentials).
     ``--no_auth`` does not reach Beam's GCS client in 2.77 (it still looks credentials up): here it does."""
-    dataflow = is_dataflow(options) and any(v.startswith("gs://") for _, v in _dataflow_locations(options))
-    dated = cfg.incremental_from == LATEST and (cfg.output_template or "").startswith("gs://")
+    dataflow = is_dataflow(options) and any(is_remote(v) for _, v in _dataflow_locations(options))
+    dated = cfg.incremental_from == LATEST and is_remote(cfg.output_template or "")
     if gcs_locations(cfg) or dated or dataflow:
         storage.settle_gcs_credentials(no_auth=bool(options.view_as(GoogleCloudOptions).no_auth))
     else:

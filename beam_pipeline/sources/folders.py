@@ -14,6 +14,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from .. import storage
 from ..config import (
     ConvertConfig,
     Layout,
@@ -112,13 +113,6 @@ def lists_whole_folder(layout: Layout) -> bool:
     return bool(layout.pattern) and layout.pattern == FileSystems.join(layout.root, "**")
 
 
-def _bucket_and_prefix(folder: str) -> tuple[str, str]:
-    """gs://bucket/a/b → ("bucket", "a/b/"); the bucket itself → ("bucket", "")."""
-    bucket, _, prefix = folder.split("://", 1)[1].partition("/")
-    prefix = prefix.rstrip("/")
-    return bucket, prefix + "/" if prefix else ""
-
-
 def not_on_this_worker(folder: str) -> str:
     """The launcher found ``folder`` (its pre-flight checks passed) but the worker listing it does not: a local
     path on a cluster whose workers do not share this machine's disk. Said as such, not as an empty input."""
@@ -132,21 +126,11 @@ def not_on_this_worker(folder: str) -> str:
 
 
 class _Lister:
-    """Direct-entry and recursive listings of a local folder or a gs:// prefix.
-
-    One GCS client per instance (per DoFn instance on a worker), not per call.
-    """
+    """Direct-entry and recursive listings of a local folder or a gs:// prefix (storage's backend for it)."""
 
     def __init__(self, root: str) -> None:
         self._root = root
-        self._gcs: Any = None
-
-    def _client(self) -> Any:
-        if self._gcs is None:
-            # Beam's GCS file system builds its client from the options the
-            # worker was started with (emulator, credentials); reuse it.
-            self._gcs = FileSystems.get_filesystem(self._root)._gcsIO().client  # noqa: SLF001
-        return self._gcs
+        self._backend = storage.backend_for(root)
 
     def one_level(self, folder: str) -> Iterator[Any]:
         """Direct entries of ``folder``: subfolders as str, files as TaggedOutput(FILES, FileMetadata),
@@ -154,56 +138,27 @@ class _Lister:
         from apache_beam.io.filesystem import FileMetadata
 
         tagged = beam.pvalue.TaggedOutput
-        if "://" in folder:
-            bucket, prefix = _bucket_and_prefix(folder)
-            pages = self._client().list_blobs(bucket, prefix=prefix, delimiter="/")
-            for blob in pages:
-                updated = blob.updated.timestamp() if blob.updated else 0.0
-                yield tagged(FILES, FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated))
-            for sub in sorted(pages.prefixes):  # complete once every page was read
-                yield f"gs://{bucket}/{sub.rstrip('/')}"
-            return
-        import os
-
-        if folder == self._root and not os.path.isdir(folder):
+        if folder == self._root and not self._backend.is_folder(folder):
             raise UsageError(not_on_this_worker(folder))
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:  # as os.walk: an unreadable folder lists nothing
-            return
-        for entry in entries:
-            if entry.is_dir():  # follows symlinks, like os.walk's dirnames
-                yield from (tagged(REJECTS, r) for r in _odd_directory(entry.path, self._root))
-                if not entry.is_symlink():  # os.walk does not descend into a linked folder
-                    yield entry.path
-                continue
-            try:
-                yield tagged(FILES, FileMetadata(entry.path, os.path.getsize(entry.path), os.path.getmtime(entry.path)))
-            except OSError:
-                yield from (tagged(REJECTS, r) for r in _odd_file(entry.path, self._root))
+        for entry in self._backend.one_level(folder, self._odd):
+            if isinstance(entry, str):
+                yield entry
+            elif isinstance(entry, tuple):
+                yield tagged(FILES, FileMetadata(*entry))
+            else:
+                yield tagged(REJECTS, entry)
 
     def tree(self, folder: str) -> Iterator[Any]:
         """Every file below ``folder`` (FileMetadata), odd local entries as TaggedOutput(REJECTS, ...)."""
         from apache_beam.io.filesystem import FileMetadata
 
-        if "://" in folder:
-            bucket, prefix = _bucket_and_prefix(folder)
-            for blob in self._client().list_blobs(bucket, prefix=prefix):
-                updated = blob.updated.timestamp() if blob.updated else 0.0
-                yield FileMetadata(f"gs://{bucket}/{blob.name}", blob.size or 0, updated)
-            return
-        import os
-
         tagged = beam.pvalue.TaggedOutput
-        for dirpath, dirnames, filenames in os.walk(folder):
-            for name in dirnames:
-                yield from (tagged(REJECTS, r) for r in _odd_directory(os.path.join(dirpath, name), self._root))
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    yield FileMetadata(path, os.path.getsize(path), os.path.getmtime(path))
-                except OSError:  # Beam's listing drops it too
-                    yield from (tagged(REJECTS, r) for r in _odd_file(path, self._root))
+        for entry in self._backend.tree(folder, self._odd):
+            yield FileMetadata(*entry) if isinstance(entry, tuple) else tagged(REJECTS, entry)
+
+    def _odd(self, path: str, is_dir: bool) -> Iterator[Any]:
+        """Rejects of an odd local entry (a folder or file the listing cannot take)."""
+        return _odd_directory(path, self._root) if is_dir else _odd_file(path, self._root)
 
 
 def _folder_bytes(folder: str) -> bytes:

@@ -25,6 +25,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io import fileio
 
+from .. import storage
 from ..config import (
     ConvertConfig,
     Layout,
@@ -87,7 +88,9 @@ class ListInputs(beam.PTransform):
         else:  # a glob: one match, which is how far the user's pattern can be split
             glob = pbegin | "Glob" >> beam.Create([layout.pattern])
             files = glob | "Match" >> fileio.MatchAll()  # FileMetadata
-            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if "://" not in layout.root else None
+            # Beam's listing passes odd entries over only on a local disk
+            local = not storage.is_remote(layout.root)
+            odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if local else None
         spread = (
             files
             | "PathAndSize" >> beam.Map(_to_listed)

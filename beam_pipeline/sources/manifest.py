@@ -19,6 +19,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from .. import storage
 from ..config import (
     ConvertConfig,
     Layout,
@@ -124,7 +125,7 @@ def open_text(path: str) -> io.TextIOWrapper:
 
 def manifest_path_of(row_path: str, layout: Layout, join: Callable[[str, str], str] = FileSystems.join) -> str:
     """A manifest ``path`` value as a full path: relative ones are under the manifest's folder."""
-    if "://" in row_path or row_path.startswith("/"):
+    if storage.is_absolute(row_path):
         return row_path
     return join(layout.root, row_path)
 
@@ -201,9 +202,7 @@ def canonical_row(row: dict[str, Any]) -> str:
 
 def _path_key(path: str) -> str:
     """Rows name the same file when their paths match; ``./a.jpg`` and ``a.jpg`` are one local file."""
-    import os
-
-    return path if "://" in path else os.path.normpath(path)
+    return storage.same_file_key(path)
 
 
 class _KeyRowByPath(beam.DoFn):
@@ -261,15 +260,7 @@ def stat_literal(path: str) -> Any:
     and ``?`` as glob characters, so an existing ``a[1].jpg`` would not be
     found. Raises on errors other than "not found" (permission, network).
     """
-    fs = FileSystems.get_filesystem(path)
-    if "://" not in path:
-        return fs.metadata(path) if fs.exists(path) else None
-    try:
-        return fs.metadata(path)  # one request on GCS; raises BeamIOError
-    except Exception as e:
-        if any(type(c).__name__ == "NotFound" or isinstance(c, FileNotFoundError) for c in _causes(e)):
-            return None
-        raise
+    return storage.backend_for(path).stat(path)
 
 
 # Errors a retry may cure (the storage client already retried them): they
@@ -280,17 +271,10 @@ _TRANSIENT = frozenset(
 )
 
 
-def _causes(e: BaseException) -> list[BaseException]:
-    """The file system errors behind a BeamIOError (it wraps them per path), or the error itself."""
-    from apache_beam.io.filesystem import BeamIOError
-
-    details = getattr(e, "exception_details", None) if isinstance(e, BeamIOError) else None
-    return [c for c in details.values() if isinstance(c, BaseException)] if details else [e]
-
-
 def is_transient(e: BaseException) -> bool:
     """True for an error worth retrying the bundle for (server busy, connection reset, time-out)."""
-    return any(type(c).__name__ in _TRANSIENT or isinstance(c, (ConnectionError, TimeoutError)) for c in _causes(e))
+    causes = storage.causes(e)
+    return any(type(c).__name__ in _TRANSIENT or isinstance(c, (ConnectionError, TimeoutError)) for c in causes)
 
 
 class _StatManifestRow(beam.DoFn):

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .. import hashing
+from .. import hashing, storage
 from ..config import (
     IMAGE_EXTENSIONS,
     OS_FILES,
@@ -67,7 +67,7 @@ def relative_path(path: str, root: str) -> str:
     root = root.rstrip("/")
     if root and path.startswith(root + "/"):
         return path[len(root) + 1 :]
-    return path.lstrip("/") if "://" not in path else path
+    return path if storage.is_remote(path) else path.lstrip("/")
 
 
 def skip_reason(relpath: str, check_extension: bool) -> str | None:

@@ -44,7 +44,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from .. import failpoints, index, resume
+from .. import failpoints, index, resume, storage
 from ..annotations.join import CountingDoFn, record_counts
 from ..images.options import ImageOptions, Prepared, Rejected
 from ..sources.rules import REJECTS, class_values, label_names
@@ -289,7 +289,7 @@ class ShardWrite:
         """Every ref's record or reject, in order, into this attempt's files; yields the rejects (tagged)."""
         fn = self._fn
         prefetch = PREFETCH_PER_THREAD * decode_threads(fn._threads)
-        local = all("://" not in ref.path for ref in self.refs)
+        local = not any(storage.is_remote(ref.path) for ref in self.refs)
         results = read_then_convert(
             self.refs,
             self.read,

@@ -64,8 +64,8 @@ def sequential_publish(staging: str, out_dir: str) -> None:
     from apache_beam.io.filesystems import FileSystems
 
     from beam_pipeline import metadata
-    from beam_pipeline.finalize import _files_under
     from beam_pipeline.run.publish import PUBLISHED_FILES
+    from beam_pipeline.storage import files_under as _files_under
     from beam_pipeline.storage import list_dir
 
     def delete_quietly(paths: list[str]) -> None:
