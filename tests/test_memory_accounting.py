@@ -184,10 +184,10 @@ def _forbid_every_read(monkeypatch) -> None:
 
     from beam_pipeline import storage
 
-    def forbidden(path, size, options):
+    def forbidden(path, *args):
         raise gexc.Forbidden(f"GET {path}: sa@p.iam.gserviceaccount.com does not have storage.objects.get access")
 
-    monkeypatch.setattr(storage, "_read_gcs", forbidden)
+    monkeypatch.setattr(storage.gcs, "read_image", forbidden)
 
 
 def test_a_shard_whose_every_read_is_forbidden_fails_naming_the_bucket(tmp_path, monkeypatch):
