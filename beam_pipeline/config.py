@@ -117,7 +117,7 @@ class ConvertConfig:
     on_unsupported: str = "convert"  # convert | reject
     max_mask_pixels: int = 4_000_000_000  # an annotated image's masks x its pixels (images.DEFAULT_MAX_MASK_PIXELS)
     tfds_metadata: bool = True  # written unless the shards are gzip (which TFDS cannot read)
-    # Where TFT analysis, TFDS metadata and publishing run (poststeps.py):
+    # Where TFT analysis, TFDS metadata and publishing run (run/poststeps.py):
     # auto = in the launching process for local runs, in the job for remote ones.
     post_steps: str = "auto"  # auto | launcher | job
     detach: bool = False  # submit a remote job and return without waiting (Flex Template launcher)

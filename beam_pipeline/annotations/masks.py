@@ -254,7 +254,7 @@ def label_map_png(data: bytes, image_size: tuple[int, int], orientation: int, re
         if top > 255:
             raise Rejected(BAD_MASK, f"class id {top} is above 255 (label maps are decoded as uint8)")
         values = values.astype(np.uint8)
-    turn = ORIENTATION_TRANSPOSE.get(orientation)  # as the image was turned (images.py)
+    turn = ORIENTATION_TRANSPOSE.get(orientation)  # as the image was turned (images/convert.py)
     if plain and turn is None and image_size == recorded and not png_problem(data):
         return data
     out = Image.fromarray(values, "L")
