@@ -145,8 +145,8 @@ def test_label_maps_read_back_exactly_with_tensorflow(converted, mask_set):
 def test_each_bad_mask_is_a_reject_with_its_reason(converted):
     out, _ = converted
     rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    reasons = {r["path"]: r["reason"] for r in rows}
-    assert reasons == {
+    found = {r["path"]: r["reason"] for r in rows}
+    assert found == {
         "nomask.jpg": reasons.MISSING_MASK,
         "rgb.jpg": reasons.MASK_NOT_SINGLE_CHANNEL,
         "small.jpg": reasons.MASK_SIZE_MISMATCH,
