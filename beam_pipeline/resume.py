@@ -268,11 +268,6 @@ def scratch_folders(output: str) -> list[str]:
     return storage.subfolders(output.rstrip("/") + "/" + metadata.TMP_PREFIX)
 
 
-def gcs_folders(prefix: str) -> list[str]:
-    """The folders whose names start with ``prefix`` (storage.subfolders; launcher's name for it)."""
-    return storage.subfolders(prefix)
-
-
 def _has_markers(folder: str) -> bool:
     """Whether a scratch folder has a DONE folder (a run that got as far as finishing a shard)."""
     return storage.has_any(FileSystems.join(folder, DONE))

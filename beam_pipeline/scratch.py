@@ -21,9 +21,7 @@ they find (``report_lines``), and ``clean`` removes:
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,20 +55,7 @@ class Scratch:
 
 def _contents(folder: str) -> tuple[int, int, float | None]:
     """(files, bytes, newest modification time) of everything under ``folder``."""
-    if not storage.is_remote(folder):
-        files, size, newest = 0, 0, None
-        for dirpath, _, names in os.walk(folder):
-            for name in names:
-                try:
-                    st = os.lstat(os.path.join(dirpath, name))
-                except FileNotFoundError:  # removed meanwhile (its run cleaning up)
-                    continue
-                files, size = files + 1, size + st.st_size
-                newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
-        return files, size, newest
-    found = FileSystems.match([folder.rstrip("/") + "/**"])[0].metadata_list
-    times = [m.last_updated_in_seconds for m in found if m.last_updated_in_seconds]
-    return len(found), sum(m.size_in_bytes for m in found), max(times) if times else None
+    return storage.usage(folder)
 
 
 def _leaseholder(output: str) -> str | None:
@@ -189,12 +174,7 @@ def why_removable(s: Scratch, older_than_s: float, force: bool) -> str | None:
 
 
 def _delete(s: Scratch) -> None:
-    if not storage.is_remote(s.path):
-        shutil.rmtree(s.path)
-        return
-    files = [m.path for m in FileSystems.match([s.path.rstrip("/") + "/**"])[0].metadata_list]
-    if files:
-        FileSystems.delete(files)
+    storage.remove_tree(s.path)
 
 
 def clean(
@@ -209,7 +189,7 @@ def clean(
     Liveness is asked again right before each removal: a run that took its
     lock since the listing keeps its folder.
     """
-    if not storage.is_remote(output) and not os.path.isdir(output):
+    if not storage.is_folder(output):
         raise UsageError(f"{output}: no such folder")
     done = []
     for s in other_runs(output, now=now):

@@ -439,6 +439,48 @@ def subfolders(prefix: str) -> list[str]:
     return backend_for(prefix).subfolders(prefix)
 
 
+def kind(path: str) -> str | None:
+    """What is at ``path`` locally: "folder", "file" or None (nothing); a bucket path is a "folder" (any
+    prefix may be one: ask has_any whether anything is under it)."""
+    return backend_for(path).kind(path)
+
+
+def is_folder(path: str) -> bool:
+    """Whether ``path`` may be listed as a folder: a local folder that exists; any bucket prefix."""
+    return backend_for(path).is_folder(path)
+
+
+def is_file(path: str) -> bool:
+    """Whether a file (an object) is at exactly ``path``; locally anything there but a folder."""
+    return backend_for(path).is_file(path)
+
+
+def resolved(path: str) -> str:
+    """``path`` with its links followed (locally, in every existing part of it); a bucket has no links."""
+    return backend_for(path).resolved(path)
+
+
+def absolute_pattern(text: str) -> str:
+    """A glob as the run lists it: a local one from the working folder (not normalised: ``..`` stays)."""
+    return backend_for(text).absolute_pattern(text)
+
+
+def usage(folder: str) -> tuple[int, int, float | None]:
+    """(files, bytes, newest modification time) of everything under ``folder``."""
+    return backend_for(folder).usage(folder)
+
+
+def entries(folder: str, into: Sequence[str] = ()) -> list[str]:
+    """What ``folder`` holds, relative to it: locally its own names plus ``SUB/name`` inside each ``into``
+    folder; on GCS every object under it. A missing folder holds nothing; other errors are raised."""
+    return backend_for(folder).entries(folder, into)
+
+
+def remove_tree(path: str) -> None:
+    """The folder and everything under it go now; an error is raised (unlike remove_folder)."""
+    backend_for(path).remove_tree(path)
+
+
 def has_any(folder: str) -> bool:
     """Whether ``folder`` exists (locally) / has any object under it (GCS)."""
     return backend_for(folder).has_any(folder)

@@ -143,7 +143,7 @@ def run_cli_in_process(*args: str, cwd: str | os.PathLike | None = None) -> CliR
     before = [(lg.propagate, lg.handlers[:]) for lg in servers]
     for lg in servers:
         lg.propagate, lg.handlers = False, [*lg.handlers, *handlers]
-    gcs_backend._PROCESS.clear()  # noqa: SLF001 - "one per process": a run in a new process makes its own
+    gcs_backend.reset()  # "one per process": a run in a new process makes its own
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -175,7 +175,7 @@ def run_cli_in_process(*args: str, cwd: str | os.PathLike | None = None) -> CliR
         os.environ.update(environ)
         os.chdir(cwd_before)
         sys.argv, tempfile.tempdir = argv, tempdir
-        gcs_backend._PROCESS.clear()  # noqa: SLF001
+        gcs_backend.reset()
         for lg, (propagate, own) in zip(servers, before, strict=True):
             lg.propagate, lg.handlers = propagate, own
     return CliResult(code, _text(out), _text(err))

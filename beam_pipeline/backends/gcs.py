@@ -35,6 +35,12 @@ _PROCESS: dict[str, Any] = {}
 _PROCESS_LOCK = threading.Lock()
 
 
+def reset() -> None:
+    """Forgets the process's client: the next call makes a new one (a run started afresh in this process)."""
+    with _PROCESS_LOCK:
+        _PROCESS.clear()
+
+
 def _made_for() -> tuple[Any, str | None]:
     # The options FileSystems.set_options gave this worker (Beam's GCS file system reads them the same way).
     return getattr(FileSystems, "_pipeline_options", None), os.environ.get("STORAGE_EMULATOR_HOST")
@@ -174,6 +180,44 @@ def has_any(folder: str) -> bool:
 def is_folder(path: str) -> bool:
     """Any prefix may be a folder (one with nothing under it lists empty)."""
     return True
+
+
+def kind(path: str) -> str | None:
+    return "folder"  # any prefix may be one
+
+
+def is_file(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
+def resolved(path: str) -> str:
+    return path  # no links in a bucket
+
+
+def absolute_pattern(text: str) -> str:
+    return text
+
+
+def _below(folder: str) -> list[Any]:
+    return FileSystems.match([folder.rstrip("/") + "/**"])[0].metadata_list
+
+
+def usage(folder: str) -> tuple[int, int, float | None]:
+    """(objects, bytes, newest update time) of everything under ``folder``."""
+    found = _below(folder)
+    times = [m.last_updated_in_seconds for m in found if m.last_updated_in_seconds]
+    return len(found), sum(m.size_in_bytes for m in found), max(times) if times else None
+
+
+def entries(folder: str, into: Sequence[str]) -> list[str]:
+    """Every object's path under ``folder``, relative to it (a bucket has no levels to stop at)."""
+    return [m.path[len(folder.rstrip("/")) + 1 :] for m in _below(folder)]
+
+
+def remove_tree(path: str) -> None:
+    files = [m.path for m in _below(path)]
+    if files:
+        FileSystems.delete(files)
 
 
 def one_level(folder: str, odd: Any = None) -> Iterator[tuple[str, int, float] | str]:

@@ -81,6 +81,51 @@ def is_folder(path: str) -> bool:
     return os.path.isdir(path)
 
 
+def kind(path: str) -> str | None:
+    return "folder" if os.path.isdir(path) else ("file" if os.path.exists(path) else None)
+
+
+def is_file(path: str) -> bool:
+    return os.path.exists(path) and not os.path.isdir(path)
+
+
+def resolved(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def absolute_pattern(text: str) -> str:
+    return os.path.join(os.getcwd(), os.path.expanduser(text))
+
+
+def usage(folder: str) -> tuple[int, int, float | None]:
+    """(files, bytes, newest modification time) of everything under ``folder`` (links not followed)."""
+    files, size, newest = 0, 0, None
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:  # removed meanwhile (its run cleaning up)
+                continue
+            files, size = files + 1, size + st.st_size
+            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
+    return files, size, newest
+
+
+def entries(folder: str, into: Sequence[str]) -> list[str]:
+    """The folder's own names, and ``SUB/name`` for the names inside each of its folders ``into`` names."""
+    if not os.path.isdir(folder):
+        return []
+    found = os.listdir(folder)
+    for sub in into:
+        if os.path.isdir(os.path.join(folder, sub)):
+            found += [f"{sub}/{n}" for n in os.listdir(os.path.join(folder, sub))]
+    return found
+
+
+def remove_tree(path: str) -> None:
+    shutil.rmtree(path)
+
+
 def one_level(folder: str, odd: Odd) -> Iterator[Any]:
     """Direct entries of ``folder``, by name: subfolders as str (not entered through a link, like os.walk),
     files as (path, size, mtime), and what ``odd`` makes of a folder (each) or a file that cannot be read."""

@@ -1,4 +1,4 @@
-"""Small words every step of a run uses: a path's kind and absolute form, a note line for the user, a
+"""Small words every step of a run uses: a path's absolute form, a note line for the user, a
 worker error without the runner's step tails, a labels file's lines."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import sys
 from .. import storage
 from ..sources.manifest import open_text
 
-is_remote = storage.is_remote  # a path in a bucket, not on this machine's disk
 absolute = storage.normalize  # a bucket path without its trailing slash; a local one absolute
 
 

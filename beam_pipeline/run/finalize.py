@@ -28,8 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from .. import failpoints, index, lease, metadata, resume
 from ..annotations import masks, objects
 from ..config import ConvertConfig, Layout
-from ..storage import files_under as _files_under
-from ..storage import write_text
+from ..storage import files_under, write_text
 from ..vocab.records import ShardResult
 from .files import delete_files, move_files
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
@@ -322,7 +321,7 @@ def name_shards(layout: Mapping[str, list[tuple[str, ShardResult]]], staging: st
     batched renames; what a retried or empty writer left there goes. The rejects parts stay until the
     staging folder is removed."""
     prefix = staging.rstrip("/") + "/"
-    in_staging = set(_files_under(staging))
+    in_staging = set(files_under(staging))
     pairs = [
         (result.tmp_path, FileSystems.join(staging, final)) for files in layout.values() for final, result in files
     ]
@@ -343,4 +342,4 @@ def name_shards(layout: Mapping[str, list[tuple[str, ShardResult]]], staging: st
     move_files(pairs, in_staging, "finalize.rename")
     keep = {dst for _, dst in pairs}
     parts = (REJECT_PARTS + "/", index.INDEX_PARTS + "/", *resume.SCRATCH_ONLY)
-    delete_files([p for p in _files_under(staging) if p not in keep and not p[len(prefix) :].startswith(parts)])
+    delete_files([p for p in files_under(staging) if p not in keep and not p[len(prefix) :].startswith(parts)])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import itertools
-import os
 import posixpath
 import re
 import time
@@ -30,7 +29,7 @@ from ..config import LATEST, SPLIT_FOLDERS, ConvertConfig, Layout, names_only_so
 from ..errors import UsageError, last_line
 from ..sources.manifest import manifest_sources, open_text, read_manifest_rows
 from ..sources.rules import LABEL_COLUMN, PATH_COLUMN
-from .common import absolute, is_remote, label_lines, note
+from .common import absolute, label_lines, note
 from .previous import (
     choose_previous,
     line_break_label,
@@ -50,6 +49,14 @@ def _exists_any(pattern: str, flag: str, text: str) -> bool:
         raise UsageError(f"{flag} {text}: cannot list {pattern}: {last_line(e)}") from None
 
 
+def _has_any(folder: str, flag: str, text: str) -> bool:
+    """storage.has_any, a failed listing a UsageError naming its cause (as _exists_any)."""
+    try:
+        return storage.has_any(folder)
+    except Exception as e:  # noqa: BLE001 - named, not swallowed
+        raise UsageError(f"{flag} {text}: cannot list it: {last_line(e)}") from None
+
+
 def run_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
     """(flag, value, is a folder) for each location the run names."""
     places = [
@@ -67,7 +74,7 @@ def run_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
 
 def gcs_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
     """(flag, value, is a folder) for each gs:// location the run names."""
-    return [place for place in run_locations(cfg) if is_remote(place[1])]
+    return [place for place in run_locations(cfg) if storage.is_remote(place[1])]
 
 
 def ask_gcs(flag: str, value: str, *, folder: bool) -> bool:
@@ -97,18 +104,18 @@ def _check_gcs_locations(cfg: ConvertConfig) -> None:
 def _input_root_and_pattern(text: str) -> tuple[str, str]:
     """(root, glob): a folder lists recursively; a glob's root is the folder before its first wildcard."""
     if _GLOB_CHARS.search(text):
-        pattern = text if is_remote(text) else os.path.join(os.getcwd(), os.path.expanduser(text))
+        pattern = storage.absolute_pattern(text)
         prefix = pattern[: _GLOB_CHARS.search(pattern).start()]
         root = prefix.rsplit("/", 1)[0] or "/"
         if not _exists_any(pattern, "--input", text):
             raise UsageError(f"--input {text}: no files match")
         return root, pattern
     root = absolute(text)
-    if not is_remote(root):
-        if not os.path.exists(root):
-            raise UsageError(f"--input {text}: no such folder")
-        if not os.path.isdir(root):
-            raise UsageError(f"--input {text}: is a file, not a folder (use --manifest for a list of files)")
+    kind = storage.kind(root)
+    if kind is None:
+        raise UsageError(f"--input {text}: no such folder")
+    if kind == "file":
+        raise UsageError(f"--input {text}: is a file, not a folder (use --manifest for a list of files)")
     pattern = FileSystems.join(root, "**")
     if not _exists_any(pattern, "--input", text):
         raise UsageError(f"--input {text}: the folder is empty")
@@ -254,8 +261,7 @@ def _overlap(output: str, input_root: str) -> bool:
     """Whether the output lies inside the input folder or holds it. Local paths are compared as they resolve
     (symlinks followed, in every existing part of the path): an output reached through a link into the input
     is written into the folder being listed, as a plain path inside it is."""
-    if not is_remote(output) and not is_remote(input_root):
-        output, input_root = os.path.realpath(output), os.path.realpath(input_root)
+    output, input_root = storage.resolved(output), storage.resolved(input_root)
     inside = lambda a, b: a == b or a.startswith(b.rstrip("/") + "/")  # noqa: E731
     return inside(output, input_root) or inside(input_root, output)
 
@@ -270,21 +276,14 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     if _GLOB_CHARS.search(out):
         # Beam's file systems would read them as a pattern wherever the output is listed.
         raise UsageError(f"--output {cfg.output}: the path may not hold [, * or ?")
-    if not is_remote(out):
-        if os.path.isfile(out):
-            raise UsageError(f"--output {cfg.output}: is a file, not a folder")
+    if storage.kind(out) == "file":
+        raise UsageError(f"--output {cfg.output}: is a file, not a folder")
     if input_root is not None and _overlap(out, input_root):
         raise UsageError(f"--output {cfg.output}: must not be inside the input folder (or contain it)")
-    entries: list[str] = []
-    if is_remote(out):
-        try:
-            entries = [m.path[len(out) + 1 :] for m in FileSystems.match([out + "/**"])[0].metadata_list]
-        except Exception as e:  # noqa: BLE001 - a listing that failed is no empty output
-            raise UsageError(f"--output {cfg.output}: cannot list it: {last_line(e)}") from None
-    elif os.path.isdir(out):
-        entries = os.listdir(out)
-        if os.path.isdir(os.path.join(out, index.IDX_DIR)):
-            entries += [f"{index.IDX_DIR}/{n}" for n in os.listdir(os.path.join(out, index.IDX_DIR))]
+    try:
+        entries = storage.entries(out, into=(index.IDX_DIR,))
+    except Exception as e:  # noqa: BLE001 - a listing that failed is no empty output
+        raise UsageError(f"--output {cfg.output}: cannot list it: {last_line(e)}") from None
     top = {e.split("/", 1)[0] for e in entries}
     foreign = sorted(e for e in top if not _is_own_file(e))
     # The TFT folders are ours only beside a dataset of ours (or a run's scratch, a publish cut short): alone,
@@ -410,7 +409,7 @@ def _labels_flag(cfg: ConvertConfig) -> bool:
 def _manifest_input(cfg: ConvertConfig) -> _Input:
     """A manifest: present, a CSV or JSONL file with a ``path`` column; its split and label sources."""
     manifest = absolute(cfg.manifest or "")
-    if not FileSystems.exists(manifest) or (not is_remote(manifest) and os.path.isdir(manifest)):
+    if not storage.is_file(manifest):
         raise UsageError(f"--manifest {cfg.manifest}: no such file")
     fmt = _manifest_format(manifest)
     columns = _manifest_columns(manifest, fmt)
@@ -424,7 +423,7 @@ def _manifest_input(cfg: ConvertConfig) -> _Input:
     first_look = fmt == "jsonl"
     seen = {*columns, LABEL_COLUMN} if first_look and cfg.labels_from == "manifest" else set(columns)
     split_source, label_source = manifest_sources(cfg, seen)
-    root = posixpath.dirname(manifest) if is_remote(manifest) else os.path.dirname(manifest)
+    root = posixpath.dirname(manifest)  # a path's folder, local or in a bucket
     return _Input(root, None, manifest, fmt, columns, split_source, label_source, first_look)
 
 
@@ -447,21 +446,20 @@ def _annotation_sources(cfg: ConvertConfig) -> _Annotations:
     coco, categories = None, None
     if cfg.coco:
         coco = absolute(cfg.coco)
-        if not FileSystems.exists(coco) or (not is_remote(coco) and os.path.isdir(coco)):
+        if not storage.is_file(coco):
             raise UsageError(f"--coco {cfg.coco}: no such file")
         categories = _coco_categories(cfg, coco)
     voc = None
     if cfg.voc:  # a detection dataset whose classes are named in the XML files (ids from the run's label list)
         voc = absolute(cfg.voc)
-        if not is_remote(voc) and not os.path.isdir(voc):
+        if not storage.is_folder(voc):
             raise UsageError(f"--voc {cfg.voc}: no such folder")
         if not FileSystems.match([FileSystems.join(voc, "**.xml")], limits=[1])[0].metadata_list:
             raise UsageError(f"--voc {cfg.voc}: no .xml files in it (the Annotations/ folder of a VOC set)")
     masks = None
     if cfg.masks:
         masks = absolute(cfg.masks)
-        found = _exists_any(masks + "/**", "--masks", cfg.masks) if is_remote(masks) else os.path.isdir(masks)
-        if not found:
+        if not _has_any(masks, "--masks", cfg.masks):
             raise UsageError(f"--masks {cfg.masks}: no such folder (or nothing in it)")
     return _Annotations(coco, categories, voc, masks)
 

@@ -16,12 +16,12 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from .. import failpoints, index, metadata, resume
+from .. import failpoints, index, metadata, storage
 from ..annotations.objects import labels_lines
 from ..config import DATE_FIELD, LATEST, ConvertConfig, names_only_source
 from ..errors import UsageError, last_line
 from ..storage import read_json_object
-from .common import absolute, is_remote, label_lines, note
+from .common import absolute, label_lines, note
 from .publish import finish_cut_short
 
 _LOG = logging.getLogger(__name__)
@@ -167,13 +167,13 @@ def _complete_earlier_folders(template: str, pattern: str, before: str) -> list[
     without --keep-last). The dated folders are listed instead (a delimiter listing of the folder level that
     holds {date}), and _SUCCESS is looked for newest first.
     """
-    if not is_remote(template):
+    if not storage.is_remote(template):
         return earlier_dated_folders(template, [m.path for m in FileSystems.match([pattern])[0].metadata_list], before)
     from ..retention import date_of
 
     head, _, rest = template.partition(DATE_FIELD)
     level = head.rpartition("/")[2] + DATE_FIELD + rest.split("/")[0]  # the folder name that holds {date}
-    dates = {date_of(level, folder.rpartition("/")[2]) for folder in resume.gcs_folders(head)}
+    dates = {date_of(level, folder.rpartition("/")[2]) for folder in storage.subfolders(head)}
     for date in sorted((d for d in dates if d is not None and d < before), reverse=True):
         folder = template.replace(DATE_FIELD, date)
         if FileSystems.exists(FileSystems.join(folder, metadata.SUCCESS)):

@@ -39,9 +39,16 @@ from apache_beam.io.filesystems import FileSystems
 from .. import failpoints, index, lease, metadata, resume, storage
 from ..annotations import objects
 from ..errors import UsageError, last_line
-from ..storage import delete_quietly, delete_tree, read_json, read_json_object, sizes_under, write_text
-from ..storage import files_under as _files_under
-from ..storage import remove_empty_dirs as _remove_empty_dirs
+from ..storage import (
+    delete_quietly,
+    delete_tree,
+    files_under,
+    read_json,
+    read_json_object,
+    remove_empty_dirs,
+    sizes_under,
+    write_text,
+)
 from .common import note
 from .files import delete_files, move_files, stale_tmp_dirs
 
@@ -432,7 +439,7 @@ def _publish_under(
     move_files([(src + rel, dst + rel) for rel in body], existing, "publish.move", guard, kept)
     delete_files([dst + rel for rel in pending_stale], "publish.delete", guard)
     for name in PUBLISHED_DIRS:
-        _remove_empty_dirs(dst + name)
+        remove_empty_dirs(dst + name)
     move_files([(src + metadata.DATASET_JSON, dst + metadata.DATASET_JSON)], existing, "publish.move", guard)
 
     # Every file of this tool's kinds in the output is this run's, with its size, before _SUCCESS.
@@ -468,7 +475,7 @@ def cleanup_staging(staging: str, out_dir: str, taken: Sequence[str] = ()) -> No
     this one took nothing from keeps its folder until it is old.
     """
     manifest = FileSystems.join(staging, PUBLISH_MANIFEST)
-    delete_files([p for p in _files_under(staging) if p != manifest])
+    delete_files([p for p in files_under(staging) if p != manifest])
     delete_files([manifest])
     storage.remove_folder(staging)
     for stale_tmp in stale_tmp_dirs(out_dir, keep=staging):  # left by killed runs, days ago

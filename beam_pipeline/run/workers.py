@@ -24,7 +24,7 @@ from .. import storage
 from ..config import LATEST, ConvertConfig
 from ..errors import UsageError
 from ..runner import is_dataflow, make_options
-from .common import is_remote, note
+from .common import note
 from .local import RUN_TEMPORARY_FOLDER
 from .preflight import ask_gcs, gcs_locations, run_locations
 
@@ -55,7 +55,7 @@ def check_dataflow_paths(cfg: ConvertConfig, options: PipelineOptions) -> None:
     places = [(flag, value) for flag, value, _ in run_locations(cfg) if flag in _WORKER_FLAGS]
     places += [(flag, value) for flag, value in _dataflow_locations(options) if flag != "--template_location"]
     for flag, value in places:
-        if not is_remote(value):
+        if not storage.is_remote(value):
             raise UsageError(
                 f"{flag} {value}: a local path, but Dataflow workers cannot read this machine's disk; give a gs:// path"
             )
@@ -69,7 +69,7 @@ def check_dataflow_access(options: PipelineOptions) -> None:
     if not is_dataflow(options):
         return
     for flag, value in _dataflow_locations(options):
-        if is_remote(value):
+        if storage.is_remote(value):
             ask_gcs(flag, value, folder=True)  # a prefix not there yet is fine: the bucket answered
 
 
@@ -89,8 +89,8 @@ def use_anonymous_gcs_for_emulator() -> bool:
 def _settle_gcs_credentials(cfg: ConvertConfig, options: PipelineOptions) -> None:
     """For a run that names a gs:// location: credentials, or anonymous at once (storage.settle_gcs_credentials).
     ``--no_auth`` does not reach Beam's GCS client in 2.77 (it still looks credentials up): here it does."""
-    dataflow = is_dataflow(options) and any(is_remote(v) for _, v in _dataflow_locations(options))
-    dated = cfg.incremental_from == LATEST and is_remote(cfg.output_template or "")
+    dataflow = is_dataflow(options) and any(storage.is_remote(v) for _, v in _dataflow_locations(options))
+    dated = cfg.incremental_from == LATEST and storage.is_remote(cfg.output_template or "")
     if gcs_locations(cfg) or dated or dataflow:
         storage.settle_gcs_credentials(no_auth=bool(options.view_as(GoogleCloudOptions).no_auth))
     else:
