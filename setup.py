@@ -49,6 +49,7 @@ TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
 # mkdocs: scripts/test.sh builds the docs site with --strict, so a broken link fails the tests
 TEST_TOOLS = [
     "pytest>=8",
+    "pytest-xdist>=3.6",  # scripts/test.sh runs the tests on every core (-n auto, a test file per worker)
     "gcp-storage-emulator>=2024.8",
     "psutil>=5.9",
     "ruff>=0.6",

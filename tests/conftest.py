@@ -66,6 +66,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _hide_markers(item, inherited - own)
     if problems:
         raise pytest.UsageError(f"every test needs exactly one of {', '.join(LAYERS)}:\n" + "\n".join(problems))
+    _group_for_workers(items)
+
+
+def _group_for_workers(items: list[pytest.Item]) -> None:
+    """pytest-xdist's groups (scripts/test.sh runs ``-n auto --dist loadgroup``): a test file's tests stay on
+    one worker, so a module's shared conversion is made once; the cluster tests share one group (one Flink or
+    Spark cluster on its fixed loopback ports at a time) and go first, being the longest."""
+    for item in items:
+        cluster = item.get_closest_marker("cluster") is not None
+        item.add_marker(pytest.mark.xdist_group("cluster" if cluster else item.nodeid.split("::", 1)[0]))
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)  # stable: file order otherwise
 
 
 def _hide_markers(item: pytest.Item, names: set[str]) -> None:
