@@ -27,6 +27,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The package is installed editable, so nothing compiled its modules ahead (pip does for site-packages). With
+# PYTHONDONTWRITEBYTECODE set (some shells and CI images set it), every Python process a test starts (CLI runs,
+# Beam's worker processes, the cluster's worker pool) would compile all of them again, ~1 s each: the tests
+# let Python keep its bytecode caches (__pycache__/, ignored by git).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 @dataclass
 class CliResult:
