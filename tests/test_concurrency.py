@@ -214,7 +214,7 @@ def test_the_lease_on_gcs_is_a_compare_and_swap(gcs, monkeypatch):
     first = lease.acquire(out, "run-a")
     with pytest.raises(lease.LeaseHeld, match="run run-a"):
         lease.acquire(out, "run-b")
-    assert lease.renew(out, "run-a")["expires"] >= first["expires"]
+    assert lease.renew(out, "run-a").expires >= first.expires
     with pytest.raises(lease.LeaseLost):
         lease.renew(out, "run-b")
     lease.release(out, "run-a")
@@ -225,15 +225,15 @@ def test_the_lease_on_gcs_is_a_compare_and_swap(gcs, monkeypatch):
     monkeypatch.delenv(lease.TTL_ENV)
     lease.acquire(out, "run-c")
     lease.release(out, "run-a")  # not its own any more: kept
-    assert lease.holder(out)["run_id"] == "run-c"
+    assert lease.holder(out).run_id == "run-c"
     with pytest.raises(lease.LeaseLost, match="run run-c"):
         lease.renew(out, "run-a")
     # Two takers of one expired lease: the swap lets one through.
     store = lease._store(out)
     record, token = store.read()
-    assert store.replace({**record, "run_id": "x"}, token)
-    assert not store.replace({**record, "run_id": "y"}, token)
-    assert not store.create({"run_id": "z"})
+    assert store.replace(replace(record, run_id="x"), token)
+    assert not store.replace(replace(record, run_id="y"), token)
+    assert not store.create(lease.LeaseRecord(run_id="z", expires=0))
     lease.release(out, "x")
     assert lease.holder(out) is None
 
