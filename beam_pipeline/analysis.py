@@ -48,6 +48,7 @@ from . import examples, storage
 from .examples import parse_example
 from .metadata import is_multi_label
 from .storage import delete_tree, write_text
+from .vocab.dataset_info import DatasetInfo
 
 TRANSFORM_FN = "transform_fn"
 TRANSFORMED_METADATA = "transformed_metadata"
@@ -272,14 +273,13 @@ class MergeMoments(beam.CombineFn):
         return acc
 
 
-def train_shard_paths(info: Mapping[str, Any], staging: str, output: str) -> list[str]:
+def train_shard_paths(info: DatasetInfo, staging: str, output: str) -> list[str]:
     """The train shards of a finalized run: in the staging folder, or already in the output
     (a retried step after the run was published)."""
-    train = (info.get("splits") or {}).get("train")
     paths = []
-    for shard in train["shards"] if train else []:
-        staged = FileSystems.join(staging, shard["file"])
-        paths.append(staged if FileSystems.exists(staged) else FileSystems.join(output, shard["file"]))
+    for file in info.shard_files("train"):
+        staged = FileSystems.join(staging, file)
+        paths.append(staged if FileSystems.exists(staged) else FileSystems.join(output, file))
     return paths
 
 
@@ -342,7 +342,7 @@ def copy_tree(src_dir: str, dest: str) -> None:
 _TFT_LOCK = threading.Lock()
 
 
-def run_analysis(output_dir: str, info: dict[str, Any], **settings: Any) -> dict[str, Any]:
+def run_analysis(output_dir: str, info: DatasetInfo, **settings: Any) -> dict[str, Any]:
     """``_analyze`` (the TFT artifacts into ``output_dir``; what dataset.json records), one run at a time."""
     with _TFT_LOCK:
         return _analyze(output_dir, info, **settings)
@@ -350,7 +350,7 @@ def run_analysis(output_dir: str, info: dict[str, Any], **settings: Any) -> dict
 
 def _analyze(
     output_dir: str,
-    info: dict[str, Any],
+    info: DatasetInfo,
     *,
     image_size: int,
     image_stats: bool,
@@ -371,12 +371,11 @@ def _analyze(
     import tensorflow_transform.beam as tft_beam
     from tensorflow_transform.tf_metadata import dataset_metadata
 
-    labels = info.get("labels")
+    labels = info.labels
     labelled = labels is not None
     multi_label = is_multi_label(info)
     spec = raw_feature_spec(labelled, multi_label)
-    train = info["splits"].get("train")
-    stats_split_files = [FileSystems.join(output_dir, s["file"]) for s in train["shards"]] if train else []
+    stats_split_files = [FileSystems.join(output_dir, file) for file in info.shard_files("train")]
     if image_stats and not stats_split_files:
         raise ValueError("--image-stats needs a train split")
 

@@ -17,13 +17,17 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .config import DATE_FIELD, ConvertConfig, dataset_name_from_output, is_date, parse_split_ratios, validate
 from .errors import MissingExtraError, PipelineError, RejectsError, UsageError, one_line
 from .flags import CONFIG_KEYS, CONVERT, INSPECT, NEGATIONS, TILE_SIZES, Parser, build_parser, clean_command
 from .summary import summary
+from .vocab.dataset_info import DatasetInfo
+
+if TYPE_CHECKING:
+    from .run.convert import NotRunHere
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
@@ -356,8 +360,8 @@ def run_inspect(argv: Sequence[str]) -> int:
             raise
         # a first run that was killed: say what it left (note[0]: how many, how big)
         raise UsageError(f"{e}; {note[0]}: beam-pipeline clean {args.output}") from None
-    if args.split and args.split not in info["splits"]:
-        raise UsageError(f"--split {args.split}: the dataset has {', '.join(info['splits'])}")
+    if args.split and args.split not in info.splits:
+        raise UsageError(f"--split {args.split}: the dataset has {', '.join(info.splits)}")
     print(inspection.summary(args.output, info, args.split))
     note = _scratch_note(args.output)
     if note:
@@ -528,27 +532,27 @@ def _run_convert(cfg: ConvertConfig, beam_flags: list[str], started: float) -> i
 
     cfg, transform_note = without_missing_transform(cfg)
     info = run_convert(cfg, beam_flags, own_process=True)
-    elsewhere = _not_run_here(info, cfg.output)
-    if elsewhere is not None:
-        print(elsewhere)
+    if not isinstance(info, DatasetInfo):
+        print(_not_run_here(info, cfg.output))
         return EXIT_OK
     print(summary(info, cfg.output, time.time() - started, transform_note))
-    for line in _scratch_note(cfg.output, info.get("run_id", "")):
+    for line in _scratch_note(cfg.output, info.run_id or ""):
         print("  " + line)
     return EXIT_OK
 
 
-def _not_run_here(info: dict[str, Any], output: str) -> str | None:
-    """What to say when the job was only built (--dry_run, --template_location) or left running (--detach)."""
-    if info.get("dry_run"):
+def _not_run_here(job: DatasetInfo | NotRunHere, output: str) -> str | None:
+    """What to say when the job was only built (--dry_run, --template_location) or left running (--detach);
+    None for a run that ended here (its dataset.json)."""
+    if isinstance(job, DatasetInfo):
+        return None
+    if job.dry_run is not None:
         import json
 
-        return "dry run: job built, not submitted\n" + json.dumps(info, indent=2)
-    if info.get("template_location"):
-        return f"job request written to {info['template_location']} (not submitted)"
-    if info.get("detached"):
-        return f"submitted job {info['job_id']}; it writes {output}/_SUCCESS when the dataset is complete"
-    return None
+        return "dry run: job built, not submitted\n" + json.dumps(job.dry_run, indent=2)
+    if job.template_location:
+        return f"job request written to {job.template_location} (not submitted)"
+    return f"submitted job {job.job_id}; it writes {output}/_SUCCESS when the dataset is complete"
 
 
 def interrupted(error: BaseException) -> bool:

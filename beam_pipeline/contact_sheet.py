@@ -21,18 +21,19 @@ from .annotations import objects
 from .errors import UsageError
 from .examples import parse_example
 from .inspection import _BOXES, _read_at
+from .vocab.dataset_info import DatasetInfo
 
 WIDTH = 80
 
 
-def sample(output: str, info: dict[str, Any], n: int, seed: int, split: str | None) -> list[dict[str, list[Any]]]:
+def sample(output: str, info: DatasetInfo, n: int, seed: int, split: str | None) -> list[dict[str, list[Any]]]:
     """n records chosen at random (seeded) over the split(s), read without scanning whole shards' contents.
 
     The records are numbered across the shards and n numbers drawn from that range (no list of every record:
     10 M records would take ~1 GB before anything is drawn), each found in its shard by the shards' counts.
     """
-    shards = [shard for name, s in info["splits"].items() if not split or name == split for shard in s["shards"]]
-    ends = list(itertools.accumulate(shard["records"] for shard in shards))  # records up to each shard's end
+    shards = [shard for name, s in info.splits.items() if not split or name == split for shard in s.shards]
+    ends = list(itertools.accumulate(shard.records for shard in shards))  # records up to each shard's end
     total = ends[-1] if ends else 0
     chosen = []
     for number in random.Random(seed).sample(range(total), min(n, total)):
@@ -40,12 +41,12 @@ def sample(output: str, info: dict[str, Any], n: int, seed: int, split: str | No
         chosen.append((shards[at], number - (ends[at - 1] if at else 0)))
     by_shard: dict[str, set[int]] = {}
     for shard, i in chosen:
-        by_shard.setdefault(shard["file"], set()).add(i)
+        by_shard.setdefault(shard.file, set()).add(i)
     records = {}
     for file, indexes in sorted(by_shard.items()):
         for i, record in _read_at(FileSystems.join(output, file), indexes).items():
             records[(file, i)] = parse_example(record)
-    return [records[(shard["file"], i)] for shard, i in chosen if (shard["file"], i) in records]
+    return [records[(shard.file, i)] for shard, i in chosen if (shard.file, i) in records]
 
 
 # Box and mask-outline colours, one per class id (id modulo the list): bright, told apart on photos.
@@ -99,7 +100,7 @@ def _draw_objects(sheet: Any, ex: dict[str, list[Any]], left: int, top: int, siz
 
 def contact_sheet(
     output: str,
-    info: dict[str, Any],
+    info: DatasetInfo,
     path: str,
     n: int = 64,
     seed: int = 0,

@@ -45,6 +45,7 @@ from .annotations.objects import digest as annotations_digest
 from .metadata import REJECTS_JSONL
 from .sources.rules import class_values
 from .storage import open_lines
+from .vocab.dataset_info import DatasetInfo
 from .vocab.reasons import MISSING, UNREADABLE
 from .vocab.refs import Ref
 
@@ -211,7 +212,7 @@ class PreviousRun:
         return all(self.versions.get(k) == now.get(k) for k in RECORD_VERSION_KEYS)
 
 
-def reuse_problem(previous: str, info: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
+def reuse_problem(previous: str, info: DatasetInfo, config: Mapping[str, Any]) -> str | None:
     """Why no record of the previous output ``previous`` (its dataset.json ``info``) can be this run's, or None.
 
     It needs an ``index.jsonl`` (the planned sink writes one), uncompressed
@@ -220,9 +221,9 @@ def reuse_problem(previous: str, info: Mapping[str, Any], config: Mapping[str, A
     """
     if not FileSystems.exists(FileSystems.join(previous, INDEX_JSONL)):
         return f"it has no {INDEX_JSONL} (written by --sink write_to_tfrecord or an older version)"
-    if info.get("compression") != "none":
-        return f"its shards are {info.get('compression')}-compressed"
-    old = info.get("config") or {}
+    if info.compression != "none":
+        return f"its shards are {info.compression}-compressed"
+    old = info.config
     policy = [k for k in RECORD_POLICY_KEYS if old.get(k) != config.get(k)]
     if policy:
         return "its image policy differs (" + ", ".join(f"--{k.replace('_', '-')}" for k in policy) + ")"
@@ -245,15 +246,15 @@ def info_shape_problem(info: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _previous_run(previous: str, info: Mapping[str, Any]) -> PreviousRun:
-    versions = info.get("versions") or {}
+def _previous_run(previous: str, info: DatasetInfo) -> PreviousRun:
+    versions = info.versions
     # The object keys are the code's (its digest is compared); each record's annotations are compared by their
     # digest (extras_digest): the writers compare the rest, the image and manifest features.
-    features = {k: v for k, v in (info.get("features") or {}).items() if v.get("source") != "annotations"}
+    features = {k: v for k, v in info.features.items() if v.get("source") != "annotations"}
     return PreviousRun(previous, features, {k: versions.get(k) for k in RECORD_VERSION_KEYS})
 
 
-def reusable_run(previous: str, info: Mapping[str, Any], config: Mapping[str, Any]) -> PreviousRun | None:
+def reusable_run(previous: str, info: DatasetInfo, config: Mapping[str, Any]) -> PreviousRun | None:
     """A PreviousRun when the previous run's records can be this run's (``reuse_problem``), else None
     (everything is converted)."""
     return None if reuse_problem(previous, info, config) else _previous_run(previous, info)

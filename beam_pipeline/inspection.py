@@ -29,6 +29,7 @@ from .errors import UsageError, last_line
 from .examples import parse_example
 from .index import FRAME_OVERHEAD
 from .storage import open_lines, read_json_object
+from .vocab.dataset_info import DatasetInfo, IncrementalInfo, ShardEntry
 
 WIDTH = 80
 
@@ -46,12 +47,12 @@ def check_access(output: str) -> None:
         raise UsageError(f"{output}: {e}") from None
 
 
-def read_info(output: str) -> dict[str, Any]:
+def read_info(output: str) -> DatasetInfo:
     path = FileSystems.join(output, metadata.DATASET_JSON)
     if not FileSystems.exists(path):
         raise UsageError(f"{output}: no dataset.json (not a beam_pipeline output, or an unfinished run)")
     try:
-        return read_json_object(path)
+        return DatasetInfo.from_json(read_json_object(path))
     except ValueError as e:
         raise UsageError(f"{output}: dataset.json is damaged ({last_line(e)})") from None
 
@@ -60,41 +61,39 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
+def summary(output: str, info: DatasetInfo, split: str | None = None) -> str:
     """The dataset at a glance, fitted to 80 columns."""
     complete = FileSystems.exists(FileSystems.join(output, metadata.SUCCESS))
     status = "complete (_SUCCESS)" if complete else "INCOMPLETE: no _SUCCESS"
-    if not complete and info.get("status") == "too_many_rejects":
-        fraction = (info.get("config") or {}).get("max_reject_fraction")
+    if not complete and info.status == "too_many_rejects":
+        fraction = info.config.get("max_reject_fraction")
         status += f" (more rejects than --max-reject-fraction {fraction:g})" if fraction is not None else ""
-    elif not complete and info.get("status") == "no_object_kept":
-        total = ((info.get("objects") or {}).get("rejects") or {}).get("total")
+    elif not complete and info.status == "no_object_kept":
+        total = info.objects.rejects.total if info.objects is not None else None
         status += f" (no object kept: {total} rejected)"
-    elif not complete and info.get("status") == "nothing_converted":
+    elif not complete and info.status == "nothing_converted":
         status += " (no image converted)"
-    lines = [f"{info['name']}  ({output})", f"status: {status}"]
-    lines.append(
-        f"{info['examples']:,} examples, {_mb(info['bytes'])}, compression {info['compression']}, seed {info['seed']}"
-    )
+    lines = [f"{info.name}  ({output})", f"status: {status}"]
+    lines.append(f"{info.examples:,} examples, {_mb(info.bytes)}, compression {info.compression}, seed {info.seed}")
     lines.append("")
     lines.append(f"{'split':<12}{'examples':>10}{'shards':>8}{'total':>14}{'smallest':>13}{'largest':>13}")
-    for name, s in info["splits"].items():
+    for name, s in info.splits.items():
         if split and name != split:
             continue
-        sizes = [x["bytes"] for x in s["shards"]] or [0]
+        sizes = [x.bytes for x in s.shards] or [0]
         lines.append(
-            f"{name:<12}{s['examples']:>10,}{s['num_shards']:>8}{_mb(s['bytes']):>14}{_mb(min(sizes)):>13}{_mb(max(sizes)):>13}"
+            f"{name:<12}{s.examples:>10,}{s.num_shards:>8}{_mb(s.bytes):>14}{_mb(min(sizes)):>13}{_mb(max(sizes)):>13}"
         )
-    for name in info.get("empty_splits", []):
+    for name in info.empty_splits or ():
         if not split or name == split:
             lines.append(f"{name:<12}{0:>10}  every listed file rejected (rejects.jsonl)")
-    labels = info.get("labels")
+    labels = info.labels
     if labels:
         counts: dict[str, int] = {}
-        for name, s in info["splits"].items():
+        for name, s in info.splits.items():
             if split and name != split:
                 continue
-            for label, c in (s.get("labels") or {}).items():
+            for label, c in (s.labels or {}).items():
                 counts[label] = counts.get(label, 0) + c
         top = max(counts.values() or [1])
         lines += ["", f"labels ({len(labels)}){' in ' + split if split else ''}:"]
@@ -104,31 +103,31 @@ def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
             lines.append(f"  {i:>3} {label[:20]:<20} {c:>9,} {bar}")
         if len(labels) > 30:
             lines.append(f"  ... {len(labels) - 30} more")
-    rejects = info.get("rejects", {})
-    lines += ["", f"rejects: {rejects.get('total', 0):,}" + (" (rejects.jsonl)" if rejects.get("total") else "")]
-    for reason, c in list(rejects.get("by_reason", {}).items())[:8]:
+    rejects = info.rejects
+    lines += ["", f"rejects: {rejects.total:,}" + (" (rejects.jsonl)" if rejects.total else "")]
+    for reason, c in list(rejects.by_reason.items())[:8]:
         lines.append(f"  {reason:<20} {c:>9,}")
-    skipped = info.get("skipped", {})
-    if skipped.get("total"):
+    skipped = info.skipped
+    if skipped.total:
         lines.append(
-            f"skipped: {skipped['total']:,} (" + ", ".join(f"{k} {v}" for k, v in skipped["by_reason"].items()) + ")"
+            f"skipped: {skipped.total:,} (" + ", ".join(f"{k} {v}" for k, v in skipped.by_reason.items()) + ")"
         )
     converted = converted_count(info)
     if converted:
         lines.append(f"converted: {converted[0]:,} {converted[1]}")
-    lines += incremental_lines(info.get("incremental"))
-    resumed = info.get("resumed")
+    lines += incremental_lines(info.incremental)
+    resumed = info.resumed
     if resumed:
-        runs = len(resumed.get("from_runs") or []) or 1
+        runs = len(resumed.from_runs) or 1
         lines.append(
-            f"resumed: {resumed['shards']:,} shards ({resumed['records']:,} records) from "
+            f"resumed: {resumed.shards:,} shards ({resumed.records:,} records) from "
             + ("an earlier run" if runs == 1 else f"{runs} earlier runs")
             + " that did not finish"
         )
-    cfg = info.get("config", {})
+    cfg = info.config
     src = cfg.get("input") or cfg.get("manifest")
-    lines += ["", f"source: {src}", f"target shard: {cfg.get('target_shard_mb')} MB, sink {info.get('sink')}"]
-    versions = info.get("versions", {})
+    lines += ["", f"source: {src}", f"target shard: {cfg.get('target_shard_mb')} MB, sink {info.sink}"]
+    versions = info.versions
     made = [f"{k} {v}" for k, v in versions.items()]
     line = "made with:"
     for part in made:
@@ -140,7 +139,7 @@ def summary(output: str, info: dict[str, Any], split: str | None = None) -> str:
     return "\n".join(line[:WIDTH] if len(line) > WIDTH else line for line in lines)
 
 
-def converted_count(info: dict[str, Any]) -> tuple[int, str] | None:
+def converted_count(info: DatasetInfo) -> tuple[int, str] | None:
     """``(2, "stored as PNG (from jpeg 1, tiff 1)")``: images re-encoded, into what, from which source formats.
 
     dataset.json's ``converted`` counts them by source format; what they became
@@ -148,10 +147,10 @@ def converted_count(info: dict[str, Any]) -> tuple[int, str] | None:
     JPEG with --reencode; else a JPEG TF reads, rotated or resized, stays JPEG
     and everything else becomes PNG.
     """
-    counts = info.get("converted") or {}
+    counts = info.converted
     if not counts:
         return None
-    cfg = info.get("config") or {}
+    cfg = info.config
     if cfg.get("reencode"):
         into = "JPEG"
     elif cfg.get("resize_max_side") or cfg.get("apply_exif_orientation"):
@@ -162,17 +161,17 @@ def converted_count(info: dict[str, Any]) -> tuple[int, str] | None:
     return sum(counts.values()), f"stored as {into} (from {sources})"
 
 
-def incremental_lines(inc: dict[str, Any] | None) -> list[str]:
+def incremental_lines(inc: IncrementalInfo | None) -> list[str]:
     """What an --incremental-from run took from the previous dataset (dataset.json "incremental")."""
     if not inc:
         return []
-    files = ", ".join(f"{k} {inc.get(k, 0):,}" for k in ("unchanged", "added", "changed", "dropped"))
-    kept = inc.get("rejects_kept")
-    again = inc.get("reconverted")
-    unreadable = inc.get("unreadable_previous_lines")
+    files = ", ".join(f"{k} {getattr(inc, k):,}" for k in ("unchanged", "added", "changed", "dropped"))
+    kept = inc.rejects_kept
+    again = inc.reconverted
+    unreadable = inc.unreadable_previous_lines
     return [
         "",
-        f"incremental: reused {inc.get('reused', 0):,} records, converted {inc.get('converted', 0):,}",
+        f"incremental: reused {inc.reused:,} records, converted {inc.converted:,}",
         f"  files: {files}",
         *([f"  rejects kept: {kept:,} (unchanged files, not read again)"] if kept else []),
         *([f"  reconverted: {again:,} (previous record damaged or gone)"] if again else []),
@@ -181,12 +180,12 @@ def incremental_lines(inc: dict[str, Any] | None) -> list[str]:
             if unreadable
             else []
         ),
-        f"  from: {inc.get('from')}",
+        f"  from: {inc.source}",
     ]
 
 
-def _shard_path(output: str, shard: dict[str, Any]) -> str:
-    return FileSystems.join(output, shard["file"])
+def _shard_path(output: str, shard: ShardEntry) -> str:
+    return FileSystems.join(output, shard.file)
 
 
 def iter_records(path: str) -> Iterator[bytes]:
@@ -205,7 +204,7 @@ def _progress(done: int, total: int, stream: Any) -> None:
     stream.flush()
 
 
-def verify(output: str, info: dict[str, Any], split: str | None = None, stream: Any = sys.stderr) -> int:
+def verify(output: str, info: DatasetInfo, split: str | None = None, stream: Any = sys.stderr) -> int:
     """Reads every record once and checks it against everything that describes it. Returns records read.
 
     Per record: both CRCs, the Example parse, ``image/key/sha256`` against
@@ -227,14 +226,14 @@ def verify(output: str, info: dict[str, Any], split: str | None = None, stream: 
     categories = None if cats is None else dict(cats)
     if cats is not None:
         _check_category_files(output, cats)
-    total = sum(s["examples"] for n, s in info["splits"].items() if not split or n == split)
+    total = sum(s.examples for n, s in info.splits.items() if not split or n == split)
     done = 0
     with _index_lines(output, info) as lines:
-        for name, s in info["splits"].items():
-            for shard in s["shards"]:
+        for name, s in info.splits.items():
+            for shard in s.shards:
                 if split and name != split:
                     if lines is not None:
-                        lines.skip(shard["file"])
+                        lines.skip(shard.file)
                     continue
                 for _ in _verify_shard(output, info, name, shard, lines, tf, categories):
                     done += 1
@@ -263,9 +262,9 @@ def _check_category_files(output: str, categories: list[tuple[int, str]]) -> Non
                 raise VerifyError(f"{name}: does not name {metadata.DATASET_JSON}'s categories")
 
 
-def _no_stray_shards(output: str, info: dict[str, Any]) -> None:
+def _no_stray_shards(output: str, info: DatasetInfo) -> None:
     """A shard-named file dataset.json does not list fails: a reader's glob (``ds-train.tfrecord-*``) would read it."""
-    listed = {shard["file"] for s in info["splits"].values() for shard in s["shards"]}
+    listed = set(info.shard_files())
     prefix = output.rstrip("/") + "/"
     for path in storage.list_dir(output):
         name = path[len(prefix) :]
@@ -273,36 +272,36 @@ def _no_stray_shards(output: str, info: dict[str, Any]) -> None:
             raise VerifyError(f"{name}: a shard file dataset.json does not list (a glob over the shards would read it)")
 
 
-def verified_what(info: dict[str, Any]) -> str:
+def verified_what(info: DatasetInfo) -> str:
     """What verify checked of this dataset (index.jsonl and idx/ only where the dataset has them)."""
     parts = ["CRCs", "Example parse", "image sha256", "decoded shapes", "counts"]
-    if info.get("categories") is not None:
+    if info.categories is not None:
         parts += [f"{metadata.LABELS_TXT} and {objects.LABEL_MAP_PBTXT}", "object boxes, ids and masks"]
     parts += [index.INDEX_JSONL] if _has_index(info) else []
-    parts += [f"{index.IDX_DIR}/"] if info.get("idx_files") else []
+    parts += [f"{index.IDX_DIR}/"] if info.idx_files else []
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _has_index(info: dict[str, Any]) -> bool:
+def _has_index(info: DatasetInfo) -> bool:
     """The planned sink's writers write index.jsonl; ``--sink write_to_tfrecord`` writes none."""
-    return info.get("sink", "planned") == "planned"
+    return info.sink == "planned"
 
 
 def _verify_shard(
     output: str,
-    info: dict[str, Any],
+    info: DatasetInfo,
     split: str,
-    shard: dict[str, Any],
+    shard: ShardEntry,
     lines: _IndexLines | None,
     tf: Any,
     categories: dict[int, str] | None = None,
 ) -> Iterator[None]:
     """Checks one shard's records (yields once per record), its .idx and its index lines."""
-    file = shard["file"]
+    file = shard.file
     path = _shard_path(output, shard)
     if not FileSystems.exists(path):
         raise VerifyError(f"{file}: missing")
-    idx = _IdxLines(output, info["idx_files"].format(file=file)) if info.get("idx_files") else None
+    idx = _IdxLines(output, info.idx_files.format(file=file)) if info.idx_files else None
     with idx or contextlib.nullcontext():
         count, offset = 0, 0
         try:
@@ -324,8 +323,8 @@ def _verify_shard(
                 yield
         except ValueError as e:  # CRC or framing
             raise VerifyError(f"{file} record {count}: {str(e).splitlines()[0][:120]}") from None
-        if count != shard["records"]:
-            raise VerifyError(f"{file}: {count} records, dataset.json says {shard['records']}")
+        if count != shard.records:
+            raise VerifyError(f"{file}: {count} records, dataset.json says {shard.records}")
         if lines is not None:
             lines.end_of_shard(file, count)
         if idx is not None:
@@ -512,7 +511,7 @@ class _IndexLines:
 
 
 @contextlib.contextmanager
-def _index_lines(output: str, info: dict[str, Any]) -> Iterator[_IndexLines | None]:
+def _index_lines(output: str, info: DatasetInfo) -> Iterator[_IndexLines | None]:
     """The dataset's index.jsonl, or None for a sink that writes none (``--sink write_to_tfrecord``)."""
     if not _has_index(info):
         yield None

@@ -37,7 +37,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import storage
@@ -69,11 +70,42 @@ def ttl_s(detached: bool = False) -> float:
         return default
 
 
-def describe(record: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The lease file's content: which run holds the output, where it runs, until when.
+
+    Values are kept as the file holds them (``expires`` is compared as ``float(...)``), so a record read and
+    written back (renewed) keeps its bytes but for what changed; keys of other versions are kept (``extra``).
+    """
+
+    run_id: str | None
+    expires: float  # seconds since the epoch
+    host: str | None = None
+    acquired: float | None = None
+    ttl: float | None = None  # how long a renewal extends it
+    pid: int | None = None  # a detached run's names no process
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"run_id": self.run_id, "expires": self.expires}
+        out.update({k: getattr(self, k) for k in ("host", "acquired", "ttl", "pid") if getattr(self, k) is not None})
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LeaseRecord:
+        known = ("run_id", "expires", "host", "acquired", "ttl", "pid")
+        return cls(
+            **{k: data.get(k) for k in known if k != "expires"},
+            expires=data.get("expires", 0),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+def describe(record: LeaseRecord) -> str:
     """``run R (host h, pid p, until 12:00:00 UTC)``: who holds a lease, for a one-line message."""
-    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record.get("expires", 0))))
-    where = f"host {record.get('host', '?')}" + (f", pid {record['pid']}" if record.get("pid") else "")
-    return f"run {record.get('run_id')} ({where}, lease until {until})"
+    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record.expires)))
+    where = f"host {record.host if record.host is not None else '?'}" + (f", pid {record.pid}" if record.pid else "")
+    return f"run {record.run_id} ({where}, lease until {until})"
 
 
 # --- storage: read, create, replace and delete with compare-and-swap -----------------------------
@@ -86,17 +118,17 @@ class _Store:
     def __init__(self, path: str) -> None:
         self.file = storage.cas_file(path, _RETRIES)
 
-    def read(self) -> tuple[dict[str, Any], Any] | None:
+    def read(self) -> tuple[LeaseRecord, Any] | None:
         try:
             found = self.file.read()
         except storage.ChangesTooOften as e:
             raise LeaseLost(str(e)) from None
         return None if found is None else (_parse(found[0]), found[1])
 
-    def create(self, record: dict[str, Any]) -> bool:
+    def create(self, record: LeaseRecord) -> bool:
         return self.file.create(_dump(record))
 
-    def replace(self, record: dict[str, Any], token: Any) -> bool:
+    def replace(self, record: LeaseRecord, token: Any) -> bool:
         return self.file.replace(_dump(record), token)
 
     def delete(self, token: Any) -> bool:
@@ -107,16 +139,17 @@ def _store(output: str) -> _Store:
     return _Store(output.rstrip("/") + "/" + LEASE)
 
 
-def _dump(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+def _dump(record: LeaseRecord) -> bytes:
+    return (json.dumps(record.to_json(), sort_keys=True) + "\n").encode("utf-8")
 
 
-def _parse(data: bytes) -> dict[str, Any]:
+def _parse(data: bytes) -> LeaseRecord:
+    """The record a lease file holds; a damaged one holds nobody's (expired: it can be taken)."""
     try:
         record = json.loads(data.decode("utf-8"))
     except ValueError:
         record = None
-    return record if isinstance(record, dict) else {"run_id": None, "expires": 0}
+    return LeaseRecord.from_json(record) if isinstance(record, dict) else LeaseRecord(run_id=None, expires=0)
 
 
 # --- the lease ---------------------------------------------------------------------------------
@@ -126,10 +159,10 @@ def _host() -> str:
     return socket.gethostname()
 
 
-def _dead_here(record: dict[str, Any]) -> bool:
+def _dead_here(record: LeaseRecord) -> bool:
     """A holder on this host whose process is gone (a killed run): its lease can be taken at once."""
-    pid = record.get("pid")
-    if not isinstance(pid, int) or record.get("host") != _host():
+    pid = record.pid
+    if not isinstance(pid, int) or record.host != _host():
         return False
     try:
         os.kill(pid, 0)
@@ -144,19 +177,22 @@ def _dead_here(record: dict[str, Any]) -> bool:
         return False
 
 
-def is_live(record: dict[str, Any]) -> bool:
+def is_live(record: LeaseRecord) -> bool:
     """Whether a lease record may still belong to a running run: unexpired, and not a gone process of this host."""
-    return float(record.get("expires", 0)) > time.time() and not _dead_here(record)
+    return float(record.expires) > time.time() and not _dead_here(record)
 
 
-def _record(run_id: str, ttl: float, with_pid: bool, now: float) -> dict[str, Any]:
-    record: dict[str, Any] = {"run_id": run_id, "host": _host(), "acquired": now, "expires": now + ttl, "ttl": ttl}
-    if with_pid:
-        record["pid"] = os.getpid()
-    return record
+def _record(run_id: str, ttl: float, with_pid: bool, now: float) -> LeaseRecord:
+    pid = os.getpid() if with_pid else None
+    return LeaseRecord(run_id=run_id, host=_host(), acquired=now, expires=now + ttl, ttl=ttl, pid=pid)
 
 
-def acquire(output: str, run_id: str, *, detached: bool = False) -> dict[str, Any]:
+def _extended(record: LeaseRecord, now: float, ttl: float) -> LeaseRecord:
+    """The record, renewed: its own ttl (``ttl`` when it has none) from ``now``."""
+    return replace(record, expires=now + float(record.ttl if record.ttl is not None else ttl))
+
+
+def acquire(output: str, run_id: str, *, detached: bool = False) -> LeaseRecord:
     """Takes the lease of ``output`` for ``run_id`` (or renews it, if it is this run's already).
 
     Raises LeaseHeld naming the holder when another run holds a live lease.
@@ -173,9 +209,9 @@ def acquire(output: str, run_id: str, *, detached: bool = False) -> dict[str, An
                 return mine
             continue
         record, token = found
-        if record.get("run_id") == run_id:
-            mine = {**record, "expires": now + float(record.get("ttl", ttl))}
-        elif float(record.get("expires", 0)) > now and not _dead_here(record):
+        if record.run_id == run_id:
+            mine = _extended(record, now, ttl)
+        elif float(record.expires) > now and not _dead_here(record):
             raise LeaseHeld(describe(record))
         else:
             _LOG.warning("taking over the output lease of %s", describe(record))
@@ -184,7 +220,7 @@ def acquire(output: str, run_id: str, *, detached: bool = False) -> dict[str, An
     raise LeaseHeld(f"the lease of {output} keeps changing hands")
 
 
-def renew(output: str, run_id: str) -> dict[str, Any]:
+def renew(output: str, run_id: str) -> LeaseRecord:
     """Extends this run's lease by its ttl; LeaseLost if it is gone or another run's.
 
     An expired lease nobody took is still this run's: the swap fails if
@@ -200,9 +236,9 @@ def renew(output: str, run_id: str) -> dict[str, Any]:
                 "every worker must see the output, on a shared file system at the same path or in gs://)"
             )
         record, token = found
-        if record.get("run_id") != run_id:
+        if record.run_id != run_id:
             raise LeaseLost(f"{output}: {describe(record)} took the output lease from run {run_id}")
-        renewed = {**record, "expires": time.time() + float(record.get("ttl", TTL_S))}
+        renewed = _extended(record, time.time(), TTL_S)
         if store.replace(renewed, token):
             return renewed
     raise LeaseLost(f"{output}: the lease keeps changing hands")
@@ -213,13 +249,13 @@ def release(output: str, run_id: str) -> None:
     store = _store(output)
     for _ in range(_RETRIES):
         found = store.read()
-        if found is None or found[0].get("run_id") != run_id:
+        if found is None or found[0].run_id != run_id:
             return
         if store.delete(found[1]):
             return
 
 
-def holder(output: str) -> dict[str, Any] | None:
+def holder(output: str) -> LeaseRecord | None:
     """The lease record of ``output``, or None."""
     found = _store(output).read()
     return found[0] if found else None
@@ -249,13 +285,13 @@ class _Heartbeat(threading.Thread):
 
 
 @contextlib.contextmanager
-def held(output: str, run_id: str, *, detached: bool = False) -> Iterator[dict[str, Any]]:
+def held(output: str, run_id: str, *, detached: bool = False) -> Iterator[LeaseRecord]:
     """Holds the lease for the block, renewed in the background; released after it.
 
     ``detached``: the job (whose launcher is gone) releases it when it publishes; kept here.
     """
     record = acquire(output, run_id, detached=detached)
-    beat = _Heartbeat(output, run_id, float(record["ttl"]) / 3)
+    beat = _Heartbeat(output, run_id, float(record.ttl if record.ttl is not None else ttl_s(detached)) / 3)
     beat.start()
     keep = False
     try:
@@ -292,8 +328,8 @@ class Guard:
                 record = acquire(self.output, self.run_id)
             except LeaseHeld as e:
                 raise LeaseLost(f"{self.output}: {e} is writing it; run {self.run_id} does not publish") from None
-            self.took = had is None or had.get("run_id") != self.run_id
-        self._expires = float(record["expires"])
+            self.took = had is None or had.run_id != self.run_id
+        self._expires = float(record.expires)
         self._last_check = time.time()
 
     def before(self) -> None:
@@ -302,10 +338,10 @@ class Guard:
         ttl = max(self._expires - self._last_check, 1.0)
         if now - self._last_check > ttl / 4 or now > self._expires - CLOCK_SKEW_S:
             record = renew(self.output, self.run_id)
-            self._expires, self._last_check = float(record["expires"]), now
+            self._expires, self._last_check = float(record.expires), now
             return
         found = holder(self.output)
-        if found is None or found.get("run_id") != self.run_id:
+        if found is None or found.run_id != self.run_id:
             raise LeaseLost(
                 f"{self.output}: "
                 + (f"{describe(found)} took the output lease" if found else "the output lease was released")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, examples
+from .vocab.dataset_info import DatasetInfo, SplitInfo, Tally
 
 FORMAT_VERSION = 1
 DATASET_JSON = "dataset.json"
@@ -96,9 +97,9 @@ def feature_spec(
     return spec
 
 
-def is_multi_label(info: Mapping[str, Any]) -> bool:
+def is_multi_label(info: DatasetInfo) -> bool:
     """Whether a dataset.json describes a multi-label dataset: image/class/label is a list of ids."""
-    return (info.get("features") or {}).get(examples.LABEL, {}).get("shape") == [None]
+    return info.features.get(examples.LABEL, {}).get("shape") == [None]
 
 
 @functools.cache
@@ -155,7 +156,7 @@ def rejects_jsonl(rejects: Iterable[Mapping[str, str]]) -> str:
 def dataset_json(
     *,
     name: str,
-    splits: Mapping[str, Any],
+    splits: Mapping[str, SplitInfo],
     labels: Sequence[str] | None,
     extra_types: Mapping[str, str],
     compression: str,
@@ -165,21 +166,22 @@ def dataset_json(
     skipped: Mapping[str, int],
     sink: str,
     multi_label: bool = False,
-) -> dict[str, Any]:
-    return {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "splits": dict(splits),
-        "examples": sum(s["examples"] for s in splits.values()),
-        "bytes": sum(s["bytes"] for s in splits.values()),
-        "labels": list(labels) if labels is not None else None,
-        "num_classes": len(labels) if labels is not None else None,
-        "features": feature_spec(labels is not None, extra_types, multi_label),
-        "compression": compression,
-        "seed": seed,
-        "sink": sink,
-        "rejects": {"total": sum(rejects.values()), "by_reason": dict(rejects)},
-        "skipped": {"total": sum(skipped.values()), "by_reason": dict(skipped)},
-        "config": dict(config),
-        "versions": package_versions(),
-    }
+) -> DatasetInfo:
+    """dataset.json's core: what every run writes (finalize adds the rest)."""
+    return DatasetInfo(
+        format_version=FORMAT_VERSION,
+        name=name,
+        splits=dict(splits),
+        examples=sum(s.examples for s in splits.values()),
+        bytes=sum(s.bytes for s in splits.values()),
+        labels=tuple(labels) if labels is not None else None,
+        num_classes=len(labels) if labels is not None else None,
+        features=feature_spec(labels is not None, extra_types, multi_label),
+        compression=compression,
+        seed=seed,
+        sink=sink,
+        rejects=Tally.of(rejects),
+        skipped=Tally.of(skipped),
+        config=dict(config),
+        versions=package_versions(),
+    )

@@ -31,6 +31,7 @@ from .sources.listing import ListInputs
 from .sources.manifest import InferColumnTypes
 from .sources.rules import REJECTS, SKIPPED, label_names, with_relative_path
 from .storage import read_json
+from .vocab.dataset_info import OK, DatasetInfo
 from .vocab.records import ShardResult
 from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records
 
@@ -178,7 +179,7 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         # unchanged files (same path, size, mtime) carry where the previous run stored their record
         joined = refs | "Previous" >> index.JoinPrevious(layout.previous, layout.root)
         refs, changes = joined["refs"], joined[index.CHANGES]
-        info = read_json(FileSystems.join(layout.previous, metadata.DATASET_JSON))
+        info = DatasetInfo.from_json(read_json(FileSystems.join(layout.previous, metadata.DATASET_JSON)))
         previous = index.reusable_run(layout.previous, info, cfg.as_dict())
     skipped_counts = skipped | "CountSkipReasons" >> beam.combiners.Count.PerElement()
     labelled = listed["sources"] | "IsLabelled" >> beam.Map(lambda s: s.label != "none")
@@ -431,12 +432,11 @@ def _after_finalize(finalized: beam.PCollection, cfg: ConvertConfig, layout: Lay
         _ = finalized | "KeepLast" >> beam.Map(_keep_last_after_publish, cfg, layout)
 
 
-def _keep_last_after_publish(info: Mapping[str, Any], cfg: ConvertConfig, layout: Layout) -> None:
+def _keep_last_after_publish(info: DatasetInfo, cfg: ConvertConfig, layout: Layout) -> None:
     """--keep-last in the job, once this run's dataset is published (its dataset.json and _SUCCESS are there)."""
     from . import retention
-    from .run.outcome import OK
 
-    published = info.get("status", OK) == OK and info.get("run_id") == layout.run_id
+    published = info.status == OK and info.run_id == layout.run_id
     if not published or not FileSystems.exists(FileSystems.join(cfg.output, metadata.SUCCESS)):
         return  # this run did not publish (too many rejects, nothing converted)
     retention.apply(cfg, layout)

@@ -45,10 +45,12 @@ without it, ``MissingExtraError`` (an ImportError) names the install command.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from .annotations import keys as obj_keys
 from .errors import MissingExtraError
+from .vocab.dataset_info import DatasetInfo, SplitInfo
 
 _DTYPES = {"string": "string", "int64": "int64", "float32": "float32"}
 
@@ -61,21 +63,27 @@ SHUFFLE_BUFFER_MIN, SHUFFLE_BUFFER_MAX = 64, 10_000
 MAX_CYCLE = 16
 
 
-def read_info(output_dir: str) -> dict[str, Any]:
+def read_info(output_dir: str) -> DatasetInfo:
+    """The dataset's dataset.json, as a record."""
     import tensorflow as tf
 
     with tf.io.gfile.GFile(f"{output_dir.rstrip('/')}/dataset.json") as fh:
-        return json.load(fh)
+        return DatasetInfo.from_json(json.load(fh))
 
 
-def feature_spec(info: dict[str, Any]) -> dict[str, Any]:
+def _typed(info: DatasetInfo | Mapping[str, Any]) -> DatasetInfo:
+    """The record; a dataset.json already parsed (a dict, as read_info returned before it was typed) is read."""
+    return info if isinstance(info, DatasetInfo) else DatasetInfo.from_json(info)
+
+
+def feature_spec(info: DatasetInfo | Mapping[str, Any]) -> dict[str, Any]:
     """tf.io parsing spec for the raw records, from dataset.json (a list feature, shape [None], as a ragged one:
     a multi-label run's ids and names, a vector per record, a RaggedTensor per batch)."""
     import tensorflow as tf
 
     defaults = {"string": b"", "int64": 0, "float32": 0.0}
     spec = {}
-    for key, feature in info["features"].items():
+    for key, feature in _typed(info).features.items():
         dtype = tf.as_dtype(_DTYPES[feature["dtype"]])
         if list(feature["shape"]) == [None]:  # a list (objects; a multi-label run's ids), empty when absent
             spec[key] = tf.io.RaggedFeature(dtype)
@@ -85,10 +93,10 @@ def feature_spec(info: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def default_shuffle_buffer(split_info: dict[str, Any]) -> int:
+def default_shuffle_buffer(split_info: SplitInfo) -> int:
     """Records in the shuffle buffer: ~256 MB of this split's average record, 64-10,000, at most the split."""
-    examples = max(1, int(split_info.get("examples") or 1))
-    average = max(1, int(split_info.get("bytes") or 1) // examples)
+    examples = max(1, int(split_info.examples or 1))
+    average = max(1, int(split_info.bytes or 1) // examples)
     wanted = max(SHUFFLE_BUFFER_MIN, min(SHUFFLE_BUFFER_MAX, SHUFFLE_BUFFER_BYTES // average))
     return min(wanted, examples)
 
@@ -100,19 +108,19 @@ def records(
     shuffle: bool = True,
     seed: int | None = None,
     shuffle_buffer: int | None = None,
-    info: dict[str, Any] | None = None,
+    info: DatasetInfo | Mapping[str, Any] | None = None,
 ) -> Any:
     """The split's serialized records as a tf.data.Dataset of scalar strings (see ``load`` for the order)."""
     import tensorflow as tf
 
-    info = info or read_info(output_dir)
-    if split in info.get("empty_splits", []):
+    info = read_info(output_dir) if info is None else _typed(info)
+    if split in (info.empty_splits or ()):
         raise ValueError(f"split {split!r} of {output_dir} has no records: every listed file of it was rejected")
-    if split not in info["splits"]:
-        raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info['splits'])})")
-    split_info = info["splits"][split]
-    files = [f"{output_dir.rstrip('/')}/{s['file']}" for s in split_info["shards"]]
-    compression = "GZIP" if info["compression"] == "gzip" else ""
+    if split not in info.splits:
+        raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info.splits)})")
+    split_info = info.splits[split]
+    files = [f"{output_dir.rstrip('/')}/{s.file}" for s in split_info.shards]
+    compression = "GZIP" if info.compression == "gzip" else ""
     if not shuffle:
         return tf.data.TFRecordDataset(files, compression_type=compression)
     ds = tf.data.Dataset.from_tensor_slices(files)
@@ -206,7 +214,7 @@ def load(
     if shuffle_files is not None:
         shuffle = shuffle_files
     info = read_info(output_dir)
-    if (objects or masks) and info.get("categories") is None:
+    if (objects or masks) and info.categories is None:
         raise ValueError(f"{output_dir} has no objects (not converted with --coco): objects=True needs them")
     ds = records(output_dir, split, shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer, info=info)
     if objects or masks:
@@ -228,12 +236,12 @@ def load(
     from .analysis import raw_feature_spec
     from .metadata import is_multi_label
 
-    if not info.get("transform"):  # TFT folders there are not this dataset's (or there are none)
+    if not info.transform:  # TFT folders there are not this dataset's (or there are none)
         raise ValueError(f"{output_dir} was converted without a transform (--no-transform): transformed=True needs one")
 
     tft_output = tft.TFTransformOutput(output_dir)
     layer = tft_output.transform_features_layer()
-    raw_spec = raw_feature_spec(info.get("labels") is not None, multi_label=is_multi_label(info))
+    raw_spec = raw_feature_spec(info.labels is not None, multi_label=is_multi_label(info))
 
     def transform(batch: tf.Tensor) -> dict[str, tf.Tensor]:
         return layer(tf.io.parse_example(batch, raw_spec))

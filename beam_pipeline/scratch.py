@@ -66,7 +66,7 @@ def _leaseholder(output: str) -> str | None:
     except Exception:  # noqa: BLE001 - an unreadable lease tells nothing; the lock and age rules still hold
         return None
     if record and lease.is_live(record):
-        return str(record.get("run_id"))
+        return str(record.run_id)
     return None
 
 

@@ -6,64 +6,64 @@ an incremental or resumed run took over, and the post-steps' notes.
 
 from __future__ import annotations
 
-from typing import Any
+from .vocab.dataset_info import DatasetInfo
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
 
 
-def summary(info: dict[str, Any], output: str, seconds: float, transform_note: str | None = None) -> str:
+def summary(info: DatasetInfo, output: str, seconds: float, transform_note: str | None = None) -> str:
     """What ``convert`` prints when the dataset is complete: one line per split, then what else happened."""
-    head = f"done in {seconds:.1f} s: {info['examples']} examples, {info['bytes'] / 1e6:.1f} MB in {output}"
+    head = f"done in {seconds:.1f} s: {info.examples} examples, {info.bytes / 1e6:.1f} MB in {output}"
     return "\n".join(
         [head, *_split_lines(info), *_input_lines(info), *_rerun_lines(info), *_post_step_lines(info, transform_note)]
     )
 
 
-def _split_lines(info: dict[str, Any]) -> list[str]:
+def _split_lines(info: DatasetInfo) -> list[str]:
     lines = []
-    for split, s in info["splits"].items():
-        sizes = [f["bytes"] for f in s["shards"]]
+    for split, s in info.splits.items():
+        sizes = [f.bytes for f in s.shards]
         lines.append(
-            f"  {split:<12} {s['examples']:>8} examples  {s['num_shards']:>4} shards  "
+            f"  {split:<12} {s.examples:>8} examples  {s.num_shards:>4} shards  "
             f"{min(sizes) / 1e6:.1f}-{max(sizes) / 1e6:.1f} MB each"
         )
-    for split in info.get("empty_splits", []):
+    for split in info.empty_splits or ():
         lines.append(f"  {split:<12} {0:>8} examples: every listed file of this split was rejected (rejects.jsonl)")
     return lines
 
 
-def _input_lines(info: dict[str, Any]) -> list[str]:
+def _input_lines(info: DatasetInfo) -> list[str]:
     """Rejected and skipped inputs, and the labels found."""
     lines = []
-    rejects = info["rejects"]
-    if rejects["total"]:
-        reasons = ", ".join(f"{k} {v}" for k, v in list(rejects["by_reason"].items())[:5])
-        lines.append(f"  rejected     {rejects['total']:>8} ({reasons}) -> rejects.jsonl")
-    skipped = info["skipped"]
-    if skipped["total"]:
-        reasons = ", ".join(f"{k} {v}" for k, v in skipped["by_reason"].items())
-        lines.append(f"  skipped      {skipped['total']:>8} ({reasons})")
-    if info.get("labels") is not None:
-        lines.append(f"  labels       {len(info['labels']):>8} -> labels.txt")
+    rejects = info.rejects
+    if rejects.total:
+        reasons = ", ".join(f"{k} {v}" for k, v in list(rejects.by_reason.items())[:5])
+        lines.append(f"  rejected     {rejects.total:>8} ({reasons}) -> rejects.jsonl")
+    skipped = info.skipped
+    if skipped.total:
+        reasons = ", ".join(f"{k} {v}" for k, v in skipped.by_reason.items())
+        lines.append(f"  skipped      {skipped.total:>8} ({reasons})")
+    if info.labels is not None:
+        lines.append(f"  labels       {len(info.labels):>8} -> labels.txt")
     return lines + _object_lines(info)
 
 
-def _object_lines(info: dict[str, Any]) -> list[str]:
+def _object_lines(info: DatasetInfo) -> list[str]:
     """A detection dataset's objects: kept, rejected (the image stays), negatives; its categories."""
-    objs = info.get("objects")
-    if not objs:
+    objs = info.objects
+    if objs is None:
         return []
-    negatives = objs.get("images_without_annotations", 0) + objs.get("images_with_every_object_rejected", 0)
-    lines = [f"  objects      {objs['kept']:>8} kept, {negatives} images without any"]
-    rejects = objs["rejects"]
-    if rejects["total"]:
-        reasons = ", ".join(f"{k} {v}" for k, v in list(rejects["by_reason"].items())[:5])
-        lines.append(f"  objects out  {rejects['total']:>8} ({reasons}) -> object_rejects.jsonl")
-    if objs.get("polygons_dropped"):
+    negatives = objs.images_without_annotations + objs.images_with_every_object_rejected
+    lines = [f"  objects      {objs.kept:>8} kept, {negatives} images without any"]
+    rejects = objs.rejects
+    if rejects.total:
+        reasons = ", ".join(f"{k} {v}" for k, v in list(rejects.by_reason.items())[:5])
+        lines.append(f"  objects out  {rejects.total:>8} ({reasons}) -> object_rejects.jsonl")
+    if objs.polygons_dropped:
         lines.append(
-            f"  polygons out {objs['polygons_dropped']:>8} (under 3 points; their objects kept) -> object_rejects.jsonl"
+            f"  polygons out {objs.polygons_dropped:>8} (under 3 points; their objects kept) -> object_rejects.jsonl"
         )
-    names = [c["name"] for c in info.get("categories") or []]
+    names = [c.name for c in info.categories or ()]
     lines.append(f"  categories   {len(names):>8} -> label_map.pbtxt, labels.txt")
     folded: dict[str, str] = {}
     for name in names:
@@ -74,7 +74,7 @@ def _object_lines(info: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _rerun_lines(info: dict[str, Any]) -> list[str]:
+def _rerun_lines(info: DatasetInfo) -> list[str]:
     """Conversions, what --incremental-from reused, what a re-run resumed, what --keep-last deleted."""
     from .inspection import converted_count
 
@@ -85,39 +85,38 @@ def _rerun_lines(info: dict[str, Any]) -> list[str]:
     return lines + _incremental_lines(info) + _resumed_lines(info) + _keep_last_lines(info)
 
 
-def _incremental_lines(info: dict[str, Any]) -> list[str]:
-    inc = info.get("incremental")
-    if not inc:
+def _incremental_lines(info: DatasetInfo) -> list[str]:
+    inc = info.incremental
+    if inc is None:
         return []
-    files = ", ".join(f"{k} {inc.get(k, 0)}" for k in ("unchanged", "added", "changed", "dropped"))
-    kept = f", {inc['rejects_kept']} rejects kept unread" if inc.get("rejects_kept") else ""
+    files = ", ".join(f"{k} {getattr(inc, k)}" for k in ("unchanged", "added", "changed", "dropped"))
+    kept = f", {inc.rejects_kept} rejects kept unread" if inc.rejects_kept else ""
     lines = [
-        f"  incremental  reused {inc.get('reused', 0)} records, converted {inc.get('converted', 0)} "
-        f"(files: {files}{kept})",
-        f"               from {inc.get('from')}",
+        f"  incremental  reused {inc.reused} records, converted {inc.converted} (files: {files}{kept})",
+        f"               from {inc.source}",
     ]
-    if inc.get("unreadable_previous_lines"):
+    if inc.unreadable_previous_lines:
         lines.append(
             f"               damaged lines left out of its index.jsonl/rejects.jsonl: "
-            f"{inc['unreadable_previous_lines']} (their files were converted afresh)"
+            f"{inc.unreadable_previous_lines} (their files were converted afresh)"
         )
     return lines
 
 
-def _resumed_lines(info: dict[str, Any]) -> list[str]:
-    resumed = info.get("resumed")
-    if not resumed:
+def _resumed_lines(info: DatasetInfo) -> list[str]:
+    resumed = info.resumed
+    if resumed is None:
         return []
-    runs = len(resumed.get("from_runs") or []) or 1
+    runs = len(resumed.from_runs) or 1
     return [
-        f"  resumed      {resumed['shards']} shards ({resumed['records']} records) from "
+        f"  resumed      {resumed.shards} shards ({resumed.records} records) from "
         + ("an earlier run" if runs == 1 else f"{runs} earlier runs")
         + " that did not finish"
     ]
 
 
-def _keep_last_lines(info: dict[str, Any]) -> list[str]:
-    kept_last = info.get("keep_last")
+def _keep_last_lines(info: DatasetInfo) -> list[str]:
+    kept_last = info.keep_last
     if not kept_last:
         return []
     lines = []
@@ -131,20 +130,20 @@ def _keep_last_lines(info: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _post_step_lines(info: dict[str, Any], transform_note: str | None) -> list[str]:
+def _post_step_lines(info: DatasetInfo, transform_note: str | None) -> list[str]:
     """The TFT artifacts (or why there are none) and whether TFDS can load the folder."""
     lines = []
-    if "transform" in info:
+    if info.transform is not None:
         lines.append(
-            f"  transform    tensorflow-transform graph -> transform_fn/ (image {info['transform']['image_size']}px)"
+            f"  transform    tensorflow-transform graph -> transform_fn/ (image {info.transform['image_size']}px)"
         )
     if transform_note:
         lines.append(f"  transform    {transform_note}")
-    tfds = info.get("tfds") or {}
-    if "files" in tfds:
+    tfds = info.tfds
+    if tfds is not None and tfds.files is not None:
         lines.append("  TFDS         tfds.builder_from_directory() can load this folder")
-    elif "skipped" in tfds:
-        lines.append(f"  TFDS         no metadata: {tfds['skipped']}")
+    elif tfds is not None:
+        lines.append(f"  TFDS         no metadata: {tfds.skipped}")
     return lines
 
 

@@ -44,6 +44,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from .annotations import objects
 from .metadata import is_multi_label
+from .vocab.dataset_info import DatasetInfo
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
@@ -70,24 +71,24 @@ _FLOAT32 = {
 }
 
 
-def _class_names(info: dict[str, Any]) -> list[str] | None:
+def _class_names(info: DatasetInfo) -> list[str] | None:
     """A detection dataset's class names, line k = category id k (labels.txt), or None without objects."""
     categories = objects.categories_of(info)
     return None if categories is None else objects.labels_lines(categories)
 
 
-def skip_reason(info: dict[str, Any]) -> str | None:
+def skip_reason(info: DatasetInfo) -> str | None:
     """Why TFDS metadata cannot be written for this output, or None."""
-    if info["compression"] == "gzip":
+    if info.compression == "gzip":
         return "TFDS cannot read gzip shards"
-    names = [*(info.get("labels") or ()), *(_class_names(info) or ())]
+    names = [*(info.labels or ()), *(_class_names(info) or ())]
     if any(label != label.strip() or not label for label in names):
         # TFDS strips each line of its class-names file and drops blank ones: the names would shift
         return "TFDS would read a blank label, or one with leading or trailing spaces, back as another name"
     return None
 
 
-def features_json(info: dict[str, Any]) -> dict[str, Any]:
+def features_json(info: DatasetInfo) -> dict[str, Any]:
     """features.json: one flat TFDS FeaturesDict keyed by the Example keys."""
     features: dict[str, Any] = {
         IMAGE_KEY: {
@@ -101,10 +102,10 @@ def features_json(info: dict[str, Any]) -> dict[str, Any]:
         "image/filename": _TEXT,
         "image/key/sha256": _TEXT,
     }
-    if info.get("labels") is not None:
+    if info.labels is not None:
         class_label = {
             "pythonClassName": _CLS + "class_label_feature.ClassLabel",
-            "classLabel": {"numClasses": str(len(info["labels"]))},
+            "classLabel": {"numClasses": str(len(info.labels))},
         }
         if is_multi_label(info):  # a list of ids (and names) per image: Sequence(ClassLabel), Sequence(Text)
             features[LABEL_KEY] = _sequence(class_label)
@@ -112,7 +113,7 @@ def features_json(info: dict[str, Any]) -> dict[str, Any]:
         else:
             features[LABEL_KEY] = class_label
             features["image/class/text"] = _TEXT
-    if SEGMENTATION_KEY in info.get("features", {}):  # --masks: the label map, one channel of class ids
+    if SEGMENTATION_KEY in info.features:  # --masks: the label map, one channel of class ids
         features[SEGMENTATION_KEY] = {
             "pythonClassName": _CLS + "image_feature.Image",
             "image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "1"]}},
@@ -180,27 +181,27 @@ def _sequence(feature: dict[str, Any]) -> dict[str, Any]:
     return {"pythonClassName": _CLS + "sequence_feature.Sequence", "sequence": {"feature": feature, "length": "-1"}}
 
 
-def dataset_info_json(info: dict[str, Any], homepage: str | None) -> dict[str, Any]:
+def dataset_info_json(info: DatasetInfo, homepage: str | None) -> dict[str, Any]:
     """dataset_info.json: name, splits with shard lengths, supervised keys when labelled."""
     template = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
     out: dict[str, Any] = {
-        "description": f"{info['name']}: converted by beam_pipeline",
+        "description": f"{info.name}: converted by beam_pipeline",
         "fileFormat": "tfrecord",
-        "name": info["name"],
+        "name": info.name,
         "splits": [
             {
                 "filepathTemplate": template,
                 "name": split,
-                "numBytes": str(v["bytes"]),
-                "shardLengths": [str(s["records"]) for s in v["shards"]],
+                "numBytes": str(v.bytes),
+                "shardLengths": [str(s.records) for s in v.shards],
             }
-            for split, v in sorted(info["splits"].items())
+            for split, v in sorted(info.splits.items())
         ],
         "version": "1.0.0",
     }
     if homepage:
         out["location"] = {"urls": [homepage]}
-    if info.get("labels") is not None:
+    if info.labels is not None:
         out["supervisedKeys"] = {"tuple": {"items": [{"featureKey": key} for key in SUPERVISED_KEYS]}}
     return out
 
@@ -210,19 +211,19 @@ def _write(path: str, text: str) -> None:
         fh.write(text.encode("utf-8"))
 
 
-def write(output_dir: str, info: dict[str, Any]) -> list[str]:
+def write(output_dir: str, info: DatasetInfo) -> list[str]:
     """Writes dataset_info.json, features.json (and label names) into ``output_dir``; returns their names.
 
     ``output_dir`` may be a staging folder; the homepage recorded is the
-    dataset's final folder (``info["config"]["output"]``) when known.
+    dataset's final folder (``info.config["output"]``) when known.
     """
-    homepage = (info.get("config") or {}).get("output") or None
+    homepage = info.config.get("output") or None
     written = {
         DATASET_INFO: json.dumps(dataset_info_json(info, homepage), indent=2, sort_keys=True),
         FEATURES: json.dumps(features_json(info), indent=4, sort_keys=True),
     }
-    if info.get("labels") is not None:
-        written[LABEL_NAMES] = "".join(f"{label}\n" for label in info["labels"])
+    if info.labels is not None:
+        written[LABEL_NAMES] = "".join(f"{label}\n" for label in info.labels)
     names = _class_names(info)
     if names is not None:
         written[OBJECT_LABEL_NAMES] = "".join(f"{name}\n" for name in names)

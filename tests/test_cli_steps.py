@@ -26,10 +26,14 @@ def test_verbose_before_or_after_the_command_shows_the_traceback(argv, tmp_path,
 
 @pytest.mark.unit
 def test_a_job_not_run_here_says_where_it_went():
-    assert cli._not_run_here({"template_location": "t.json"}, "o") == "job request written to t.json (not submitted)"
-    assert cli._not_run_here({"detached": True, "job_id": "j1"}, "gs://b/o") == (
+    from beam_pipeline.run.convert import NotRunHere
+    from beam_pipeline.vocab.dataset_info import DatasetInfo
+
+    template = NotRunHere(output="o", template_location="t.json")
+    assert cli._not_run_here(template, "o") == "job request written to t.json (not submitted)"
+    assert cli._not_run_here(NotRunHere(output="gs://b/o", detached=True, job_id="j1"), "gs://b/o") == (
         "submitted job j1; it writes gs://b/o/_SUCCESS when the dataset is complete"
     )
-    dry = cli._not_run_here({"dry_run": True, "job": "x"}, "o")
+    dry = cli._not_run_here(NotRunHere(output="o", dry_run={"dry_run": True, "job": "x"}), "o")
     assert dry is not None and dry.splitlines()[0] == "dry run: job built, not submitted" and '"job": "x"' in dry
-    assert cli._not_run_here({"examples": 3}, "o") is None
+    assert cli._not_run_here(DatasetInfo.from_json({"examples": 3}), "o") is None

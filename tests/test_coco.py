@@ -1318,12 +1318,13 @@ def test_a_coco_run_builds_on_no_dataset_whose_labels_txt_gives_other_ids(tmp_pa
 
     from beam_pipeline.config import ConvertConfig
     from beam_pipeline.run.previous import other_coco_ids as _other_coco_ids
+    from beam_pipeline.vocab.dataset_info import DatasetInfo
 
     prev = tmp_path / "prev"
     prev.mkdir()
     (prev / "_SUCCESS").write_text("")
     cfg = ConvertConfig(output="o", name="o", input="i", coco="c.json")
-    info: dict[str, Any] = {"config": {"coco_category_offset": 0}}
+    info = DatasetInfo.from_json({"config": {"coco_category_offset": 0}})
     assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "dog")]) is None  # no labels.txt: not compared
     (prev / "labels.txt").write_text("background\ncat\ndog\n")
     assert _other_coco_ids(cfg, str(prev), info, [(1, "cat"), (2, "dog"), (3, "yak")]) is None
@@ -1334,4 +1335,6 @@ def test_a_coco_run_builds_on_no_dataset_whose_labels_txt_gives_other_ids(tmp_pa
     assert _other_coco_ids(shifted, str(prev), info, [(2, "cat"), (3, "dog")]) == (
         f"--coco-category-offset 1: {prev} was converted with --coco-category-offset 0 (other category ids)"
     )
-    assert _other_coco_ids(shifted, str(prev), {}, [(2, "cat"), (3, "dog")]).startswith("--coco-category-offset 1")
+    assert _other_coco_ids(shifted, str(prev), DatasetInfo.from_json({}), [(2, "cat"), (3, "dog")]).startswith(
+        "--coco-category-offset 1"
+    )

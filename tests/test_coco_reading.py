@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from beam_pipeline import tfds_metadata
+from beam_pipeline.vocab.dataset_info import DatasetInfo
 
 from .conftest import convert, load_info
 from .test_coco import expected_objects, make_coco, mask_of
@@ -77,8 +78,8 @@ def test_tfds_loads_the_objects_as_a_sequence(detection):
 @pytest.mark.unit
 def test_tfds_metadata_is_skipped_for_a_category_name_tfds_would_change():
     info = {"compression": "none", "labels": None, "categories": [{"id": 1, "name": " cat"}]}
-    assert "leading or trailing spaces" in tfds_metadata.skip_reason(info)
-    assert tfds_metadata.skip_reason({**info, "categories": [{"id": 1, "name": "cat"}]}) is None
+    assert "leading or trailing spaces" in tfds_metadata.skip_reason(DatasetInfo.from_json(info))
+    assert tfds_metadata.skip_reason(DatasetInfo.from_json({**info, "categories": [{"id": 1, "name": "cat"}]})) is None
 
 
 def _by_name(ds: Any) -> dict[str, Any]:
@@ -236,7 +237,7 @@ def test_verify_names_a_damaged_object(detection, tmp_path, change, words):
     shutil.copytree(out, copy)
     shard = _damage(copy, "a.jpg", change)
     with pytest.raises(inspection.VerifyError) as caught:
-        inspection.verify(str(copy), load_info(copy), stream=io.StringIO())
+        inspection.verify(str(copy), DatasetInfo.from_json(load_info(copy)), stream=io.StringIO())
     assert shard in str(caught.value) and words in str(caught.value), str(caught.value)
 
 
@@ -389,7 +390,7 @@ def test_verify_checks_the_category_files_against_dataset_json(detection, tmp_pa
     shutil.copytree(out, copy)
     (copy / name).write_text(text)
     with pytest.raises(inspection.VerifyError, match=f"{name}: does not name dataset.json's categories"):
-        inspection.verify(str(copy), load_info(copy), stream=io.StringIO())
+        inspection.verify(str(copy), DatasetInfo.from_json(load_info(copy)), stream=io.StringIO())
 
 
 def test_tfds_and_reader_load_a_voc_dataset_with_names_only_ids(tmp_path):

@@ -23,6 +23,7 @@ from beam_pipeline import failpoints, lease, storage
 from beam_pipeline.inspection import verify
 from beam_pipeline.run import finalize as run_finalize
 from beam_pipeline.run import outcome, publish
+from beam_pipeline.vocab.dataset_info import DatasetInfo
 
 from .conftest import BUCKET, REPO, convert, run_cli
 from .imagegen import image_bytes, write
@@ -43,7 +44,7 @@ def _check_complete(out: Path) -> dict:
     info = json.loads((out / "dataset.json").read_text())
     listed = {s["file"] for split in info["splits"].values() for s in split["shards"]}
     assert {p.name for p in out.iterdir() if ".tfrecord-" in p.name} == listed
-    assert verify(str(out), info, stream=open(os.devnull, "w")) == info["examples"]
+    assert verify(str(out), DatasetInfo.from_json(info), stream=open(os.devnull, "w")) == info["examples"]
     return info
 
 
@@ -213,7 +214,7 @@ def test_the_lease_on_gcs_is_a_compare_and_swap(gcs, monkeypatch):
     first = lease.acquire(out, "run-a")
     with pytest.raises(lease.LeaseHeld, match="run run-a"):
         lease.acquire(out, "run-b")
-    assert lease.renew(out, "run-a")["expires"] >= first["expires"]
+    assert lease.renew(out, "run-a").expires >= first.expires
     with pytest.raises(lease.LeaseLost):
         lease.renew(out, "run-b")
     lease.release(out, "run-a")
@@ -224,15 +225,15 @@ def test_the_lease_on_gcs_is_a_compare_and_swap(gcs, monkeypatch):
     monkeypatch.delenv(lease.TTL_ENV)
     lease.acquire(out, "run-c")
     lease.release(out, "run-a")  # not its own any more: kept
-    assert lease.holder(out)["run_id"] == "run-c"
+    assert lease.holder(out).run_id == "run-c"
     with pytest.raises(lease.LeaseLost, match="run run-c"):
         lease.renew(out, "run-a")
     # Two takers of one expired lease: the swap lets one through.
     store = lease._store(out)
     record, token = store.read()
-    assert store.replace({**record, "run_id": "x"}, token)
-    assert not store.replace({**record, "run_id": "y"}, token)
-    assert not store.create({"run_id": "z"})
+    assert store.replace(replace(record, run_id="x"), token)
+    assert not store.replace(replace(record, run_id="y"), token)
+    assert not store.create(lease.LeaseRecord(run_id="z", expires=0))
     lease.release(out, "x")
     assert lease.holder(out) is None
 
@@ -284,7 +285,7 @@ def test_a_late_attempt_after_its_run_published_changes_nothing(tmp_path, monkey
     def whole(job) -> None:
         info = run_until_finalized(job, lambda: None)
         if tfds:
-            list(PostStepsFn(job.cfg, job.layout).process(dict(info)))
+            list(PostStepsFn(job.cfg, job.layout).process(info))
 
     ref = tmp_path / "ref"
     whole(at(ref))
@@ -299,7 +300,7 @@ def test_a_late_attempt_after_its_run_published_changes_nothing(tmp_path, monkey
             job = at(out)
             if tfds:  # finalized once; the two attempts are of the post-steps
                 info = run_until_finalized(job, lambda: None)
-                step = lambda job=job, info=info: list(PostStepsFn(job.cfg, job.layout).process(dict(info)))  # noqa: E731
+                step = lambda job=job, info=info: list(PostStepsFn(job.cfg, job.layout).process(info))  # noqa: E731
             else:
                 step = lambda job=job: run_until_finalized(job, lambda: None)  # noqa: E731
             ran = _interleaved(monkeypatch, point, k, step)
@@ -538,7 +539,7 @@ def test_a_detached_job_over_its_reject_budget_gives_up_the_lease(tmp_path):
     job = replace(second, cfg=cfg, layout=replace(second.layout, leased=True))
     lease.acquire(cfg.output, job.layout.run_id, detached=True)  # as the launcher takes it before submitting
     info = run_until_finalized(job, lambda: None)
-    assert info["status"] == outcome.TOO_MANY_REJECTS
+    assert info.status == outcome.TOO_MANY_REJECTS
     assert snapshot(tmp_path / "out") == before
     assert lease.holder(cfg.output) is None
 

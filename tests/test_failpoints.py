@@ -30,6 +30,7 @@ from beam_pipeline import failpoints, hashing
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
 from beam_pipeline.run.publish import PUBLISHED_DIRS, publish
+from beam_pipeline.vocab.dataset_info import DatasetInfo
 from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.shard import WriteShardFn
@@ -105,7 +106,7 @@ def _retrying(step: Callable[[], list[Any]], on_crash: Callable[[], None]) -> li
         return step()
 
 
-def run_until_finalized(job: Job, on_crash: Callable[[], None]) -> dict[str, Any]:
+def run_until_finalized(job: Job, on_crash: Callable[[], None]) -> DatasetInfo:
     """Writers, rejects parts and finalize (which publishes when there are no post-steps)."""
     staging = job.layout.tmp_dir
     writer = WriteShardFn(staging, "none", job.cfg.decode_threads)
@@ -132,10 +133,10 @@ def run_until_finalized(job: Job, on_crash: Callable[[], None]) -> dict[str, Any
     return info
 
 
-def run_post_steps(job: Job, info: dict[str, Any], on_crash: Callable[[], None]) -> dict[str, Any]:
+def run_post_steps(job: Job, info: DatasetInfo, on_crash: Callable[[], None]) -> DatasetInfo:
     from beam_pipeline.run.poststeps import PostStepsFn
 
-    [done] = _retrying(lambda: list(PostStepsFn(job.cfg, job.layout).process(dict(info))), on_crash)
+    [done] = _retrying(lambda: list(PostStepsFn(job.cfg, job.layout).process(info)), on_crash)
     return done
 
 
@@ -294,7 +295,7 @@ def test_sweep_post_steps_and_publish_with_tft_and_tfds(tmp_path, armed):
 
     armed("publish.manifest:1")
     with pytest.raises(failpoints.FailpointError):
-        list(PostStepsFn(_at(job, ready).cfg, _at(job, ready).layout).process(dict(info)))
+        list(PostStepsFn(_at(job, ready).cfg, _at(job, ready).layout).process(info))
     armed(None)
     staged = Path(_at(job, ready).layout.tmp_dir)
     assert (staged / "transform_fn" / "saved_model.pb").exists() and (staged / "dataset_info.json").exists()

@@ -190,7 +190,7 @@ def test_publish_on_gcs_finishes_after_a_crash_at_any_batch(gcs, monkeypatch):
                 now = contents(prefix)
                 assert "_SUCCESS" not in now or now in (old, {**new, "_SUCCESS": b""}), (point, k)
             monkeypatch.delenv(failpoints.ENV)
-            assert publish.published_run(out, staging, run)["run_id"] == run  # the retried step
+            assert publish.published_run(out, staging, run).run_id == run  # the retried step
             assert contents(prefix) == {**new, "_SUCCESS": b""}, (point, k)
             assert not list(gcs.list_blobs(BUCKET, prefix=f"{prefix}.beam_pipeline-tmp-"))
             if not crashed:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from beam_pipeline.index import read_record_at
+from beam_pipeline.vocab.dataset_info import DatasetInfo
 
 from .conftest import CliResult, convert, load_info, read_records, run_cli
 from .imagegen import image_bytes, write
@@ -566,8 +567,10 @@ def test_label_names_keep_their_ids_exactly_whitespace_included(tmp_path):
 def test_tfds_metadata_is_skipped_when_tfds_would_read_a_label_back_otherwise():
     from beam_pipeline.tfds_metadata import skip_reason
 
-    assert skip_reason({"compression": "none", "labels": ["cat", "dog"]}) is None
-    assert "leading or trailing spaces" in skip_reason({"compression": "none", "labels": ["cat", " "]})
+    assert skip_reason(DatasetInfo.from_json({"compression": "none", "labels": ["cat", "dog"]})) is None
+    assert "leading or trailing spaces" in skip_reason(
+        DatasetInfo.from_json({"compression": "none", "labels": ["cat", " "]})
+    )
 
 
 def test_damaged_lines_of_the_previous_index_and_rejects_are_left_out_not_a_crashed_run(tmp_path):

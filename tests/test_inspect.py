@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from beam_pipeline.vocab.dataset_info import DatasetInfo
+
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
 
@@ -287,7 +289,7 @@ def test_a_contact_sheet_draws_its_records_without_a_list_of_every_record(monkey
     from beam_pipeline import contact_sheet
 
     shards = [{"file": f"d-train.tfrecord-{i:05d}-of-00020", "records": 500_000} for i in range(20)]
-    info = {"splits": {"train": {"shards": shards}}}
+    info = DatasetInfo.from_json({"splits": {"train": {"shards": shards}}})
     asked: dict[str, set[int]] = {}
     monkeypatch.setattr(contact_sheet, "_read_at", lambda path, wanted: asked.setdefault(path, set(wanted)) and {})
     tracemalloc.start()

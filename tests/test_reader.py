@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from beam_pipeline import reader
+from beam_pipeline.vocab.dataset_info import SplitInfo
 
 from .conftest import convert, load_info, read_records
 from .imagegen import image_bytes, write
@@ -59,7 +60,10 @@ def test_batches_are_shuffled_too(one_shard):
 
 @pytest.mark.unit
 def test_default_shuffle_buffer_follows_record_size():
-    assert reader.default_shuffle_buffer({"examples": 100_000, "bytes": 100_000 * 150_000}) == 1789
-    assert reader.default_shuffle_buffer({"examples": 300, "bytes": 300 * 7_000_000}) == 64
-    assert reader.default_shuffle_buffer({"examples": 50, "bytes": 50 * 1000}) == 50
-    assert reader.default_shuffle_buffer({"examples": 10**6, "bytes": 10**6 * 100}) == 10_000
+    def split(examples: int, size: int) -> SplitInfo:
+        return SplitInfo(examples=examples, bytes=size, num_shards=0, shards=(), labels=None)
+
+    assert reader.default_shuffle_buffer(split(100_000, 100_000 * 150_000)) == 1789
+    assert reader.default_shuffle_buffer(split(300, 300 * 7_000_000)) == 64
+    assert reader.default_shuffle_buffer(split(50, 50 * 1000)) == 50
+    assert reader.default_shuffle_buffer(split(10**6, 10**6 * 100)) == 10_000

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from beam_pipeline import reader
+from beam_pipeline.vocab.dataset_info import DatasetInfo
 
 from .conftest import convert, load_info, run_cli
 from .imagegen import image_bytes, write
@@ -77,7 +78,9 @@ def test_runs_in_threads_of_a_program_both_analyze_and_leave_the_programs_tempor
             ["--input", str(tmp_path / "in"), "--output", str(tmp_path / name), "--no-tfds-metadata", *extra]
         )
         try:
-            results[name] = run_convert(cfg, flags)["examples"]
+            info = run_convert(cfg, flags)
+            assert isinstance(info, DatasetInfo)
+            results[name] = info.examples
         except Exception as e:  # noqa: BLE001 - the test reports it
             results[name] = e
 

@@ -243,7 +243,7 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     )
     finalize = FinalizeFn(cfg, layout)
     [info] = list(finalize.process(None, first + second, [], [], [], ["cat"], {}, {}))
-    assert info["examples"] == 5
+    assert info.examples == 5
     shards = sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name)
     assert shards == ["ds-train.tfrecord-00000-of-00001"]
     assert count_records(str(out / shards[0])) == 5
@@ -251,7 +251,7 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     # A retried finalize (same side inputs) finds the run published and leaves it as it is.
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     [again] = list(FinalizeFn(cfg, layout).process(None, first + second, [], [], [], ["cat"], {}, {}))
-    assert again["examples"] == 5
+    assert again.examples == 5
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 

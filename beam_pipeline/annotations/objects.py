@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from ..images.options import ORIENTATION_TRANSPOSE, Geometry
 from ..metadata import line_break_problem
+from ..vocab.dataset_info import DatasetInfo
 from ..vocab.reasons import BAD_BOX, BAD_MASK, BOX_OUTSIDE_IMAGE, MASK_SIZE_MISMATCH, UNKNOWN_CATEGORY
 
 # The Example keys (in keys.py, which the reader side imports without Pillow), named here as before.
@@ -557,7 +558,7 @@ def object_counts(pairs: Iterable[tuple[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def categories_of(info: Mapping[str, Any]) -> list[tuple[int, str]] | None:
+def categories_of(info: DatasetInfo) -> list[tuple[int, str]] | None:
     """A dataset.json's categories as (id, name) pairs, or None for a dataset without objects."""
-    cats = info.get("categories")
-    return None if cats is None else [(int(c["id"]), str(c["name"])) for c in cats]
+    cats = info.categories
+    return None if cats is None else [(int(c.id), str(c.name)) for c in cats]

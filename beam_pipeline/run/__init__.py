@@ -20,5 +20,5 @@ A run goes through these steps, each a module of this package:
 line, the temporary folder); ``common`` the small words every step uses.
 
     from beam_pipeline.run.convert import run_convert
-    info = run_convert(cfg, beam_args)    # dataset.json as a dict
+    info = run_convert(cfg, beam_args)    # dataset.json's record (a DatasetInfo)
 """

@@ -1,6 +1,6 @@
 """A run from start to end: options, the output's lease, preflight, the pipeline, then its outcome.
 
-    info = run_convert(cfg, beam_args)    # dataset.json as a dict
+    info = run_convert(cfg, beam_args)    # dataset.json's record (a DatasetInfo), or NotRunHere
     plan = run_plan(cfg, beam_args)       # lists and plans, writes nothing
 
 A program may call ``run_convert`` itself, from several threads at once.
@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
@@ -30,6 +30,7 @@ from ..config import ConvertConfig, Layout
 from ..errors import PipelineError, RejectsError, UsageError, last_line
 from ..runner import make_options
 from ..storage import read_json
+from ..vocab.dataset_info import DatasetInfo
 from .common import absolute, without_step
 from .local import RUN_TEMPORARY_FOLDER, LiveProgress, wait_for
 from .outcome import raise_unless_publishable
@@ -40,9 +41,22 @@ from .workers import options_for, with_worker_packages
 _LOG = logging.getLogger(__name__)
 
 
-def run_convert(cfg: ConvertConfig, beam_args: Sequence[str], *, own_process: bool = False) -> dict[str, Any]:
-    """Runs the whole conversion; returns dataset.json's content. ``own_process``: the process is the tool's (the
-    command line), so the run may take over ``tempfile``'s folder (``_RunTemporaryFolder``)."""
+@dataclasses.dataclass(frozen=True)
+class NotRunHere:
+    """A job this process only built (``--dry_run``, ``--template_location``) or submitted and left (``--detach``)."""
+
+    output: str
+    # --dry_run: the built job's description (runner, options, steps), printed as JSON
+    dry_run: Mapping[str, Any] | None = None
+    template_location: str | None = None  # where Dataflow wrote the job request
+    detached: bool = False
+    job_id: str | None = None
+
+
+def run_convert(cfg: ConvertConfig, beam_args: Sequence[str], *, own_process: bool = False) -> DatasetInfo | NotRunHere:
+    """Runs the whole conversion; returns dataset.json's record (``NotRunHere`` for a job only built or left
+    running). ``own_process``: the process is the tool's (the command line), so the run may take over
+    ``tempfile``'s folder (``_RunTemporaryFolder``)."""
     options, runner = options_for(cfg, beam_args)
     # One run writes into an output at a time (lease.py): taken before anything reads or writes the output,
     # held (renewed) while the job runs, released when it ends; a submitted job's publish releases it.
@@ -75,7 +89,7 @@ def _run_claimed(
     options: PipelineOptions,
     runner: Any,
     local: str,
-) -> dict[str, Any]:
+) -> DatasetInfo | NotRunHere:
     """The run, once its output is claimed: the pipeline, then the post-steps unless the job does them.
 
     ``local``: a folder of this process's, removed when the run returns (the workers' requirements file goes
@@ -111,11 +125,11 @@ def _run_claimed(
             if template and runner is None:
                 # Dataflow writes the full job request there instead of submitting it.
                 pipeline.run()
-                return {"template_location": template, "output": cfg.output}
+                return NotRunHere(output=cfg.output, template_location=template)
             if cfg.detach:
                 result = pipeline.run()
                 job_id = getattr(result, "job_id", None)
-                return {"detached": True, "job_id": job_id() if callable(job_id) else job_id, "output": cfg.output}
+                return NotRunHere(output=cfg.output, detached=True, job_id=job_id() if callable(job_id) else job_id)
             with LiveProgress():
                 wait_for(pipeline.run())
         except PipelineError:
@@ -133,14 +147,14 @@ def _run_claimed(
         return _with_retention(cfg, layout, info)
 
 
-def _with_retention(cfg: ConvertConfig, layout: Layout, info: dict[str, Any]) -> dict[str, Any]:
+def _with_retention(cfg: ConvertConfig, layout: Layout, info: DatasetInfo) -> DatasetInfo:
     """--keep-last after a run published here; with --post-steps job the job's last step does it (pipeline.py)."""
     if cfg.keep_last and cfg.post_steps == "launcher":
         from .. import retention
 
         outcome = retention.apply(cfg, layout)
         if outcome is not None:
-            info = {**info, "keep_last": outcome.as_dict(absolute(cfg.output_template or ""))}
+            info = info.with_(keep_last=outcome.as_dict(absolute(cfg.output_template or "")))
     return info
 
 
@@ -172,7 +186,7 @@ def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
     return plan
 
 
-def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runner: Any) -> dict[str, Any]:
+def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runner: Any) -> NotRunHere:
     """Builds the job (Beam's --dry_run stops before submission) and describes it."""
     from ..pipeline import build_pipeline
 
@@ -187,7 +201,7 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
     worker = options.view_as(WorkerOptions)
     setup = options.view_as(SetupOptions)
     job = getattr(result, "job", None)
-    return {
+    description = {
         "dry_run": True,
         "runner": options.view_as(StandardOptions).runner or "DirectRunner",
         "job_name": gcp.job_name or (job.proto.name if job is not None else None),
@@ -208,19 +222,20 @@ def _dry_run(cfg: ConvertConfig, layout: Layout, options: PipelineOptions, runne
         ),
         "output": cfg.output,
     }
+    return NotRunHere(output=cfg.output, dry_run=description)
 
 
-def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> dict[str, Any]:
+def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]) -> DatasetInfo:
     """Reads finalize's verdict; runs the post-steps on the staging folder and publishes, unless the job did."""
     staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
     success = FileSystems.join(cfg.output, metadata.SUCCESS)
     published_info = FileSystems.join(cfg.output, metadata.DATASET_JSON)
     staged = FileSystems.exists(staging_info)
     if staged:
-        info, kept_old = read_json(staging_info), FileSystems.exists(success)
+        info, kept_old = DatasetInfo.from_json(read_json(staging_info)), FileSystems.exists(success)
     elif FileSystems.exists(published_info):  # finalize published already (no post-steps, or a failed run)
-        info, kept_old = read_json(published_info), False
-        if info.get("run_id") != layout.run_id and not FileSystems.exists(success):
+        info, kept_old = DatasetInfo.from_json(read_json(published_info)), False
+        if info.run_id != layout.run_id and not FileSystems.exists(success):
             raise PipelineError("the pipeline ended before finalize (dataset.json is an older run's)")
     else:
         raise PipelineError("the pipeline ended before finalize (no dataset.json)")

@@ -29,6 +29,7 @@ from .. import failpoints, index, lease, metadata, resume
 from ..annotations import masks, objects
 from ..config import ConvertConfig, Layout
 from ..storage import files_under, write_text
+from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
 from ..vocab.records import ShardResult
 from .files import delete_files, move_files
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
@@ -136,7 +137,7 @@ def write_detection_files(staging: str, categories: Sequence[tuple[int, str]], o
 class FinalizeFn(beam.DoFn):
     """Runs once: names the shards, writes the metadata into the staging folder, publishes.
 
-    Yields the dataset.json dict. With post-steps (TFT analysis, TFDS
+    Yields dataset.json's record (``DatasetInfo``). With post-steps (TFT analysis, TFDS
     metadata) those publish after them; a run that may not publish (too many
     rejects, nothing converted) leaves an older dataset untouched.
 
@@ -162,7 +163,7 @@ class FinalizeFn(beam.DoFn):
         labelled: bool | None = None,  # whether the run is labelled, when the pipeline decided it (JSONL rows)
         object_parts: Sequence[str] = (),  # a detection dataset's object rejects parts
         object_counts: Sequence[tuple[str, int]] = (),  # and its object counts (annotations.coco.COUNTS)
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[DatasetInfo]:
         staging = self._layout.tmp_dir
         done = published_run(self._cfg.output, staging, self._layout.run_id, self._layout.leased)
         if done is not None:  # a retried step whose run is published, or half-published and now finished
@@ -185,19 +186,14 @@ class FinalizeFn(beam.DoFn):
             object_counts,
         )
         if self._layout.previous:
-            info["incremental"] = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
-        resumed = resumed_summary(layout, staging)
-        if resumed:
-            info["resumed"] = resumed
-        total_rejects = sum(info["rejects"]["by_reason"].values())
-        info["status"] = outcome(
-            info["examples"],
-            total_rejects,
-            self._cfg.max_reject_fraction,
-            self._cfg.reject_allowance,
-            info.get("objects"),
+            incremental = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
+            info = info.with_(incremental=incremental)
+        info = info.with_(resumed=resumed_summary(layout, staging))
+        total_rejects = sum(info.rejects.by_reason.values())
+        status = outcome(
+            info.examples, total_rejects, self._cfg.max_reject_fraction, self._cfg.reject_allowance, info.objects
         )
-        info["run_id"] = self._layout.run_id
+        info = info.with_(status=status, run_id=self._layout.run_id)
         name_shards(layout, staging)
         self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)
         self._publish_or_hold(info)
@@ -223,20 +219,20 @@ class FinalizeFn(beam.DoFn):
         skipped_counts: Sequence[tuple[str, int]],
         categories: Sequence[tuple[int, str]] | None,
         object_counts: Sequence[tuple[str, int]],
-    ) -> dict[str, Any]:
+    ) -> DatasetInfo:
         """dataset.json's content: splits and their shards, labels, features, objects, rejects and skips (in
         this order: the file's key order is part of the output)."""
         cfg = self._cfg
-        splits: dict[str, Any] = {}
+        splits: dict[str, SplitInfo] = {}
         for split, files in layout.items():
             label_counts = split_label_counts.get(split) or merge_counts(r.labels for _, r in files)
-            splits[split] = {
-                "examples": sum(r.records for _, r in files),
-                "bytes": sum(r.bytes for _, r in files),
-                "num_shards": len(files),
-                "shards": [{"file": f, "records": r.records, "bytes": r.bytes} for f, r in files],
-                "labels": dict(label_counts) if labelled else None,
-            }
+            splits[split] = SplitInfo(
+                examples=sum(r.records for _, r in files),
+                bytes=sum(r.bytes for _, r in files),
+                num_shards=len(files),
+                shards=tuple(ShardEntry(file=f, records=r.records, bytes=r.bytes) for f, r in files),
+                labels=dict(label_counts) if labelled else None,
+            )
         info = metadata.dataset_json(
             name=cfg.name,
             splits=splits,
@@ -250,34 +246,37 @@ class FinalizeFn(beam.DoFn):
             sink=cfg.sink,
             multi_label=cfg.label_separator is not None,
         )
-        self._describe_objects(info, layout, categories, object_counts)
-        info["converted"] = merge_counts(r.converted for files in layout.values() for _, r in files)
+        info = self._describe_objects(info, layout, categories, object_counts)
+        info = info.with_(converted=merge_counts(r.converted for files in layout.values() for _, r in files))
         empty = sorted({split for split, _ in chosen} - set(layout))
         if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
-            info["empty_splits"] = empty
+            info = info.with_(empty_splits=tuple(empty))
         if any(r.idx_path for files in layout.values() for _, r in files):
-            info["idx_files"] = f"{index.IDX_DIR}/{{file}}.idx"  # per shard: offset and frame size of each record
+            # per shard: offset and frame size of each record
+            info = info.with_(idx_files=f"{index.IDX_DIR}/{{file}}.idx")
         return info
 
     def _describe_objects(
         self,
-        info: dict[str, Any],
+        info: DatasetInfo,
         layout: Mapping[str, list[tuple[str, ShardResult]]],
         categories: Sequence[tuple[int, str]] | None,
         object_counts: Sequence[tuple[str, int]],
-    ) -> None:
+    ) -> DatasetInfo:
         """A detection or segmentation dataset's additions to dataset.json: object counts and features."""
         if categories is not None:
             # the planned sink's writers counted the objects of the records they wrote, per shard
             written = [kv for files in layout.values() for _, r in files for kv in r.objects.items()]
-            info.update(detection_summary(categories, [*object_counts, *written]))
-            info["features"] = dict(sorted({**info["features"], **objects.feature_spec()}.items()))
+            found, counted = detection_summary(categories, [*object_counts, *written])
+            features = dict(sorted({**info.features, **objects.feature_spec()}.items()))
+            info = info.with_(categories=found, objects=counted, features=features)
         if self._layout.masks:
-            info["features"] = dict(sorted({**info["features"], **masks.feature_spec()}.items()))
+            info = info.with_(features=dict(sorted({**info.features, **masks.feature_spec()}.items())))
+        return info
 
     def _write_metadata(
         self,
-        info: Mapping[str, Any],
+        info: DatasetInfo,
         layout: Mapping[str, list[tuple[str, ShardResult]]],
         reject_parts: Sequence[str],
         labels: Sequence[str] | None,
@@ -295,15 +294,13 @@ class FinalizeFn(beam.DoFn):
         if categories is not None:
             write_detection_files(staging, categories, object_parts)
         failpoints.hit("finalize.write")
-        write_text(
-            FileSystems.join(staging, metadata.DATASET_JSON), json.dumps(info, indent=2, ensure_ascii=False) + "\n"
-        )
+        write_text(FileSystems.join(staging, metadata.DATASET_JSON), info.to_text())
 
-    def _publish_or_hold(self, info: Mapping[str, Any]) -> None:
+    def _publish_or_hold(self, info: DatasetInfo) -> None:
         """Publishes a run without post-steps; a run that may not publish goes into an empty output without
         ``_SUCCESS``, or stays in its staging folder beside the dataset it leaves untouched."""
         cfg, out_dir, staging, leased = self._cfg, self._cfg.output, self._layout.tmp_dir, self._layout.leased
-        if info["status"] != OK:
+        if info.status != OK:
             if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
                 # Nothing to protect: the shards, rejects.jsonl and dataset.json
                 # (which names the status) go where the user looks, but no

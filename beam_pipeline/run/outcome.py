@@ -5,12 +5,12 @@ summaries ``dataset.json`` carries.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from .. import metadata
 from ..annotations import coco, objects
 from ..config import ConvertConfig, Layout
 from ..errors import RejectsError, UsageError
+from ..vocab.dataset_info import OK, Category, DatasetInfo, IncrementalInfo, ObjectsInfo, ResumedInfo, Tally
 from ..vocab.reasons import NO_LABEL
 from ..vocab.records import ShardResult
 from .preflight import flat_folder_hint
@@ -21,16 +21,16 @@ def _past_allowance(rejects: int, allowance: int) -> str:
     return f"more than --reject-allowance {allowance}" if rejects > allowance else "more than half of them"
 
 
-def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: Mapping[str, Any], kept_old: bool) -> None:
+def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: DatasetInfo, kept_old: bool) -> None:
     """The one line a run that may not publish ends with (RejectsError, exit 3; UsageError when nothing was
     listed at all); nothing for a run whose status is OK. ``kept_old``: an older dataset stays in the output."""
-    status = info.get("status", OK)
+    status = info.status
     if status == OK:
         return
     rejects_at = layout.tmp_dir if kept_old else cfg.output
-    reasons = ", ".join(f"{k} {v}" for k, v in list(info["rejects"]["by_reason"].items())[:3])
-    total = info["rejects"]["total"]
-    listed = total + info["examples"]
+    reasons = ", ".join(f"{k} {v}" for k, v in list(info.rejects.by_reason.items())[:3])
+    total = info.rejects.total
+    listed = total + info.examples
     kept_where = f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
     if status == TOO_MANY_REJECTS:
         where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
@@ -40,27 +40,27 @@ def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: Mapping[s
             f"{where}"
         )
     if status == NO_OBJECT_KEPT:
-        objs = info["objects"]["rejects"]
-        reasons = ", ".join(f"{k} {v}" for k, v in list(objs["by_reason"].items())[:3])
+        objs = info.objects.rejects if info.objects is not None else Tally()
+        reasons = ", ".join(f"{k} {v}" for k, v in list(objs.by_reason.items())[:3])
         where = kept_where if kept_old else "shards written without _SUCCESS"
         raise RejectsError(
-            f"no object was kept: {objs['total']} annotations rejected ({reasons}; see "
+            f"no object was kept: {objs.total} annotations rejected ({reasons}; see "
             f"{rejects_at}/object_rejects.jsonl); {where}"
         )
     if status == NOTHING_CONVERTED:
         hint = ""
-        if layout.label_source == "folder" and set(info["rejects"]["by_reason"]) == {NO_LABEL}:
+        if layout.label_source == "folder" and set(info.rejects.by_reason) == {NO_LABEL}:
             where = "the input" if layout.split_source != "folders" else "the input's split folders"
             hint = "; " + flat_folder_hint(where)
         raise RejectsError(
             f"no image was converted ({total} rejected: {reasons}; see {rejects_at}/rejects.jsonl){hint}"
         )
-    skipped = ", ".join(f"{k} {v}" for k, v in info["skipped"]["by_reason"].items()) or "nothing at all"
+    skipped = ", ".join(f"{k} {v}" for k, v in info.skipped.by_reason.items()) or "nothing at all"
     where = cfg.manifest or cfg.input
     raise UsageError(f"no images to convert in {where} (skipped: {skipped})")
 
 
-OK, TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "ok", "too_many_rejects", "nothing_converted", "empty"
+TOO_MANY_REJECTS, NOTHING_CONVERTED, EMPTY_LISTING = "too_many_rejects", "nothing_converted", "empty"
 
 
 NO_OBJECT_KEPT = "no_object_kept"  # annotations given, every one rejected: a mismatch, not a dataset of negatives
@@ -80,7 +80,7 @@ def outcome(
     rejects: int,
     max_reject_fraction: float,
     reject_allowance: int,
-    objs: Mapping[str, Any] | None = None,
+    objs: ObjectsInfo | None = None,
 ) -> str:
     """ok, or why the run must not publish (the launcher maps it to an exit code). ``objs``: a detection
     dataset's ``objects`` block (annotations given and every object rejected is a mismatch, not negatives)."""
@@ -88,7 +88,7 @@ def outcome(
         return NOTHING_CONVERTED if rejects else EMPTY_LISTING
     if too_many_rejects(examples, rejects, max_reject_fraction, reject_allowance):
         return TOO_MANY_REJECTS
-    if objs and not objs["kept"] and objs["rejects"]["total"]:
+    if objs is not None and not objs.kept and objs.rejects.total:
         return NO_OBJECT_KEPT
     return OK
 
@@ -98,7 +98,7 @@ def incremental_summary(
     changes: Mapping[str, int],
     layout: Mapping[str, list[tuple[str, ShardResult]]],
     results: Iterable[ShardResult] = (),
-) -> dict[str, Any]:
+) -> IncrementalInfo:
     """What an ``--incremental-from`` run took from the previous dataset, for dataset.json and ``inspect``.
 
     Listed files: ``added`` (neither in the previous index nor among its
@@ -119,22 +119,21 @@ def incremental_summary(
     kept = sum(r.rejects_kept for r in results)
     reconverted = sum(r.reconverted for r in results)
     counts = {k: int(changes.get(k, 0)) for k in ("added", "changed", "unchanged", "dropped")}
-    summary = {
-        "from": previous,
-        "reused": reused,
-        "converted": records - reused,
-        "reconverted": reconverted,
-        "rejects_kept": kept,
+    # unreadable_previous_lines is written only when there are any: an intact previous dataset gives the same
+    # dataset.json as before
+    return IncrementalInfo(
+        source=previous,
+        reused=reused,
+        converted=records - reused,
+        reconverted=reconverted,
+        rejects_kept=kept,
         **counts,
-    }
-    unreadable = int(changes.get("unreadable_previous_lines", 0))
-    if unreadable:  # only then: an intact previous dataset gives the same dataset.json as before
-        summary["unreadable_previous_lines"] = unreadable
-    return summary
+        unreadable_previous_lines=int(changes.get("unreadable_previous_lines", 0)),
+    )
 
 
-def resumed_summary(layout: Mapping[str, list[tuple[str, ShardResult]]], staging: str) -> dict[str, Any]:
-    """What this run took from earlier runs' finished shards (resume.py): shards, records, run ids; {} if none.
+def resumed_summary(layout: Mapping[str, list[tuple[str, ShardResult]]], staging: str) -> ResumedInfo | None:
+    """What this run took from earlier runs' finished shards (resume.py): shards, records, run ids; None if none.
 
     A retried writer that took its own run's finished shard is not counted: a
     retry must not change dataset.json.
@@ -144,30 +143,28 @@ def resumed_summary(layout: Mapping[str, list[tuple[str, ShardResult]]], staging
         r for files in layout.values() for _, r in files if r.resumed_from and str(r.resumed_from).rstrip("/") != own
     ]
     if not taken:
-        return {}
+        return None
     runs = {str(r.resumed_from).rstrip("/").rsplit("/", 1)[-1] for r in taken}
-    return {
-        "shards": len(taken),
-        "records": sum(r.records for r in taken),
-        "from_runs": sorted(name[len(metadata.TMP_PREFIX) :] for name in runs),
-    }
+    return ResumedInfo(
+        shards=len(taken),
+        records=sum(r.records for r in taken),
+        from_runs=tuple(sorted(name[len(metadata.TMP_PREFIX) :] for name in runs)),
+    )
 
 
 def detection_summary(
     categories: Sequence[tuple[int, str]], object_counts: Sequence[tuple[str, int]]
-) -> dict[str, Any]:
-    """dataset.json's part for a detection dataset: categories, the object keys, object counts and rejects."""
+) -> tuple[tuple[Category, ...], ObjectsInfo]:
+    """dataset.json's part for a detection dataset: its categories, and its object counts and rejects."""
     counts = objects.object_counts(object_counts)
     image_counters = (coco.OBJECTS_KEPT, coco.IMAGES_WITHOUT_OBJECTS, coco.IMAGES_ALL_REJECTED, objects.POLYGON_DROPPED)
     reasons = [(k, n) for k, n in counts.items() if k not in image_counters]
     by_reason = dict(sorted(reasons, key=lambda kv: (-kv[1], kv[0])))
-    return {
-        "categories": [{"id": cid, "name": name} for cid, name in categories],
-        "objects": {
-            "kept": counts.get(coco.OBJECTS_KEPT, 0),
-            "rejects": {"total": sum(by_reason.values()), "by_reason": by_reason},
-            coco.IMAGES_WITHOUT_OBJECTS: counts.get(coco.IMAGES_WITHOUT_OBJECTS, 0),
-            coco.IMAGES_ALL_REJECTED: counts.get(coco.IMAGES_ALL_REJECTED, 0),
-            "polygons_dropped": counts.get(objects.POLYGON_DROPPED, 0),
-        },
-    }
+    found = tuple(Category(id=cid, name=name) for cid, name in categories)
+    return found, ObjectsInfo(
+        kept=counts.get(coco.OBJECTS_KEPT, 0),
+        rejects=Tally.of(by_reason),
+        images_without_annotations=counts.get(coco.IMAGES_WITHOUT_OBJECTS, 0),
+        images_with_every_object_rejected=counts.get(coco.IMAGES_ALL_REJECTED, 0),
+        polygons_dropped=counts.get(objects.POLYGON_DROPPED, 0),
+    )

@@ -23,8 +23,7 @@ work again, over what a failed attempt left in the staging folder.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -35,20 +34,20 @@ from ..config import ConvertConfig, Layout
 from ..errors import PipelineError, last_line
 from ..runner import make_options
 from ..storage import read_json, write_text
-from .outcome import OK
+from ..vocab.dataset_info import OK, DatasetInfo, TfdsInfo
 from .publish import TFT_DIRS, already_published, publish, published_run
 
 
 def run_post_steps(
     cfg: ConvertConfig,
     layout: Layout,
-    info: dict[str, Any],
+    info: DatasetInfo,
     *,
     options: Any,
     runner: Any,
     temp_root: str | None,
-    pixel_stats: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    pixel_stats: Mapping[str, Any] | None = None,
+) -> DatasetInfo:
     """TFT artifacts and TFDS metadata into the staging folder, then publish. Returns dataset.json's content.
 
     ``pixel_stats``: the train split's statistics when the job computed them (``--image-stats``).
@@ -57,7 +56,7 @@ def run_post_steps(
 
     staging = layout.tmp_dir
 
-    def published() -> dict[str, Any] | None:
+    def published() -> DatasetInfo | None:
         # A late attempt (a stalled worker whose retry published and cleaned up) stops here, before it
         # recreates the staging folder; one that gets past this is refused by publish.
         return already_published(cfg.output, layout.run_id)
@@ -69,7 +68,7 @@ def run_post_steps(
         from ..analysis import run_analysis
 
         try:
-            info["transform"] = run_analysis(
+            transform = run_analysis(
                 staging,
                 info,
                 image_size=cfg.image_size,
@@ -82,17 +81,20 @@ def run_post_steps(
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {last_line(e)}") from e
         # What this run wrote under the TFT folders: a later publish removes these (and no other) files there.
-        info["transform"]["files"] = tft_files(staging)
+        info = info.with_(transform={**transform, "files": tft_files(staging)})
     if cfg.tfds_metadata:
         failpoints.hit("poststeps.step")
         if (done := published()) is not None:
             return done
         why_not = tfds_metadata.skip_reason(info)
-        info["tfds"] = {"files": tfds_metadata.write(staging, info)} if why_not is None else {"skipped": why_not}
+        tfds = (
+            TfdsInfo(files=tuple(tfds_metadata.write(staging, info))) if why_not is None else TfdsInfo(skipped=why_not)
+        )
+        info = info.with_(tfds=tfds)
     failpoints.hit("poststeps.step")
     if (done := published()) is not None:
         return done
-    write_text(FileSystems.join(staging, metadata.DATASET_JSON), json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+    write_text(FileSystems.join(staging, metadata.DATASET_JSON), info.to_text())
     publish(staging, cfg.output, leased=layout.leased)
     return info
 
@@ -117,9 +119,9 @@ class PostStepsFn(beam.DoFn):
         self._cfg = cfg
         self._layout = layout
 
-    def process(self, info: dict[str, Any], pixel_stats: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def process(self, info: DatasetInfo, pixel_stats: Mapping[str, Any] | None = None) -> Iterator[DatasetInfo]:
         cfg, layout = self._cfg, self._layout
-        if info.get("status", OK) != OK:  # finalize decided: nothing to analyse or publish
+        if info.status != OK:  # finalize decided: nothing to analyse or publish
             yield info
             return
         done = published_run(cfg.output, layout.tmp_dir, layout.run_id, layout.leased)  # a retried step
@@ -131,7 +133,7 @@ class PostStepsFn(beam.DoFn):
         yield run_post_steps(
             cfg,
             layout,
-            read_json(staging_info),
+            DatasetInfo.from_json(read_json(staging_info)),
             options=options,
             runner=runner,
             temp_root=None,

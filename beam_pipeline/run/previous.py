@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -21,6 +20,7 @@ from ..annotations.objects import labels_lines
 from ..config import DATE_FIELD, LATEST, ConvertConfig, names_only_source
 from ..errors import UsageError, last_line
 from ..storage import read_json_object
+from ..vocab.dataset_info import DatasetInfo
 from .common import absolute, label_lines, note
 from .publish import finish_cut_short
 
@@ -75,7 +75,7 @@ def repeated(labels: Iterable[str]) -> str | None:
 
 
 def other_coco_ids(
-    cfg: ConvertConfig, previous: str, info: dict[str, Any] | None, categories: Sequence[tuple[int, str]]
+    cfg: ConvertConfig, previous: str, info: DatasetInfo | None, categories: Sequence[tuple[int, str]]
 ) -> str | None:
     """Why the previous output's category ids are not this --coco run's (its labels.txt is not the first lines of
     this run's), naming --coco-category-offset when that changed; None when they are (or it has no labels.txt)."""
@@ -83,7 +83,7 @@ def other_coco_ids(
     lines = labels_lines(categories)
     if prior is None or tuple(lines[: len(prior)]) == prior:
         return None
-    old = ((info or {}).get("config") or {}).get("coco_category_offset") or 0
+    old = (info.config.get("coco_category_offset") if info is not None else None) or 0
     if old != cfg.coco_category_offset:
         return (
             f"--coco-category-offset {cfg.coco_category_offset}: {previous} was converted with "
@@ -100,7 +100,7 @@ def read_previous(path: str, labelled: bool) -> tuple[str, tuple[str, ...] | Non
     return path, labels
 
 
-def info_of(previous: str) -> dict[str, Any] | None:
+def info_of(previous: str) -> DatasetInfo | None:
     """The previous output's dataset.json, or None when it is damaged (also: JSON of another shape) or missing.
 
     A read that fails (a busy store, a lost connection) is raised as it is: not taken for damage, which would
@@ -112,12 +112,14 @@ def info_of(previous: str) -> dict[str, Any] | None:
     failpoints.hit("launcher.previous")
     try:
         info = read_json_object(path)
-    except ValueError:  # not JSON, not an object, nested too deep, not UTF-8
+        if index.info_shape_problem(info):  # JSON, but not the shape this tool writes
+            return None
+        return DatasetInfo.from_json(info)
+    except ValueError:  # not JSON, not an object, nested too deep, not UTF-8; or a block of another shape
         return None
-    return None if index.info_shape_problem(info) else info  # JSON, but not the shape this tool writes
 
 
-def note_reuse(cfg: ConvertConfig, previous: str, info: dict[str, Any] | None) -> bool:
+def note_reuse(cfg: ConvertConfig, previous: str, info: DatasetInfo | None) -> bool:
     """One note when none of the previous output's records can be reused (its label ids still are kept).
 
     ``info``: its dataset.json (``previous_info``). False when that is damaged or missing under ``latest``:
@@ -255,12 +257,13 @@ def choose_previous(
 
 
 def _keeping_object_ids(
-    cfg: ConvertConfig, previous: str, info: dict[str, Any] | None, labels: tuple[str, ...] | None
+    cfg: ConvertConfig, previous: str, info: DatasetInfo | None, labels: tuple[str, ...] | None
 ) -> tuple[str | None, tuple[str, ...] | None]:
     """A names-only object source (VOC, manifest objects) over a previous dataset: its object ids stay."""
     problem, prior_labels = previous_problem(previous, True)
     if problem is not None and (
-        FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT)) or "objects" in (info or {})
+        FileSystems.exists(FileSystems.join(previous, metadata.LABELS_TXT))
+        or (info is not None and info.objects is not None)
     ):
         # A damaged (or deleted) labels.txt gives no ids to keep, and the records copied from that run hold
         # its ids (a record's object ids are not compared on reuse): fresh ids would disagree with them. A

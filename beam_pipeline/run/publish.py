@@ -49,6 +49,7 @@ from ..storage import (
     sizes_under,
     write_text,
 )
+from ..vocab.dataset_info import DatasetInfo
 from .common import note
 from .files import delete_files, move_files, stale_tmp_dirs
 
@@ -136,30 +137,29 @@ def _output_sizes(out_dir: str) -> dict[str, int]:
     }
 
 
-def recorded_tft_files(info: Mapping[str, Any] | None) -> list[str]:
-    """The TFT files a dataset.json records as its own (``transform.files``; none before they were recorded, and
-    none when it is not a list of paths: a damaged file names no file as its run's)."""
-    transform = (info or {}).get("transform")
+def recorded_tft_files(transform: object) -> list[str]:
+    """The TFT files a dataset.json's ``transform`` block records as its run's (``files``; none before they were
+    recorded, and none when it is not a list of paths: a damaged file names no file as its run's)."""
     files = transform.get("files") if isinstance(transform, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         return []
     return list(files)
 
 
-def expected_files(info: Mapping[str, Any]) -> list[str]:
+def expected_files(info: DatasetInfo) -> list[str]:
     """The files a staged dataset.json says the run made (relative paths): publish refuses a folder missing one."""
-    shards = [s["file"] for split in info.get("splits", {}).values() for s in split.get("shards", [])]
+    shards = info.shard_files()
     want = [*shards, metadata.REJECTS_JSONL]
-    if info.get("idx_files"):
-        want += [info["idx_files"].format(file=f) for f in shards]
-    if info.get("labels") is not None:
+    if info.idx_files:
+        want += [info.idx_files.format(file=f) for f in shards]
+    if info.labels is not None:
         want.append(metadata.LABELS_TXT)
-    if info.get("categories") is not None:
+    if info.categories is not None:
         want += [metadata.LABELS_TXT, objects.LABEL_MAP_PBTXT, objects.OBJECT_REJECTS_JSONL]
-    if shards and info.get("sink", "planned") == "planned":
+    if shards and info.sink == "planned":
         want.append(index.INDEX_JSONL)
-    want += list(((info.get("tfds") or {}).get("files")) or [])
-    want += recorded_tft_files(info)
+    want += list((info.tfds.files if info.tfds is not None else None) or [])
+    want += recorded_tft_files(info.transform)
     return sorted(set(want))
 
 
@@ -167,7 +167,7 @@ class StagingIncomplete(OSError):
     """A staging folder lacks files its own dataset.json lists (e.g. a late attempt recreated it): never published."""
 
 
-def _check_staging(staging: str, staged: Mapping[str, int], info: Mapping[str, Any]) -> None:
+def _check_staging(staging: str, staged: Mapping[str, int], info: DatasetInfo) -> None:
     missing = [rel for rel in expected_files(info) if rel not in staged]
     if missing:
         raise StagingIncomplete(
@@ -184,7 +184,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
     }
     if metadata.DATASET_JSON not in staged:
         raise FileNotFoundError(f"{staging}: no {metadata.DATASET_JSON} to publish")
-    info = read_json(FileSystems.join(staging, metadata.DATASET_JSON))
+    info = _staged_info(staging)
     _check_staging(staging, staged, info)
     old = _output_sizes(out_dir)
     old_info = _old_info(FileSystems.join(out_dir, metadata.DATASET_JSON)) if metadata.DATASET_JSON in old else None
@@ -206,7 +206,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
         "stale": stale,
         "owned": owned,
         "complete": complete,
-        "run_id": info.get("run_id"),
+        "run_id": info.run_id,
     }
 
 
@@ -222,7 +222,7 @@ def _recorded_tft(info: Mapping[str, Any] | None, in_tft: Iterable[str]) -> list
         return []
     if isinstance(transform, dict) and "files" not in transform:
         return sorted(in_tft)  # a dataset.json of a version that did not list them: its TFT folders are its run's
-    recorded = recorded_tft_files(info)
+    recorded = recorded_tft_files(transform)
     return recorded if recorded or (isinstance(transform, dict) and transform["files"] == []) else None
 
 
@@ -236,7 +236,7 @@ def untold_tft_files(out_dir: str) -> list[str]:
     info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
     if not FileSystems.exists(info_path):
         return []
-    info = _published_info(info_path) or {}
+    info = _raw_info(info_path) or {}
     sizes = {rel: size for rel, size in _output_sizes(out_dir).items() if rel.split("/", 1)[0] in TFT_DIRS}
     if not sizes or _recorded_tft(info, sizes) is not None:
         return []
@@ -287,12 +287,29 @@ def _old_info(path: str) -> dict[str, Any]:
         return {}
 
 
-def _published_info(info_path: str) -> dict[str, Any] | None:
-    """The output's dataset.json, or None when it is damaged (no run's: no run id matches it)."""
+def _raw_info(info_path: str) -> dict[str, Any] | None:
+    """The output's dataset.json as JSON, or None when it is not a JSON object (damaged).
+
+    Kept as JSON (not a DatasetInfo): the file there may be any version's or a hand edit's, and is read only
+    for the TFT files its ``transform`` block records, whatever the shape of the rest.
+    """
     try:
         return read_json_object(info_path)
     except ValueError:
         return None
+
+
+def _published_info(info_path: str) -> DatasetInfo | None:
+    """The output's dataset.json, or None when it is damaged (no run's: no run id matches it)."""
+    try:
+        return DatasetInfo.from_json(read_json_object(info_path))
+    except ValueError:
+        return None
+
+
+def _staged_info(staging: str) -> DatasetInfo:
+    """The dataset.json a run wrote into its staging folder."""
+    return DatasetInfo.from_json(read_json(FileSystems.join(staging, metadata.DATASET_JSON)))
 
 
 def _read_manifest(staging: str) -> dict[str, Any] | None:
@@ -334,7 +351,8 @@ def _check_still_ours(out_dir: str, run_id: str | None) -> None:
     """
     if not run_id:  # a manifest from before run ids were recorded
         return
-    there = (_published_info(FileSystems.join(out_dir, metadata.DATASET_JSON)) or {}).get("run_id")
+    published = _published_info(FileSystems.join(out_dir, metadata.DATASET_JSON))
+    there = published.run_id if published is not None else None
     if there != run_id:
         raise PublishConflict(
             f"another run ({there}) published into {out_dir} while run {run_id} was publishing; not writing "
@@ -343,7 +361,7 @@ def _check_still_ours(out_dir: str, run_id: str | None) -> None:
         )
 
 
-def already_published(out_dir: str, run_id: str | None) -> dict[str, Any] | None:
+def already_published(out_dir: str, run_id: str | None) -> DatasetInfo | None:
     """dataset.json of the output when run ``run_id`` is published there (its run id, and ``_SUCCESS``), else None."""
     if not run_id or not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
         return None
@@ -351,7 +369,7 @@ def already_published(out_dir: str, run_id: str | None) -> dict[str, Any] | None
     if not FileSystems.exists(info_path):
         return None
     info = _published_info(info_path)
-    return info if info is not None and info.get("run_id") == run_id else None
+    return info if info is not None and info.run_id == run_id else None
 
 
 def _run_id_of(staging: str) -> str:
@@ -387,7 +405,7 @@ def publish(
     manifest = _read_manifest(staging)
     if manifest is None:
         staged_info = FileSystems.join(staging, metadata.DATASET_JSON)
-        run_id = read_json(staged_info).get("run_id") if FileSystems.exists(staged_info) else None
+        run_id = _staged_info(staging).run_id if FileSystems.exists(staged_info) else None
         if already_published(out_dir, run_id or _run_id_of(staging)) is not None:
             cleanup_staging(staging, out_dir)  # what a late attempt left; the published run stays
             return
@@ -457,12 +475,13 @@ def _publish_under(
         guard.before()
         write_text(success, "")
         guard.after()
-    cleanup_staging(staging, out_dir, taken_from(out_dir, read_json(FileSystems.join(out_dir, metadata.DATASET_JSON))))
+    published = DatasetInfo.from_json(read_json(FileSystems.join(out_dir, metadata.DATASET_JSON)))
+    cleanup_staging(staging, out_dir, taken_from(out_dir, published))
 
 
-def taken_from(out_dir: str, info: Mapping[str, Any]) -> list[str]:
+def taken_from(out_dir: str, info: DatasetInfo) -> list[str]:
     """The scratch folders (in ``out_dir``) of the earlier runs whose finished shards this run took (resume.py)."""
-    runs = (info.get("resumed") or {}).get("from_runs") or []
+    runs = info.resumed.from_runs if info.resumed is not None else ()
     return [FileSystems.join(out_dir, metadata.TMP_PREFIX + run) for run in runs]
 
 
@@ -485,7 +504,7 @@ def cleanup_staging(staging: str, out_dir: str, taken: Sequence[str] = ()) -> No
             delete_tree(folder)
 
 
-def published_run(out_dir: str, staging: str, run_id: str, leased: bool = False) -> dict[str, Any] | None:
+def published_run(out_dir: str, staging: str, run_id: str, leased: bool = False) -> DatasetInfo | None:
     """dataset.json of run ``run_id`` if a step already published it (a retried step), else None.
 
     A publish that stopped half-way (its manifest is in the staging folder)
@@ -497,11 +516,11 @@ def published_run(out_dir: str, staging: str, run_id: str, leased: bool = False)
     info_path = FileSystems.join(out_dir, metadata.DATASET_JSON)
     if _read_manifest(staging) is not None:
         publish(staging, out_dir, leased=leased)
-        return read_json(info_path)
+        return DatasetInfo.from_json(read_json(info_path))
     if not FileSystems.exists(info_path):
         return None
     info = _published_info(info_path)
-    if info is None or info.get("run_id") != run_id:
+    if info is None or info.run_id != run_id:
         return None
     cleanup_staging(staging, out_dir, taken_from(out_dir, info))  # the manifest goes last: redone here if cut short
     return info
