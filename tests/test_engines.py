@@ -51,7 +51,9 @@ def running_cluster(engine: str, runner: str, names: set[str]) -> Iterator[list[
     """Starts the engine's cluster, yields the Beam options `start` printed, then stops it (by pid) and checks
     that none of its processes is left."""
     started = cluster("start", engine)
-    assert started.returncode == 0, started.stderr
+    if started.returncode != 0:  # what did start stops by pid, so the next start does not meet it
+        stopped = cluster("stop", engine)
+        pytest.fail(f"cluster {engine} start failed:\n{started.stderr}\nstop: {stopped.stderr}")
     lines = started.stdout.splitlines()
     assert len(lines) == 1, started.stdout  # stdout is exactly the options line
     options = shlex.split(lines[0])
