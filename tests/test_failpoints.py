@@ -409,7 +409,7 @@ def test_a_manifest_that_cannot_be_read_fails_the_publish_instead_of_planning_ag
 
     assert protocol._read_manifest(str(staging)) is None  # absent: no plan yet
     (staging / protocol.PUBLISH_MANIFEST).write_text('{"files": {}, "stale": [], "complete": true}')
-    assert protocol._read_manifest(str(staging)) == {"files": {}, "stale": [], "complete": True}
+    assert protocol._read_manifest(str(staging)) == protocol.PublishPlan(files={}, stale=(), complete=True)
 
     def unavailable(path):
         raise ConnectionResetError("transient")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
@@ -176,7 +177,42 @@ def _check_staging(staging: str, staged: Mapping[str, int], info: DatasetInfo) -
         )
 
 
-def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PublishPlan:
+    """The publish manifest (``_publish.json`` in the staging folder): the run's files with their sizes, the
+    output's files it replaces (``stale``), the TFT files it counts as a run's (``owned``), whether it ends with
+    ``_SUCCESS``, and the run's id. A plan written by an earlier version reads with the keys it lacks defaulted."""
+
+    files: dict[str, int]
+    stale: tuple[str, ...] = ()
+    owned: tuple[str, ...] = ()
+    complete: bool = True
+    run_id: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "files": dict(self.files),
+            "stale": list(self.stale),
+            "owned": list(self.owned),
+            "complete": self.complete,
+            "run_id": self.run_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: object, path: str) -> PublishPlan:
+        """The plan; ValueError naming ``path`` for JSON of another shape (no plan of this tool's)."""
+        if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+            raise ValueError(f"{path}: not a publish manifest")
+        return cls(
+            files=data["files"],
+            stale=tuple(data.get("stale") or ()),
+            owned=tuple(data.get("owned") or ()),
+            complete=bool(data.get("complete", True)),
+            run_id=data.get("run_id"),
+        )
+
+
+def _make_manifest(staging: str, out_dir: str, complete: bool) -> PublishPlan:
     staged = {
         rel: size
         for rel, size in sizes_under(staging).items()
@@ -201,13 +237,7 @@ def _make_manifest(staging: str, out_dir: str, complete: bool) -> dict[str, Any]
                 f"files wait in {staging})"
             )
     stale = sorted(rel for rel in old if _is_published_name(rel, owned) and rel not in staged)
-    return {
-        "files": dict(sorted(staged.items())),
-        "stale": stale,
-        "owned": owned,
-        "complete": complete,
-        "run_id": info.run_id,
-    }
+    return PublishPlan(dict(sorted(staged.items())), tuple(stale), tuple(owned), complete, info.run_id)
 
 
 def _recorded_tft(info: Mapping[str, Any] | None, in_tft: Iterable[str]) -> list[str] | None:
@@ -271,9 +301,8 @@ def _tft_files_of_other_publishes(out_dir: str, staging: str) -> list[tuple[str,
             manifest = _read_manifest(folder)
         except ValueError:  # not a manifest of ours: it names nothing
             continue
-        listed = (manifest or {}).get("files")
-        if isinstance(listed, dict):
-            files += [(rel, size) for rel, size in listed.items() if rel.split("/", 1)[0] in TFT_DIRS]
+        if manifest is not None:
+            files += [(rel, size) for rel, size in manifest.files.items() if rel.split("/", 1)[0] in TFT_DIRS]
     return files
 
 
@@ -312,7 +341,7 @@ def _staged_info(staging: str) -> DatasetInfo:
     return DatasetInfo.from_json(read_json(FileSystems.join(staging, metadata.DATASET_JSON)))
 
 
-def _read_manifest(staging: str) -> dict[str, Any] | None:
+def _read_manifest(staging: str) -> PublishPlan | None:
     """The publish plan an earlier attempt wrote, or None if there is none.
 
     Only absence means "no plan yet": the manifest is written whole or not at
@@ -323,17 +352,14 @@ def _read_manifest(staging: str) -> dict[str, Any] | None:
     path = FileSystems.join(staging, PUBLISH_MANIFEST)
     if not FileSystems.exists(path):
         return None
-    manifest = read_json(path)
-    if not isinstance(manifest, dict) or "files" not in manifest:
-        raise ValueError(f"{path}: not a publish manifest")
-    return manifest
+    return PublishPlan.from_json(read_json(path), path)
 
 
-def _write_manifest(staging: str, manifest: Mapping[str, Any]) -> None:
+def _write_manifest(staging: str, manifest: PublishPlan) -> None:
     """Written whole or not at all: a GCS object appears complete; locally a rename makes it so."""
     failpoints.hit("publish.manifest")
     path = FileSystems.join(staging, PUBLISH_MANIFEST)
-    storage.write_atomic(path, json.dumps(manifest, indent=1) + "\n")
+    storage.write_atomic(path, json.dumps(manifest.to_json(), indent=1) + "\n")
 
 
 class PublishConflict(RuntimeError):
@@ -410,7 +436,7 @@ def publish(
             cleanup_staging(staging, out_dir)  # what a late attempt left; the published run stays
             return
     else:
-        run_id = manifest.get("run_id")
+        run_id = manifest.run_id
         if (info := already_published(out_dir, run_id)) is not None:  # only its clean-up was cut short
             cleanup_staging(staging, out_dir, taken_from(out_dir, info))
             return
@@ -427,13 +453,13 @@ def publish(
 
 
 def _publish_under(
-    guard: lease.Guard, staging: str, out_dir: str, manifest: dict[str, Any] | None, complete: bool
+    guard: lease.Guard, staging: str, out_dir: str, manifest: PublishPlan | None, complete: bool
 ) -> None:
     if manifest is None:
         manifest = _make_manifest(staging, out_dir, complete)
         _write_manifest(staging, manifest)
-    files: dict[str, int] = manifest["files"]
-    owned = set(files) | set(manifest.get("owned", ()))
+    files = manifest.files
+    owned = set(files) | set(manifest.owned)
     src = staging.rstrip("/") + "/"
     dst = out_dir.rstrip("/") + "/"
 
@@ -443,7 +469,7 @@ def _publish_under(
     existing = in_staging | in_output
     success = dst + metadata.SUCCESS
     # Stale: the plan's, and whatever of this tool's kinds the output holds now that this run does not publish.
-    stale = sorted(set(manifest["stale"]) | {r for r in output_now if _is_published_name(r, owned) and r not in files})
+    stale = sorted(set(manifest.stale) | {r for r in output_now if _is_published_name(r, owned) and r not in files})
     pending_moves = [rel for rel in files if src + rel in in_staging]
     pending_stale = [rel for rel in stale if dst + rel in in_output]
     if (pending_moves or pending_stale) and success in in_output:
@@ -469,9 +495,9 @@ def _publish_under(
             f"publish into {out_dir} did not check out: {len(missing)} files missing or of another size "
             f"({(missing or extra)[0]}), {len(extra)} files of another run still there"
         )
-    if manifest.get("complete", True):
+    if manifest.complete:
         failpoints.hit("publish.success")
-        _check_still_ours(out_dir, manifest.get("run_id"))
+        _check_still_ours(out_dir, manifest.run_id)
         guard.before()
         write_text(success, "")
         guard.after()
