@@ -6,7 +6,7 @@
 #   (nothing)  set-up, lint/format, docs build, every test
 #   --fast     set-up, lint/format, the unit and pipeline layers (-m "unit or pipeline"); no docs build
 #   --rest     set-up, docs build, the e2e and cluster layers: what --fast leaves out (.ci/run runs both)
-# Extra arguments go to pytest. pytest's exit 5 (no tests collected) fails too.
+# Extra arguments go to pytest (each run). pytest's exit 5 (no tests collected) fails too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=all
@@ -23,8 +23,23 @@ if [[ "$mode" != fast ]]; then
   trap 'rm -rf "$site_dir"' EXIT
   .venv/bin/mkdocs build --strict --site-dir "$site_dir"
 fi
+# The unit, pipeline and e2e layers run on TEST_WORKERS pytest-xdist workers (default 3: the e2e tests wait on
+# their processes as much as they compute, so a third worker still gains on 2 cores), a test file per worker
+# (tests/conftest.py). The cluster layer runs after them on its own: one cluster at a time, on a quiet machine
+# (a Flink job server under the load of three other workers timed out in a trial).
+workers=(-n "${TEST_WORKERS:-3}" --dist loadgroup)
+ran=0
+step() {  # pytest "$@"; with the user's filters a step may select nothing (exit 5), as long as one selects some
+  local rc=0
+  .venv/bin/python -m pytest "$@" || rc=$?
+  if [[ $rc == 0 ]]; then ran=1; elif [[ $rc != 5 ]]; then exit "$rc"; fi
+}
 case "$mode" in
-  fast) .venv/bin/python -m pytest -m "unit or pipeline" "$@" ;;
-  rest) .venv/bin/python -m pytest -m "e2e or cluster" "$@" ;;
-  *) .venv/bin/python -m pytest "$@" ;;
+  fast) step "${workers[@]}" -m "unit or pipeline" "$@" ;;
+  rest) step "${workers[@]}" -m e2e "$@"; step -m cluster "$@" ;;
+  *) step "${workers[@]}" -m "not cluster" "$@"; step -m cluster "$@" ;;
 esac
+if [[ $ran == 0 ]]; then
+  echo "error: no test was selected" >&2
+  exit 5
+fi
