@@ -263,7 +263,11 @@ def test_train_pixel_stats_transform_reads_each_shard_and_matches_dataset_json(d
         np.testing.assert_allclose(stats["image_std"], pixels.std(axis=0), atol=1e-5)
 
     with local_pipeline() as p:
-        stats = p | beam.Create([info]) | TrainPixelStats(str(dataset / ".gone-staging"), str(dataset), SIZE)
+        stats = (
+            p
+            | beam.Create([DatasetInfo.from_json(info)])
+            | TrainPixelStats(str(dataset / ".gone-staging"), str(dataset), SIZE)
+        )
         assert_that(stats, check)
 
 
