@@ -26,10 +26,10 @@ from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .planning import PlanShards, ShardPlan, assign_shard
-from .run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
+from .run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
 from .sources.listing import ListInputs
 from .sources.manifest import InferColumnTypes
-from .sources.rules import REJECTS, SKIPPED, label_names, with_relative_path
+from .sources.rules import REJECTS, SKIPPED, ListSettings, label_names, with_relative_path
 from .storage import read_json
 from .vocab.dataset_info import OK, DatasetInfo
 from .vocab.records import ShardResult
@@ -146,7 +146,7 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
     OBJECT_REJECTS and COUNTS: the annotation join's (None without annotations)}
     """
     group_rows = GroupObjectRows(cfg.manifest_objects) if cfg.manifest_objects else None
-    listed = p | "List" >> ListInputs(cfg, layout, group_rows)
+    listed = p | "List" >> ListInputs(ListSettings.of(cfg), layout, group_rows)
     refs, rejects, skipped = listed["refs"], listed[REJECTS], listed[SKIPPED]
     if cfg.dedupe:
         refs, duplicates = refs | "Dedupe" >> DropDuplicates()
@@ -374,7 +374,7 @@ class Finalize(beam.PTransform):
     ) -> None:
         super().__init__()
         self._objects = objects
-        self._cfg, self._layout = cfg, layout
+        self._settings, self._layout = FinalizeSettings.of(cfg), layout  # what the Finalize step sees
         self._results, self._rejects, self._skipped_counts = results, rejects, skipped_counts
         self._labels, self._extra_types, self._split_label_counts = labels, extra_types, split_label_counts
         self._changes, self._labelled = changes, labelled
@@ -392,7 +392,7 @@ class Finalize(beam.PTransform):
             | "Once" >> beam.Create([None])
             | "Finalize"
             >> beam.ParDo(
-                FinalizeFn(self._cfg, self._layout),
+                FinalizeFn(self._settings, self._layout),
                 beam.pvalue.AsList(self._results),
                 beam.pvalue.AsList(self._rejects["parts"]),
                 beam.pvalue.AsList(self._rejects["counts"]),
@@ -414,7 +414,7 @@ def _after_finalize(finalized: beam.PCollection, cfg: ConvertConfig, layout: Lay
     job's step names say what it does (the launcher's ``--dry_run`` lists them).
     """
     if cfg.needs_post_steps and cfg.post_steps == "job":
-        from .run.poststeps import PostStepsFn
+        from .run.poststeps import PostStepsFn, PostStepsSettings
 
         # The Reshuffle commits finalize's output before the post-steps start:
         # a failed (retried) post-step does not run finalize again.
@@ -426,7 +426,7 @@ def _after_finalize(finalized: beam.PCollection, cfg: ConvertConfig, layout: Lay
             # every train shard decoded on some worker; one small dict comes back
             pixel_stats = committed | "TrainPixelStats" >> TrainPixelStats(layout.tmp_dir, cfg.output, cfg.image_size)
             stats = [beam.pvalue.AsSingleton(pixel_stats)]
-        finalized = committed | "PostSteps" >> beam.ParDo(PostStepsFn(cfg, layout), *stats)
+        finalized = committed | "PostSteps" >> beam.ParDo(PostStepsFn(PostStepsSettings.of(cfg), layout), *stats)
     if cfg.keep_last and cfg.post_steps == "job":
         # After the job published (--detach: the launcher is gone by then); a retry deletes what is left.
         _ = finalized | "KeepLast" >> beam.Map(_keep_last_after_publish, cfg, layout)
@@ -460,7 +460,7 @@ def build_plan_pipeline(
      "rejects": {reason: n}, "skipped": {reason: n}}
     """
     p = beam.Pipeline(runner=runner, options=options)
-    listed = p | "List" >> ListInputs(cfg, layout)
+    listed = p | "List" >> ListInputs(ListSettings.of(cfg), layout)
     refs = listed["refs"]
     plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
     label_counts = (

@@ -270,7 +270,7 @@ HARMLESS = (publish.StagingIncomplete, lease.LeaseLost, FileNotFoundError)
 def test_a_late_attempt_after_its_run_published_changes_nothing(tmp_path, monkeypatch, tfds):
     """Attempt 1 stalls at the k-th hit of a point; attempt 2 runs whole (publishes, cleans up); attempt 1
     carries on. It may fail, but the output stays the published dataset with _SUCCESS."""
-    from beam_pipeline.run.poststeps import PostStepsFn
+    from beam_pipeline.run.poststeps import PostStepsFn, PostStepsSettings
 
     base = _job(tmp_path / "in", tmp_path / "proto", NEW_RUN, 2, post_steps=False)
     base = replace(base, cfg=replace(base.cfg, tfds_metadata=tfds))
@@ -285,7 +285,7 @@ def test_a_late_attempt_after_its_run_published_changes_nothing(tmp_path, monkey
     def whole(job) -> None:
         info = run_until_finalized(job, lambda: None)
         if tfds:
-            list(PostStepsFn(job.cfg, job.layout).process(info))
+            list(PostStepsFn(PostStepsSettings.of(job.cfg), job.layout).process(info))
 
     ref = tmp_path / "ref"
     whole(at(ref))
@@ -300,7 +300,9 @@ def test_a_late_attempt_after_its_run_published_changes_nothing(tmp_path, monkey
             job = at(out)
             if tfds:  # finalized once; the two attempts are of the post-steps
                 info = run_until_finalized(job, lambda: None)
-                step = lambda job=job, info=info: list(PostStepsFn(job.cfg, job.layout).process(info))  # noqa: E731
+                step = lambda job=job, info=info: list(
+                    PostStepsFn(PostStepsSettings.of(job.cfg), job.layout).process(info)
+                )  # noqa: E731
             else:
                 step = lambda job=job: run_until_finalized(job, lambda: None)  # noqa: E731
             ran = _interleaved(monkeypatch, point, k, step)

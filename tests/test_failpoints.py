@@ -28,7 +28,7 @@ import pytest
 
 from beam_pipeline import failpoints, hashing
 from beam_pipeline.config import ConvertConfig, Layout
-from beam_pipeline.run.finalize import FinalizeFn, WriteRejectPartFn, reject_bucket
+from beam_pipeline.run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
 from beam_pipeline.run.publish import PUBLISHED_DIRS, publish
 from beam_pipeline.vocab.dataset_info import DatasetInfo
 from beam_pipeline.vocab.records import ShardResult
@@ -127,16 +127,20 @@ def run_until_finalized(job: Job, on_crash: Callable[[], None]) -> DatasetInfo:
         parts += _retrying(lambda b=bucket, r=rows: list(WriteRejectPartFn(staging).process((b, r))), on_crash)
     counts = list(collections.Counter(r["reason"] for r in rejects).items())
     [info] = _retrying(
-        lambda: list(FinalizeFn(job.cfg, job.layout).process(None, results, parts, counts, [], LABELS, {}, {})),
+        lambda: list(
+            FinalizeFn(FinalizeSettings.of(job.cfg), job.layout).process(
+                None, results, parts, counts, [], LABELS, {}, {}
+            )
+        ),
         on_crash,
     )
     return info
 
 
 def run_post_steps(job: Job, info: DatasetInfo, on_crash: Callable[[], None]) -> DatasetInfo:
-    from beam_pipeline.run.poststeps import PostStepsFn
+    from beam_pipeline.run.poststeps import PostStepsFn, PostStepsSettings
 
-    [done] = _retrying(lambda: list(PostStepsFn(job.cfg, job.layout).process(info)), on_crash)
+    [done] = _retrying(lambda: list(PostStepsFn(PostStepsSettings.of(job.cfg), job.layout).process(info)), on_crash)
     return done
 
 
@@ -291,11 +295,11 @@ def test_sweep_post_steps_and_publish_with_tft_and_tfds(tmp_path, armed):
     # ... and up to the first publish step, TFT and TFDS files in staging.
     ready = tmp_path / "ready"
     shutil.copytree(finalized, ready)
-    from beam_pipeline.run.poststeps import PostStepsFn
+    from beam_pipeline.run.poststeps import PostStepsFn, PostStepsSettings
 
     armed("publish.manifest:1")
     with pytest.raises(failpoints.FailpointError):
-        list(PostStepsFn(_at(job, ready).cfg, _at(job, ready).layout).process(info))
+        list(PostStepsFn(PostStepsSettings.of(_at(job, ready).cfg), _at(job, ready).layout).process(info))
     armed(None)
     staged = Path(_at(job, ready).layout.tmp_dir)
     assert (staged / "transform_fn" / "saved_model.pb").exists() and (staged / "dataset_info.json").exists()

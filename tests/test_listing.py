@@ -12,7 +12,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.sources.listing import ListInputs
 from beam_pipeline.sources.manifest import InferColumnTypes, read_manifest_rows, value_type
-from beam_pipeline.sources.rules import label_cell, make_ref, relative_path, skip_reason
+from beam_pipeline.sources.rules import ListSettings, label_cell, make_ref, relative_path, skip_reason
 from beam_pipeline.vocab.refs import Ref
 
 from .conftest import BUCKET, local_pipeline, run_cli
@@ -263,7 +263,7 @@ def test_list_inputs_transform(tmp_path):
     lay = layout(root=str(root), pattern=str(root / "**"))
     cfg = ConvertConfig(output=str(tmp_path / "out"), name="d", input=str(root))
     with local_pipeline() as p:
-        listed = p | ListInputs(cfg, lay)
+        listed = p | ListInputs(ListSettings.of(cfg), lay)
         assert_that(
             listed["refs"] | "Rel" >> beam.Map(lambda r: (r.relpath, r.label, r.split)),
             equal_to([("cat/a.jpg", "cat", "train"), ("dog/b b.png", "dog", "train")]),
@@ -377,7 +377,7 @@ def test_manifest_paths_with_glob_characters_are_stat_literally(tmp_path):
     manifest.write_text("path,label\na[1].jpg,x\nb*.jpg,x\nc?.jpg,x\nd[2].jpg,x\n")
     lay = Layout(root=str(root), pattern=None, manifest=str(manifest), manifest_format="csv", label_source="manifest")
     with local_pipeline() as p:
-        listed = p | ListInputs(CFG, lay)
+        listed = p | ListInputs(ListSettings.of(CFG), lay)
         sizes = listed["refs"] | "Sizes" >> beam.Map(lambda r: (r.relpath, r.size))
         assert_that(sizes, equal_to([("a[1].jpg", 3), ("b*.jpg", 7), ("c?.jpg", 13)]), label="Refs")
         reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (r["path"], r["reason"], r["detail"]))
@@ -397,7 +397,7 @@ def test_gcs_manifest_paths_with_glob_characters_are_stat_literally(gcs):
     root = f"gs://{BUCKET}/lit"
     lay = Layout(root=root, pattern=None, manifest=f"{root}/list.csv", manifest_format="csv", label_source="none")
     with local_pipeline() as p:
-        listed = p | ListInputs(CFG, lay)
+        listed = p | ListInputs(ListSettings.of(CFG), lay)
         sizes = listed["refs"] | "Sizes" >> beam.Map(lambda r: (r.relpath, r.size))
         assert_that(sizes, equal_to([("a[1].jpg", 3), ("b*.jpg", 7), ("c?.jpg", 13)]), label="Refs")
         reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (r["path"], r["reason"], r["detail"]))
@@ -450,7 +450,7 @@ def _check_manifest(tmp_path, name: str, text: str, refs: list, rejects: list, *
     cfg, lay = prepare(ConvertConfig(output=str(tmp_path / "out"), name="d", manifest=str(manifest), **flags))
     root = str(tmp_path)
     with local_pipeline() as p:
-        listed = p | ListInputs(cfg, lay)
+        listed = p | ListInputs(ListSettings.of(cfg), lay)
         assert_that(listed["refs"] | "R" >> beam.Map(lambda r: (r.relpath, r.split, r.label)), equal_to(refs))
         assert_that(
             listed["rejects"] | "J" >> beam.Map(lambda r: (relative_path(r["path"], root), r["reason"])),
@@ -528,7 +528,7 @@ def test_gcs_jsonl_manifest_labels_and_duplicate_rows_over_every_row(gcs, tmp_pa
     )
     assert lay.label_source == "none"  # the first look: the job decides
     with local_pipeline() as p:
-        listed = p | ListInputs(cfg, lay)
+        listed = p | ListInputs(ListSettings.of(cfg), lay)
         refs = listed["refs"] | "Refs" >> beam.Map(lambda r: (r.relpath, r.label))
         assert_that(refs, equal_to([("101.jpg", "owl"), ("102.jpg", "ant")]), label="Refs")
         reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (relative_path(r["path"], root), r["reason"]))

@@ -222,7 +222,7 @@ def test_rename_is_idempotent(tmp_path):
 def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     """What a retried bundle does on Dataflow: the writer runs twice for one shard."""
     from beam_pipeline.config import ConvertConfig, Layout
-    from beam_pipeline.run.finalize import FinalizeFn
+    from beam_pipeline.run.finalize import FinalizeFn, FinalizeSettings
 
     refs = []
     for i in range(5):
@@ -241,7 +241,7 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     layout = Layout(
         root=str(tmp_path / "in"), pattern=None, manifest=None, manifest_format=None, tmp_dir=staging, run_id="r1"
     )
-    finalize = FinalizeFn(cfg, layout)
+    finalize = FinalizeFn(FinalizeSettings.of(cfg), layout)
     [info] = list(finalize.process(None, first + second, [], [], [], ["cat"], {}, {}))
     assert info.examples == 5
     shards = sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name)
@@ -250,7 +250,9 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     assert (out / "_SUCCESS").exists() and not (out / ".beam_pipeline-tmp-test").exists()
     # A retried finalize (same side inputs) finds the run published and leaves it as it is.
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    [again] = list(FinalizeFn(cfg, layout).process(None, first + second, [], [], [], ["cat"], {}, {}))
+    [again] = list(
+        FinalizeFn(FinalizeSettings.of(cfg), layout).process(None, first + second, [], [], [], ["cat"], {}, {})
+    )
     assert again.examples == 5
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 

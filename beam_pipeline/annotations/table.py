@@ -18,7 +18,7 @@ are in (the ``width``/``height`` columns, else the image file's header: the
 size the writer decodes), checks every object and attaches ``Annotations``
 with names only (ids: the run's label list, annotations.objects.name_labels).
 
-    listed = p | ListInputs(cfg, layout, group_rows=GroupObjectRows(cfg.manifest_objects))
+    listed = p | ListInputs(ListSettings.of(cfg), layout, group_rows=GroupObjectRows(cfg.manifest_objects))
     joined = listed["refs"] | CheckManifestObjects(cfg.box_units)   # the dict shape of coco.JoinCoco
 """
 

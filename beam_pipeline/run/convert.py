@@ -34,7 +34,7 @@ from ..vocab.dataset_info import DatasetInfo
 from .common import absolute, without_step
 from .local import RUN_TEMPORARY_FOLDER, LiveProgress, wait_for
 from .outcome import raise_unless_publishable
-from .poststeps import run_post_steps
+from .poststeps import PostStepsSettings, run_post_steps
 from .preflight import prepare
 from .workers import options_for, with_worker_packages
 
@@ -244,4 +244,6 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
         return info
     options, runner = make_options(beam_args)
     remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
-    return run_post_steps(cfg, layout, info, options=options, runner=runner, temp_root=remote_temp)
+    return run_post_steps(
+        PostStepsSettings.of(cfg), layout, info, options=options, runner=runner, temp_root=remote_temp
+    )

@@ -20,6 +20,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -134,6 +135,41 @@ def write_detection_files(staging: str, categories: Sequence[tuple[int, str]], o
     concat_files(sorted(set(object_parts)), FileSystems.join(staging, objects.OBJECT_REJECTS_JSONL))
 
 
+@dataclass(frozen=True)
+class FinalizeSettings:
+    """What the finalize worker sees of the run's settings: names, the reject limits, whether it publishes,
+    and the config block of dataset.json (``ConvertConfig.as_dict()``, computed on the launcher)."""
+
+    output: str
+    name: str
+    compression: str
+    seed: int
+    sink: str
+    multi_label: bool  # --label-separator given
+    max_reject_fraction: float
+    reject_allowance: int
+    detach: bool
+    needs_post_steps: bool
+    config: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, cfg: ConvertConfig) -> FinalizeSettings:
+        """Built on the launcher, from the run's config."""
+        return cls(
+            output=cfg.output,
+            name=cfg.name,
+            compression=cfg.compression,
+            seed=cfg.seed,
+            sink=cfg.sink,
+            multi_label=cfg.label_separator is not None,
+            max_reject_fraction=cfg.max_reject_fraction,
+            reject_allowance=cfg.reject_allowance,
+            detach=cfg.detach,
+            needs_post_steps=cfg.needs_post_steps,
+            config=cfg.as_dict(),
+        )
+
+
 class FinalizeFn(beam.DoFn):
     """Runs once: names the shards, writes the metadata into the staging folder, publishes.
 
@@ -145,8 +181,8 @@ class FinalizeFn(beam.DoFn):
     one rejects part path per non-empty hash bucket, counts per reason.
     """
 
-    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
-        self._cfg = cfg
+    def __init__(self, settings: FinalizeSettings, layout: Layout) -> None:
+        self._settings = settings
         self._layout = layout
 
     def process(
@@ -165,12 +201,12 @@ class FinalizeFn(beam.DoFn):
         object_counts: Sequence[tuple[str, int]] = (),  # and its object counts (annotations.coco.COUNTS)
     ) -> Iterator[DatasetInfo]:
         staging = self._layout.tmp_dir
-        done = published_run(self._cfg.output, staging, self._layout.run_id, self._layout.leased)
+        done = published_run(self._settings.output, staging, self._layout.run_id, self._layout.leased)
         if done is not None:  # a retried step whose run is published, or half-published and now finished
             yield done
             return
         chosen = choose_results(results)
-        layout = final_layout(chosen, self._cfg.name, self._cfg.compression)
+        layout = final_layout(chosen, self._settings.name, self._settings.compression)
         labelled = self._layout.label_source != "none" if labelled is None else labelled
         categories = self._categories(labels)
         info = self._describe(
@@ -191,7 +227,11 @@ class FinalizeFn(beam.DoFn):
         info = info.with_(resumed=resumed_summary(layout, staging))
         total_rejects = sum(info.rejects.by_reason.values())
         status = outcome(
-            info.examples, total_rejects, self._cfg.max_reject_fraction, self._cfg.reject_allowance, info.objects
+            info.examples,
+            total_rejects,
+            self._settings.max_reject_fraction,
+            self._settings.reject_allowance,
+            info.objects,
         )
         info = info.with_(status=status, run_id=self._layout.run_id)
         name_shards(layout, staging)
@@ -222,7 +262,7 @@ class FinalizeFn(beam.DoFn):
     ) -> DatasetInfo:
         """dataset.json's content: splits and their shards, labels, features, objects, rejects and skips (in
         this order: the file's key order is part of the output)."""
-        cfg = self._cfg
+        cfg = self._settings
         splits: dict[str, SplitInfo] = {}
         for split, files in layout.items():
             label_counts = split_label_counts.get(split) or merge_counts(r.labels for _, r in files)
@@ -240,11 +280,11 @@ class FinalizeFn(beam.DoFn):
             extra_types=extra_types,
             compression=cfg.compression,
             seed=cfg.seed,
-            config=cfg.as_dict(),
+            config=cfg.config,
             rejects=dict(sorted(reject_counts, key=lambda kv: (-kv[1], kv[0]))),
             skipped=dict(sorted(skipped_counts, key=lambda kv: (-kv[1], kv[0]))),
             sink=cfg.sink,
-            multi_label=cfg.label_separator is not None,
+            multi_label=cfg.multi_label,
         )
         info = self._describe_objects(info, layout, categories, object_counts)
         info = info.with_(converted=merge_counts(r.converted for files in layout.values() for _, r in files))
@@ -299,7 +339,7 @@ class FinalizeFn(beam.DoFn):
     def _publish_or_hold(self, info: DatasetInfo) -> None:
         """Publishes a run without post-steps; a run that may not publish goes into an empty output without
         ``_SUCCESS``, or stays in its staging folder beside the dataset it leaves untouched."""
-        cfg, out_dir, staging, leased = self._cfg, self._cfg.output, self._layout.tmp_dir, self._layout.leased
+        cfg, out_dir, staging, leased = self._settings, self._settings.output, self._layout.tmp_dir, self._layout.leased
         if info.status != OK:
             if not FileSystems.exists(FileSystems.join(out_dir, metadata.SUCCESS)):
                 # Nothing to protect: the shards, rejects.jsonl and dataset.json

@@ -24,6 +24,7 @@ work again, over what a failed attempt left in the staging folder.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -38,8 +39,31 @@ from ..vocab.dataset_info import OK, DatasetInfo, TfdsInfo
 from .publish import TFT_DIRS, already_published, publish, published_run
 
 
+@dataclass(frozen=True)
+class PostStepsSettings:
+    """What the post-steps see of the run's settings (``PostStepsFn`` on a worker, or the launcher's
+    ``run_post_steps``): the output, and which steps run with what image size and statistics."""
+
+    output: str
+    transform: bool
+    image_size: int
+    image_stats: bool
+    tfds_metadata: bool
+
+    @classmethod
+    def of(cls, cfg: ConvertConfig) -> PostStepsSettings:
+        """Built on the launcher, from the run's config."""
+        return cls(
+            output=cfg.output,
+            transform=cfg.transform,
+            image_size=cfg.image_size,
+            image_stats=cfg.image_stats,
+            tfds_metadata=cfg.tfds_metadata,
+        )
+
+
 def run_post_steps(
-    cfg: ConvertConfig,
+    settings: PostStepsSettings,
     layout: Layout,
     info: DatasetInfo,
     *,
@@ -59,9 +83,9 @@ def run_post_steps(
     def published() -> DatasetInfo | None:
         # A late attempt (a stalled worker whose retry published and cleaned up) stops here, before it
         # recreates the staging folder; one that gets past this is refused by publish.
-        return already_published(cfg.output, layout.run_id)
+        return already_published(settings.output, layout.run_id)
 
-    if cfg.transform:
+    if settings.transform:
         failpoints.hit("poststeps.step")
         if (done := published()) is not None:
             return done
@@ -71,8 +95,8 @@ def run_post_steps(
             transform = run_analysis(
                 staging,
                 info,
-                image_size=cfg.image_size,
-                image_stats=cfg.image_stats,
+                image_size=settings.image_size,
+                image_stats=settings.image_stats,
                 options=options,
                 runner=runner,
                 temp_root=temp_root,
@@ -82,7 +106,7 @@ def run_post_steps(
             raise PipelineError(f"tensorflow-transform analysis: {last_line(e)}") from e
         # What this run wrote under the TFT folders: a later publish removes these (and no other) files there.
         info = info.with_(transform={**transform, "files": tft_files(staging)})
-    if cfg.tfds_metadata:
+    if settings.tfds_metadata:
         failpoints.hit("poststeps.step")
         if (done := published()) is not None:
             return done
@@ -95,7 +119,7 @@ def run_post_steps(
     if (done := published()) is not None:
         return done
     write_text(FileSystems.join(staging, metadata.DATASET_JSON), info.to_text())
-    publish(staging, cfg.output, leased=layout.leased)
+    publish(staging, settings.output, leased=layout.leased)
     return info
 
 
@@ -115,23 +139,23 @@ def tft_files(staging: str) -> list[str]:
 class PostStepsFn(beam.DoFn):
     """The post-steps as the job's last step (``--post-steps job``); yields dataset.json's content."""
 
-    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
-        self._cfg = cfg
+    def __init__(self, settings: PostStepsSettings, layout: Layout) -> None:
+        self._settings = settings
         self._layout = layout
 
     def process(self, info: DatasetInfo, pixel_stats: Mapping[str, Any] | None = None) -> Iterator[DatasetInfo]:
-        cfg, layout = self._cfg, self._layout
+        settings, layout = self._settings, self._layout
         if info.status != OK:  # finalize decided: nothing to analyse or publish
             yield info
             return
-        done = published_run(cfg.output, layout.tmp_dir, layout.run_id, layout.leased)  # a retried step
+        done = published_run(settings.output, layout.tmp_dir, layout.run_id, layout.leased)  # a retried step
         if done is not None:
             yield done
             return
         options, runner = make_options(["--runner=DirectRunner"])
         staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
         yield run_post_steps(
-            cfg,
+            settings,
             layout,
             DatasetInfo.from_json(read_json(staging_info)),
             options=options,

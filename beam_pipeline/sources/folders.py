@@ -15,16 +15,13 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from .. import storage
-from ..config import (
-    ConvertConfig,
-    Layout,
-)
+from ..config import Layout
 from ..errors import UsageError
 from ..vocab.reasons import (
     UNREADABLE,
 )
 from ..vocab.refs import reject
-from .rules import REJECTS, SKIPPED, make_ref, relative_path, skip_reason
+from .rules import REJECTS, SKIPPED, ListSettings, make_ref, relative_path, skip_reason
 
 
 def _to_listed(metadata: Any) -> tuple[bytes, int, float]:
@@ -44,8 +41,8 @@ def _from_listed(listed: tuple[bytes, int, float]) -> tuple[str, int, float]:
 
 
 class _MatchedToRef(beam.DoFn):
-    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
-        self._cfg = cfg
+    def __init__(self, settings: ListSettings, layout: Layout) -> None:
+        self._settings = settings
         self._layout = layout
 
     def process(self, listed: tuple[bytes, int, float]) -> Iterator[Any]:
@@ -55,7 +52,7 @@ class _MatchedToRef(beam.DoFn):
         if why:
             yield beam.pvalue.TaggedOutput(SKIPPED, why)
             return
-        out = make_ref(path, relpath, size, self._cfg, self._layout, mtime=mtime)
+        out = make_ref(path, relpath, size, self._settings, self._layout, mtime=mtime)
         yield beam.pvalue.TaggedOutput(REJECTS, out) if isinstance(out, dict) else out
 
 

@@ -13,7 +13,7 @@ A manifest's label and split columns are those of any row (a combine over
 every row, not a first look), and a file named by several rows keeps one of
 them, the first by canonical JSON, whatever the rows' order.
 
-    listed = pipeline | ListInputs(cfg, layout)
+    listed = pipeline | ListInputs(ListSettings.of(cfg), layout)
     listed["refs"], listed["rejects"], listed["skipped"]
 """
 
@@ -26,10 +26,7 @@ import apache_beam as beam
 from apache_beam.io import fileio
 
 from .. import storage
-from ..config import (
-    ConvertConfig,
-    Layout,
-)
+from ..config import Layout
 from .folders import FILES, ListFolder, SpreadInBatches, _MatchedToRef, _OddLocalEntries, _to_listed, lists_whole_folder
 from .manifest import (
     ReservedColumnsSeen,
@@ -40,7 +37,7 @@ from .manifest import (
     first_row,
     manifest_sources,
 )
-from .rules import REJECTS, SKIPPED
+from .rules import REJECTS, SKIPPED, ListSettings
 
 # A manifest row naming a file an earlier row (by canonical JSON) names too.
 
@@ -69,10 +66,10 @@ class ListInputs(beam.PTransform):
     """
 
     def __init__(
-        self, cfg: ConvertConfig, layout: Layout, group_rows: Callable[[Any], Iterator[Any]] | None = None
+        self, settings: ListSettings, layout: Layout, group_rows: Callable[[Any], Iterator[Any]] | None = None
     ) -> None:
         super().__init__()
-        self._cfg = cfg
+        self._settings = settings  # what the workers see of the run's settings (built by ListSettings.of)
         self._layout = layout
         # A manifest file's rows → what StatRows takes ((path, row), or (path, row, annotations)): first_row,
         # or an annotation source's grouping of an image's object rows (annotations.table.GroupObjectRows).
@@ -98,7 +95,7 @@ class ListInputs(beam.PTransform):
             # element that still makes a Ref; everything per file comes after it
             | "SpreadFiles" >> SpreadInBatches()
         )
-        listed = spread | "ToRefs" >> beam.ParDo(_MatchedToRef(self._cfg, layout)).with_outputs(
+        listed = spread | "ToRefs" >> beam.ParDo(_MatchedToRef(self._settings, layout)).with_outputs(
             REJECTS, SKIPPED, main="refs"
         )
         rejects = listed[REJECTS]
@@ -108,7 +105,7 @@ class ListInputs(beam.PTransform):
         return {"refs": listed.refs, REJECTS: rejects, SKIPPED: listed[SKIPPED], "sources": sources}
 
     def _expand_manifest(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        cfg, layout = self._cfg, self._layout
+        cfg, layout = self._settings, self._layout
         rows = (
             pbegin
             | "ManifestPath" >> beam.Create([layout.manifest])

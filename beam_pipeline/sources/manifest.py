@@ -20,10 +20,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from .. import storage
-from ..config import (
-    ConvertConfig,
-    Layout,
-)
+from ..config import Layout
 from ..errors import UsageError
 from ..vocab.reasons import (
     DUPLICATE_ROW,
@@ -36,6 +33,8 @@ from .rules import (
     REJECTS,
     RESERVED_COLUMNS,
     SPLIT_COLUMN,
+    ListingRules,
+    ListSettings,
     label_cell,
     make_ref,
     relative_path,
@@ -148,7 +147,7 @@ class Sources(NamedTuple):
     label: str
 
 
-def manifest_sources(cfg: ConvertConfig, columns: Collection[str]) -> Sources:
+def manifest_sources(cfg: ListingRules, columns: Collection[str]) -> Sources:
     """The split and label sources of a manifest whose rows have ``columns``; UsageError for a flag that
     conflicts with them (raised inside the pipeline too: the run stops with that one line).
 
@@ -284,8 +283,8 @@ class _StatManifestRow(beam.DoFn):
     every row of the manifest.
     """
 
-    def __init__(self, cfg: ConvertConfig, layout: Layout) -> None:
-        self._cfg = cfg
+    def __init__(self, settings: ListSettings, layout: Layout) -> None:
+        self._settings = settings
         self._layout = layout
         self._resolved: tuple[Sources, Layout] | None = None
 
@@ -315,7 +314,7 @@ class _StatManifestRow(beam.DoFn):
             path,
             relpath,
             found.size_in_bytes,
-            self._cfg,
+            self._settings,
             layout,
             label_value=label_cell(row.get(LABEL_COLUMN)),
             split_value=None if row.get(SPLIT_COLUMN) is None else str(row.get(SPLIT_COLUMN)),

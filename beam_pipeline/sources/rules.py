@@ -11,7 +11,8 @@ import json
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from .. import hashing, storage
 from ..config import (
@@ -35,6 +36,57 @@ from ..vocab.reasons import (
 from ..vocab.refs import Ref, printable_path, reject
 
 REJECTS = "rejects"
+
+
+class ListingRules(Protocol):
+    """The settings that turn a listed file or manifest row into a Ref: a ``ConvertConfig`` (the launcher's
+    preflight) or the ``listing.ListSettings`` a worker sees."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def split_ratios(self) -> tuple[tuple[str, float], ...] | None: ...
+    @property
+    def allow_split_names(self) -> bool: ...
+    @property
+    def label_regex(self) -> str | None: ...
+    @property
+    def label_separator(self) -> str | None: ...
+    @property
+    def labels_from(self) -> str | None: ...
+    @property
+    def manifest_objects(self) -> str | None: ...
+    @property
+    def manifest(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ListSettings:
+    """What a listing worker sees of the run's settings (``ListInputs`` and its DoFns): the fields that
+    decide a file's split, label and shuffle key, and a manifest's sources; not the whole ``ConvertConfig``."""
+
+    seed: int
+    split_ratios: tuple[tuple[str, float], ...] | None
+    allow_split_names: bool
+    label_regex: str | None
+    label_separator: str | None
+    labels_from: str | None
+    manifest_objects: str | None
+    manifest: str | None
+
+    @classmethod
+    def of(cls, cfg: ConvertConfig) -> ListSettings:
+        """Built on the launcher, from the run's config."""
+        return cls(
+            seed=cfg.seed,
+            split_ratios=cfg.split_ratios,
+            allow_split_names=cfg.allow_split_names,
+            label_regex=cfg.label_regex,
+            label_separator=cfg.label_separator,
+            labels_from=cfg.labels_from,
+            manifest_objects=cfg.manifest_objects,
+            manifest=cfg.manifest,
+        )
 
 
 SKIPPED = "skipped"
@@ -102,7 +154,7 @@ def _outside_split_folders(relpath: str) -> str:
     )
 
 
-def label_for(relpath: str, column_value: str | None, cfg: ConvertConfig, layout: Layout) -> str | None:
+def label_for(relpath: str, column_value: str | None, cfg: ListingRules, layout: Layout) -> str | None:
     """The label text of one input under the run's label source; None if it has none."""
     source = layout.label_source
     if source == "none":
@@ -167,7 +219,7 @@ def make_ref(
     path: str,
     relpath: str,
     size: int,
-    cfg: ConvertConfig,
+    cfg: ListingRules,
     layout: Layout,
     *,
     label_value: Any = None,
