@@ -241,7 +241,6 @@ def test_train_pixel_stats_transform_reads_each_shard_and_matches_dataset_json(d
     from apache_beam.testing.util import assert_that
 
     from beam_pipeline.analysis import TrainPixelStats
-    from beam_pipeline.vocab.dataset_info import DatasetInfo
 
     from .conftest import local_pipeline
 
