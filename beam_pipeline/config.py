@@ -12,8 +12,8 @@ import datetime
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from .errors import UsageError
 
@@ -486,3 +486,12 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError("--image-stats needs the transform step (drop --no-transform)")
     if cfg.decode_threads < 0:
         raise UsageError("--decode-threads must be 0 (one per core) or more")
+
+
+_Settings = TypeVar("_Settings")
+
+
+def settings_for(record: type[_Settings], cfg: ConvertConfig, **computed: Any) -> _Settings:
+    """A worker's settings record (a dataclass of the few settings a step needs) filled from the run's config:
+    each field is the config's attribute of the same name, unless ``computed`` gives it. Built on the launcher."""
+    return record(**{f.name: computed[f.name] if f.name in computed else getattr(cfg, f.name) for f in fields(record)})

@@ -226,3 +226,18 @@ def test_a_template_parameter_false_for_a_setting_on_by_default_becomes_its_no_f
         assert to_cli_args([odd]) == [odd]
         with pytest.raises(UsageError):
             parse_convert(["--input", "in", "--output", "out", *to_cli_args([odd])])
+
+
+def test_a_workers_settings_are_the_configs_fields_of_those_names_or_what_the_launcher_computed():
+    from beam_pipeline.config import settings_for
+
+    @dataclasses.dataclass(frozen=True)
+    class Seen:
+        output: str
+        seed: int
+        multi_label: bool
+
+    cfg = ConvertConfig(output="/o", name="n", input="/i", seed=7, label_separator=",")
+    assert settings_for(Seen, cfg, multi_label=True) == Seen("/o", 7, True)
+    with pytest.raises(AttributeError):  # a field the config does not have must be computed
+        settings_for(Seen, cfg)

@@ -28,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from .. import failpoints, index, lease, metadata, resume
 from ..annotations import masks, objects
-from ..config import ConvertConfig, Layout
+from ..config import ConvertConfig, Layout, settings_for
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
 from ..vocab.records import ShardResult
@@ -155,19 +155,7 @@ class FinalizeSettings:
     @classmethod
     def of(cls, cfg: ConvertConfig) -> FinalizeSettings:
         """Built on the launcher, from the run's config."""
-        return cls(
-            output=cfg.output,
-            name=cfg.name,
-            compression=cfg.compression,
-            seed=cfg.seed,
-            sink=cfg.sink,
-            multi_label=cfg.label_separator is not None,
-            max_reject_fraction=cfg.max_reject_fraction,
-            reject_allowance=cfg.reject_allowance,
-            detach=cfg.detach,
-            needs_post_steps=cfg.needs_post_steps,
-            config=cfg.as_dict(),
-        )
+        return settings_for(cls, cfg, multi_label=cfg.label_separator is not None, config=cfg.as_dict())
 
 
 class FinalizeFn(beam.DoFn):

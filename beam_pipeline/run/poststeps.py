@@ -31,7 +31,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from .. import failpoints, metadata
-from ..config import ConvertConfig, Layout
+from ..config import ConvertConfig, Layout, settings_for
 from ..errors import PipelineError, last_line
 from ..runner import make_options
 from ..storage import read_json, write_text
@@ -53,13 +53,7 @@ class PostStepsSettings:
     @classmethod
     def of(cls, cfg: ConvertConfig) -> PostStepsSettings:
         """Built on the launcher, from the run's config."""
-        return cls(
-            output=cfg.output,
-            transform=cfg.transform,
-            image_size=cfg.image_size,
-            image_stats=cfg.image_stats,
-            tfds_metadata=cfg.tfds_metadata,
-        )
+        return settings_for(cls, cfg)
 
 
 def run_post_steps(

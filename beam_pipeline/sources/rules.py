@@ -22,6 +22,7 @@ from ..config import (
     ConvertConfig,
     Layout,
     closest_split,
+    settings_for,
     split_name_problem,
 )
 from ..metadata import REJECT_FIELDS, line_break_problem
@@ -77,16 +78,7 @@ class ListSettings:
     @classmethod
     def of(cls, cfg: ConvertConfig) -> ListSettings:
         """Built on the launcher, from the run's config."""
-        return cls(
-            seed=cfg.seed,
-            split_ratios=cfg.split_ratios,
-            allow_split_names=cfg.allow_split_names,
-            label_regex=cfg.label_regex,
-            label_separator=cfg.label_separator,
-            labels_from=cfg.labels_from,
-            manifest_objects=cfg.manifest_objects,
-            manifest=cfg.manifest,
-        )
+        return settings_for(cls, cfg)
 
 
 SKIPPED = "skipped"
