@@ -24,10 +24,10 @@ if [[ "$mode" != fast ]]; then
   .venv/bin/mkdocs build --strict --site-dir "$site_dir"
 fi
 # The unit, pipeline and e2e layers run on TEST_WORKERS pytest-xdist workers (default 3: the e2e tests wait on
-# their processes as much as they compute, so a third worker still gains on 2 cores), a test file per worker
-# (tests/conftest.py). The cluster layer runs after them on its own: one cluster at a time, on a quiet machine
+# their processes as much as they compute, so a third worker still gains on 2 cores), tests dealt one by one;
+# tests that build the package from the checkout take a lock (tests/conftest.py). The cluster layer runs after them on its own: one cluster at a time, on a quiet machine
 # (a Flink job server under the load of three other workers timed out in a trial).
-workers=(-n "${TEST_WORKERS:-3}" --dist loadgroup)
+workers=(-n "${TEST_WORKERS:-3}")
 ran=0
 step() {  # pytest "$@"; with the user's filters a step may select nothing (exit 5), as long as one selects some
   local rc=0

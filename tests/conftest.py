@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,17 +74,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _hide_markers(item, inherited - own)
     if problems:
         raise pytest.UsageError(f"every test needs exactly one of {', '.join(LAYERS)}:\n" + "\n".join(problems))
-    _group_for_workers(items)
-
-
-def _group_for_workers(items: list[pytest.Item]) -> None:
-    """pytest-xdist's groups (scripts/test.sh runs ``-n auto --dist loadgroup``): a test file's tests stay on
-    one worker, so a module's shared conversion is made once; the cluster tests share one group (one Flink or
-    Spark cluster on its fixed loopback ports at a time) and go first, being the longest."""
-    for item in items:
-        cluster = item.get_closest_marker("cluster") is not None
-        item.add_marker(pytest.mark.xdist_group("cluster" if cluster else item.nodeid.split("::", 1)[0]))
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)  # stable: file order otherwise
 
 
 def _hide_markers(item: pytest.Item, names: set[str]) -> None:
@@ -268,6 +258,20 @@ def _no_prism():
 
 
 BUCKET = "beam-pipeline-test"
+
+
+@pytest.fixture
+def checkout_build_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Held while a test builds or installs the package from this checkout (setup.py sdist, a wheel, pip
+    install): each writes beam_pipeline.egg-info/ and a release tree beside setup.py, so two at once, on two
+    pytest-xdist workers, break each other. The lock file sits in the folder every worker's temp folder is in."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    with open(root / "checkout-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

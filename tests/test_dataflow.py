@@ -15,7 +15,7 @@ import pytest
 from .conftest import BUCKET, REPO, gcs_that_does_not_answer, run_cli
 from .imagegen import image_bytes
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("checkout_build_lock")]
 
 DATAFLOW_ENV = {"GCP_PROJECT": "my-project", "GCP_REGION": "europe-west1", "GCS_BUCKET": BUCKET}
 

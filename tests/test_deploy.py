@@ -18,7 +18,7 @@ from beam_pipeline.flex_main import convert_args
 
 from .conftest import REPO
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("checkout_build_lock")]
 
 EXAMPLES = {
     "input": "gs://b/photos",

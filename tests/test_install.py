@@ -19,7 +19,7 @@ from beam_pipeline.run import local
 from .conftest import REPO, convert, load_info
 from .imagegen import image_bytes, write
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("checkout_build_lock")]
 
 CONVERTER_MODULES = ("apache_beam", "PIL", "yaml")
 
