@@ -325,6 +325,21 @@ def compute_pixel_stats(shard_paths: Sequence[str], image_size: int, *, options:
         return json.loads(fh.read().decode("utf-8"))
 
 
+def train_pixel_stats(
+    staging: str, info: DatasetInfo, image_size: int, *, options: Any, runner: Any, temp_root: str | None
+) -> dict[str, Any]:
+    """The train split's statistics, by ``compute_pixel_stats`` on the run's runner (post-steps in the
+    launcher), before the graph they enter is looked up or built."""
+    files = [FileSystems.join(staging, file) for file in info.shard_files("train")]
+    if not files:
+        raise ValueError("--image-stats needs a train split")
+    work = storage.make_temp_folder(temp_root, "beam_pipeline-stats-")
+    try:
+        return compute_pixel_stats(files, image_size, options=options, runner=runner, work=work)
+    finally:
+        storage.remove_temp_folder(work)
+
+
 def copy_tree(src_dir: str, dest: str) -> None:
     """Copies a folder (local or gs://) into ``dest`` (local or gs://) through Beam FileSystems."""
     prefix = src_dir.rstrip("/") + "/"

@@ -274,6 +274,16 @@ def checkout_build_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def graph_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The TFT graph cache (run/graph_cache.py) of the test session, shared by the xdist workers (its entries
+    are renamed into place whole), never the user's ~/.cache. CLI runs inherit it."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    os.environ["BEAM_PIPELINE_GRAPH_CACHE"] = str(root / "graph-cache")
+    return root / "graph-cache"
+
+
 @pytest.fixture(scope="session")
 def gcs():
     """A GCS protocol server on loopback (gcp-storage-emulator); CLI runs inherit its address."""

@@ -18,7 +18,8 @@ between two runs of the same command in two temp folders (each checked so, and e
   (sources, annotation files), TFDS's dataset_info.json;
 - in dataset.json: ``run_id`` and the killed run's id in ``resumed.from_runs`` (start time and a random
   part); and ``versions``, stable between runs but ``beam_pipeline_code`` is a digest of the package's
-  source, which moving code changes by definition (library versions change with the environment);
+  source, which moving code changes by definition (library versions change with the environment), and
+  ``transform.graph_key``, a digest of them among the graph's inputs;
 - rejects.jsonl is compared sorted by line: its order follows a hash of each reject's path, and a
   rejected annotation file's path is absolute (VOC's), so the order moves with the temp folder;
 - gs:// input: the ``mtime`` fields of index.jsonl and rejects.jsonl (the emulator's upload time);
@@ -293,6 +294,8 @@ def normal_dataset_json(text: str, wtt: bool) -> str:
         return text
     info["run_id"] = "<RUN_ID>"
     info["versions"] = {k: "<VERSION>" for k in info.get("versions", {})}
+    if "graph_key" in (info.get("transform") or {}):  # a digest of the versions and the code, as above
+        info["transform"]["graph_key"] = "<GRAPH_KEY>"
     if "resumed" in info:
         info["resumed"]["from_runs"] = ["<RUN_ID>" for _ in info["resumed"]["from_runs"]]
     if wtt:

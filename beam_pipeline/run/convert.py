@@ -244,6 +244,15 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
         return info
     options, runner = make_options(beam_args)
     remote_temp = options.view_as(GoogleCloudOptions).temp_location if runner is None else None
+    from . import graph_cache
+
     return run_post_steps(
-        PostStepsSettings.of(cfg), layout, info, options=options, runner=runner, temp_root=remote_temp
+        PostStepsSettings.of(cfg),
+        layout,
+        info,
+        options=options,
+        runner=runner,
+        temp_root=remote_temp,
+        # a launcher beside Dataflow reuses the previous dataset's graph only, as the job would
+        graph_cache=graph_cache.cache_folder() if runner is not None else None,
     )

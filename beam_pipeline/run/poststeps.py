@@ -23,6 +23,7 @@ work again, over what a failed attempt left in the staging folder.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from ..runner import make_options
 from ..storage import read_json, write_text
 from ..vocab.dataset_info import OK, DatasetInfo, TfdsInfo
 from .publish import TFT_DIRS, already_published, publish, published_run
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,12 @@ def run_post_steps(
     runner: Any,
     temp_root: str | None,
     pixel_stats: Mapping[str, Any] | None = None,
+    graph_cache: str | None = None,
 ) -> DatasetInfo:
     """TFT artifacts and TFDS metadata into the staging folder, then publish. Returns dataset.json's content.
 
     ``pixel_stats``: the train split's statistics when the job computed them (``--image-stats``).
+    ``graph_cache``: the local graph cache's folder (``run.graph_cache``), for post-steps in the launcher.
     """
     from .. import tfds_metadata
 
@@ -83,23 +88,11 @@ def run_post_steps(
         failpoints.hit("poststeps.step")
         if (done := published()) is not None:
             return done
-        from ..analysis import run_analysis
-
         try:
-            transform = run_analysis(
-                staging,
-                info,
-                image_size=settings.image_size,
-                image_stats=settings.image_stats,
-                options=options,
-                runner=runner,
-                temp_root=temp_root,
-                pixel_stats=pixel_stats,
-            )
+            transform = _graph(settings, layout, info, options, runner, temp_root, pixel_stats, graph_cache)
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {last_line(e)}") from e
-        # What this run wrote under the TFT folders: a later publish removes these (and no other) files there.
-        info = info.with_(transform={**transform, "files": tft_files(staging)})
+        info = info.with_(transform=transform)
     if settings.tfds_metadata:
         failpoints.hit("poststeps.step")
         if (done := published()) is not None:
@@ -115,6 +108,49 @@ def run_post_steps(
     write_text(FileSystems.join(staging, metadata.DATASET_JSON), info.to_text())
     publish(staging, settings.output, leased=layout.leased)
     return info
+
+
+def _graph(
+    settings: PostStepsSettings,
+    layout: Layout,
+    info: DatasetInfo,
+    options: Any,
+    runner: Any,
+    temp_root: str | None,
+    pixel_stats: Mapping[str, Any] | None,
+    cache: str | None,
+) -> dict[str, Any]:
+    """The TFT graph into the staging folder, reused (``run.graph_cache``) or built; dataset.json's
+    ``transform`` block (with the files written, which a later publish replaces)."""
+    from . import graph_cache
+
+    staging = layout.tmp_dir
+    if settings.image_stats and pixel_stats is None:
+        from ..analysis import train_pixel_stats
+
+        pixel_stats = train_pixel_stats(
+            staging, info, settings.image_size, options=options, runner=runner, temp_root=temp_root
+        )
+    key = graph_cache.graph_key(info, settings.image_size, pixel_stats if settings.image_stats else None)
+    reused = graph_cache.reuse(key, staging, previous=layout.previous, cache=cache)
+    if reused is not None:
+        transform, source = reused
+        _LOG.info("TFT graph %s: %s", key, source)
+    else:
+        from ..analysis import run_analysis
+
+        transform = run_analysis(
+            staging,
+            info,
+            image_size=settings.image_size,
+            image_stats=settings.image_stats,
+            options=options,
+            runner=runner,
+            temp_root=temp_root,
+            pixel_stats=pixel_stats,
+        )
+        graph_cache.remember(key, staging, transform, tft_files(staging), cache)
+    return {**transform, "graph_key": key, "files": tft_files(staging)}
 
 
 def tft_files(staging: str) -> list[str]:
