@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -573,6 +574,20 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
+def _thread_error_to_log(args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught error goes to the log (shown with --verbose), not to stderr as a traceback.
+
+    The threads that end so are the runner's: Beam's local job service raises in its own thread when a
+    worker process exits (a Ctrl-C reaches the whole process group, worker processes too). The job fails
+    with it, and main() reports that failure, or the interrupt behind it, in one line.
+    """
+    import traceback
+
+    name = args.thread.name if args.thread is not None else "?"
+    text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+    logging.getLogger(__name__).info("thread %s ended by an error:\n%s", name, text.rstrip())
+
+
 def console_main() -> None:
     """Entry point of ``beam-pipeline`` and ``python -m beam_pipeline``: main(), then a fast exit.
 
@@ -581,6 +596,7 @@ def console_main() -> None:
     adds seconds (measured 1.5-2.5 s after a TFT run); every file this tool
     writes is closed by then, so the process leaves with os._exit.
     """
+    threading.excepthook = _thread_error_to_log
     try:
         code = main(started=process_started())
     except KeyboardInterrupt:  # a second Ctrl-C while the first one was being handled

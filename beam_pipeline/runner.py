@@ -8,6 +8,9 @@ as the job's last step), so none of them imports another for it.
 
 from __future__ import annotations
 
+import math
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +24,35 @@ LOCAL_RUNNERS = {"", "direct", "directrunner", "switchingdirectrunner", "fnapiru
 # Refused: Prism fetches its binary from GitHub when the job starts, and this tool downloads nothing at run
 # time (a local run is the Python engine above, which needs no download).
 REFUSED_RUNNERS = {"prism", "prismrunner"}
+
+
+# What one conversion costs per image, measured on 16,171 JPEGs of ~93 KB (docs/benchmarks.md, "Cores"): CPU
+# time, and how much of it holds the GIL (py-spy --gil). One interpreter cannot keep more than their ratio
+# (~4.3) of cores busy, however many decode threads it runs.
+CPU_MS_PER_IMAGE = 1.87
+GIL_MS_PER_IMAGE = 0.43
+# Set for the worker processes of a local multi_processing run: how many share the machine (writer/budget.py
+# divides the memory budget and the decode threads by it).
+LOCAL_PROCESSES_ENV = "BEAM_PIPELINE_LOCAL_PROCESSES"
+
+
+def single_process_ceiling() -> float:
+    """How many cores' worth of conversion one process can use: CPU per image over GIL-held time per image."""
+    return CPU_MS_PER_IMAGE / GIL_MS_PER_IMAGE
+
+
+def local_processes(cores: int) -> int:
+    """The local default's worker processes for ``cores``: one while one process can feed them all (up to
+    4 cores), then one more per ~4.3 cores (8 cores: 2, 16: 4)."""
+    return max(1, math.ceil(cores / single_process_ceiling()))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or ``taskset``'s limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def runner_key(name: str | None) -> str:
@@ -57,14 +89,50 @@ def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
         # Measured (README, "Local runs"): one in-process worker whose shard
         # writer decodes on one thread per core is as fast as multi_threading
         # with a worker per core, and needs ~100 MB less (no gRPC buffers).
+        # Past what one interpreter can feed (local_processes), several worker processes, as on Dataflow.
+        # Either flag given: the user's choice, with Beam's default for the other (in_memory, 1 worker).
         direct = options.view_as(DirectOptions)
         given = " ".join(beam_args)
-        if "direct_running_mode" not in given:
-            direct.direct_running_mode = "in_memory"
-        if "direct_num_workers" not in given:
-            direct.direct_num_workers = 1
+        if "direct_running_mode" not in given and "direct_num_workers" not in given:
+            processes = local_processes(usable_cores())
+            direct.direct_running_mode = "in_memory" if processes == 1 else "multi_processing"
+            direct.direct_num_workers = processes
+        if direct.direct_running_mode == "multi_processing":
+            # inherited by the worker processes the runner starts
+            os.environ[LOCAL_PROCESSES_ENV] = str(direct.direct_num_workers or usable_cores())
+            return options, _worker_processes_runner_class()(provision_info=_provision_info(options))
         return options, FnApiRunner(provision_info=_provision_info(options))
     return options, None
+
+
+WORKER_MODULE = "beam_pipeline.run.sdk_worker"
+
+
+def _worker_processes_runner_class() -> type:
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.transforms import environments
+
+    class WorkerProcessesRunner(FnApiRunner):
+        """Beam's engine with ``direct_num_workers`` worker processes running ``run/sdk_worker.py`` (Beam's
+        own worker, ending quietly on Ctrl-C) instead of Beam's worker module."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            command = f"{sys.executable} -m {WORKER_MODULE}"
+            environment = environments.SubprocessSDKEnvironment.from_command_string(command_string=command)
+            super().__init__(default_environment=environment, **kwargs)
+
+        def run_pipeline(self, pipeline: Any, options: PipelineOptions) -> Any:
+            direct = options.view_as(DirectOptions)
+            mode = direct.direct_running_mode
+            # FnApiRunner replaces the environment for "multi_processing" with Beam's worker command; left unset,
+            # it keeps this one (same worker count, same protocol). Runs to the end before it returns.
+            direct.direct_running_mode = None
+            try:
+                return super().run_pipeline(pipeline, options)
+            finally:
+                direct.direct_running_mode = mode
+
+    return WorkerProcessesRunner
 
 
 def _provision_info(options: PipelineOptions) -> Any:

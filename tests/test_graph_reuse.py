@@ -36,7 +36,7 @@ def convert_watched(*args: str) -> bool:
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return re.search(r"^import time:.*\| tensorflow$", proc.stderr, re.MULTILINE) is not None
+    return re.search(r"^import time:.*\|\s+tensorflow$", proc.stderr, re.MULTILINE) is not None
 
 
 def graph_bytes(out: Path) -> dict[str, bytes]:

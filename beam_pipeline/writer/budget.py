@@ -147,16 +147,33 @@ def process_pool(kind: str, threads: int) -> ThreadPoolExecutor:
 def sdk_processes_per_machine() -> int:
     """How many processes of this job share this machine's memory budget.
 
-    In the launching process (the local default): 1. In a separate SDK worker
-    process (Dataflow starts one per vCPU; local ``multi_processing`` starts
-    ``direct_num_workers``): ``os.cpu_count()``, which is exact on Dataflow
-    and errs on the small side locally.
+    In the launching process (the local default up to 4 cores): 1. In a
+    worker process of a local ``multi_processing`` run: the number the
+    launcher started (``runner.LOCAL_PROCESSES_ENV``). In another SDK worker
+    process (Dataflow starts one per vCPU): ``os.cpu_count()``.
     """
+    if _in_sdk_worker_process():
+        return _local_processes() or os.cpu_count() or 1
+    return 1
+
+
+def _in_sdk_worker_process() -> bool:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name == "apache_beam.runners.worker.sdk_worker_main":
-        return os.cpu_count() or 1
-    return 1
+    return spec is not None and spec.name in (
+        "apache_beam.runners.worker.sdk_worker_main",
+        "beam_pipeline.run.sdk_worker",
+    )
+
+
+def _local_processes() -> int | None:
+    """In a worker process of a local multi_processing run: how many the launcher started (runner.py)."""
+    from ..runner import LOCAL_PROCESSES_ENV
+
+    try:
+        return max(1, int(os.environ.get(LOCAL_PROCESSES_ENV, "")))
+    except ValueError:
+        return None
 
 
 def budgets(options: ImageOptions) -> tuple[Budget, Budget]:
@@ -167,4 +184,10 @@ def budgets(options: ImageOptions) -> tuple[Budget, Budget]:
 
 
 def decode_threads(requested: int) -> int:
-    return requested if requested > 0 else (os.cpu_count() or 1)
+    """``--decode-threads``, or one per core; in a worker process of a local multi_processing run, the cores
+    shared among the processes (each process's threads on its share)."""
+    if requested > 0:
+        return requested
+    cores = os.cpu_count() or 1
+    processes = _local_processes() if _in_sdk_worker_process() else None
+    return max(1, -(-cores // processes)) if processes else cores

@@ -1,0 +1,133 @@
+"""Local runs past one interpreter: how many worker processes the default picks, what each one takes of the
+machine, and a Ctrl-C that ends every process of a run on several."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from apache_beam.options.pipeline_options import DirectOptions
+
+from beam_pipeline import runner
+from beam_pipeline.cli import INTERRUPTED
+from beam_pipeline.images.options import ImageOptions
+from beam_pipeline.writer import budget
+
+from .conftest import REPO, convert
+from .test_resume import ARGS, QUICK, make_source, same_output
+
+pytestmark = pytest.mark.unit
+
+MULTI = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
+
+
+def test_one_process_while_one_can_feed_the_cores_then_one_per_ceiling():
+    assert 4.0 < runner.single_process_ceiling() < 4.5  # 1.87 ms of CPU per image, 0.43 ms of it holding the GIL
+    assert [runner.local_processes(c) for c in (1, 2, 4, 5, 8, 9, 16, 64)] == [1, 1, 1, 2, 2, 3, 4, 15]
+
+
+def _direct(options) -> tuple[str, int]:
+    d = options.view_as(DirectOptions)
+    return d.direct_running_mode, d.direct_num_workers
+
+
+def test_the_default_picks_processes_by_cores_and_the_users_flags_win(monkeypatch):
+    monkeypatch.setenv(runner.LOCAL_PROCESSES_ENV, "unset")  # restored by monkeypatch: make_options sets it
+    monkeypatch.setattr(runner, "usable_cores", lambda: 2)
+    options, engine = runner.make_options([])
+    assert _direct(options) == ("in_memory", 1) and type(engine).__name__ == "FnApiRunner"
+
+    monkeypatch.setattr(runner, "usable_cores", lambda: 8)
+    options, engine = runner.make_options([])
+    assert _direct(options) == ("multi_processing", 2) and type(engine).__name__ == "WorkerProcessesRunner"
+    assert os.environ[runner.LOCAL_PROCESSES_ENV] == "2"
+
+    options, engine = runner.make_options(["--direct_running_mode=in_memory"])  # the user's choice
+    assert _direct(options) == ("in_memory", 1) and type(engine).__name__ == "FnApiRunner"
+    options, _ = runner.make_options(["--direct_num_workers=3", "--direct_running_mode=multi_processing"])
+    assert _direct(options) == ("multi_processing", 3) and os.environ[runner.LOCAL_PROCESSES_ENV] == "3"
+
+
+def test_a_local_worker_process_takes_its_share_of_the_memory_and_the_cores(monkeypatch):
+    options = ImageOptions(memory_budget_bytes=600 * 2**20)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.delenv(runner.LOCAL_PROCESSES_ENV, raising=False)
+    assert budget.sdk_processes_per_machine() == 1 and budget.decode_threads(0) == 8  # the launcher itself
+
+    monkeypatch.setattr(budget, "_in_sdk_worker_process", lambda: True)
+    assert budget.sdk_processes_per_machine() == 8  # Dataflow: one SDK process per vCPU
+    monkeypatch.setenv(runner.LOCAL_PROCESSES_ENV, "3")
+    assert budget.sdk_processes_per_machine() == 3
+    assert budget.decode_threads(0) == 3 and budget.decode_threads(5) == 5  # 8 cores over 3 processes; the flag
+    share = options.memory_budget_bytes // 3
+    reads, decodes = budget.budgets(options)
+    assert reads.capacity + decodes.capacity == pytest.approx(share, abs=1)
+
+
+# The conversion on two worker processes, each stalled at its 3rd record (the file the pause names is made),
+# so that it is surely converting when the Ctrl-C comes.
+@pytest.mark.e2e
+def test_ctrl_c_ends_every_worker_process_with_one_line_and_the_same_command_resumes(tmp_path):
+    src, out, ref = tmp_path / "src", tmp_path / "out", tmp_path / "ref"
+    make_source(src)
+    args = ["convert", "--input", str(src), "--output", str(out), *ARGS, *QUICK, *MULTI]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "BEAM_PIPELINE_FAILPOINTS": "writer.record:3:pause",
+        "BEAM_PIPELINE_FAILPOINTS_PAUSE": str(tmp_path / "paused"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "beam_pipeline", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores SIGINT
+    )
+    try:
+        for _ in range(1200):
+            if (tmp_path / "paused").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        workers = _group(proc.pid) - {proc.pid}
+        assert len(workers) >= 2, workers  # the worker processes (and the shells Beam starts them with)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
+        stdout, stderr = proc.communicate(timeout=120)
+        for _ in range(100):
+            if not _group(proc.pid):
+                break
+            time.sleep(0.1)
+        assert not _group(proc.pid), "a process of the run outlived the Ctrl-C"
+    finally:
+        if _group(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert stderr == INTERRUPTED + "\n"
+    assert stdout == ""
+    assert not (out / "_SUCCESS").exists()
+
+    convert("--input", str(src), "--output", str(out), *ARGS, *QUICK, *MULTI)
+    convert("--input", str(src), "--output", str(ref), *ARGS, *QUICK)  # one process, never interrupted
+    same_output(out, ref)
+
+
+def _group(pgid: int) -> set[int]:
+    """The live processes of a process group."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
