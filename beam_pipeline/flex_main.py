@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from beam_pipeline.cli import CONFIG_KEYS, main
-from beam_pipeline.flags import NEGATIONS
+from beam_pipeline.cli import main
+from beam_pipeline.flags import CONFIG_KEYS, NEGATIONS
 
 
 def to_cli_args(params: Sequence[str]) -> list[str]:
