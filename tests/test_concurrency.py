@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -683,3 +684,26 @@ def test_tft_files_of_a_version_that_did_not_list_them_go_with_its_dataset(tmp_p
     assert not [d for d in publish.TFT_DIRS if (out / d).exists()]
     convert("--input", str(src), "--output", str(out), "--overwrite", transform=True)
     assert "transform" in _check_complete(out)
+
+
+@pytest.mark.unit
+def test_two_sdist_builds_from_one_setup_folder_take_turns(tmp_path):
+    """Two runs submitted from one checkout at once: the second waits for the first's ``setup.py sdist``, which
+    writes beside setup.py (the tests' own builds broke each other so). The lock is on the folder: no file."""
+    from beam_pipeline.run.workers import setup_folder_lock
+
+    order: list[str] = []
+    with setup_folder_lock(str(tmp_path)):
+        second = threading.Thread(target=lambda: _take(setup_folder_lock(str(tmp_path)), order))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive()  # waiting for the first
+        order.append("first done")
+    second.join(10)
+    assert order == ["first done", "second"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _take(lock, order: list[str]) -> None:
+    with lock:
+        order.append("second")

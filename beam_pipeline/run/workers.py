@@ -6,10 +6,11 @@ staged for them, and the pipeline options every run starts from.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
@@ -208,6 +209,21 @@ def _without_flags(args: Sequence[str], flags: Sequence[str]) -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def setup_folder_lock(setup_dir: str) -> Iterator[None]:
+    """Held while ``setup.py sdist`` runs in ``setup_dir``: it writes ``<name>.egg-info/`` and a release tree
+    beside setup.py, so two runs submitted from one checkout at once would break each other's build. The lock
+    is on the folder itself (flock on its descriptor): runs in other processes share it, and no file is left."""
+    import fcntl
+
+    fd = os.open(setup_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _built_sdist(setup_file: str, folder: str) -> str:
     """The sdist of ``setup_file`` (a setup.py), built in ``folder``; what Beam's stager would stage.
 
@@ -222,13 +238,15 @@ def _built_sdist(setup_file: str, folder: str) -> str:
     if not os.path.isfile(setup_file):
         raise UsageError(f"--setup_file {setup_file}: no such file")
     dist = tempfile.mkdtemp(prefix="sdist-", dir=folder)
-    done = subprocess.run(
-        [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist],
-        cwd=os.path.dirname(os.path.abspath(setup_file)),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    setup_dir = os.path.dirname(os.path.abspath(setup_file))
+    with setup_folder_lock(setup_dir):
+        done = subprocess.run(
+            [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist],
+            cwd=setup_dir,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     archives = glob.glob(os.path.join(dist, "*.tar.gz"))
     if done.returncode or len(archives) != 1:
         said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]

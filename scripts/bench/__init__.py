@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("profile", "CPU per image, stage by stage, inside convert (--pipeline, --parts, --timeline)"),
     "detection": ("detection", "CPU per image of --coco boxes/masks against classification (--parts)"),
     "startup": ("startup", "wall time of the demo's small job, start-up included, per mode"),
+    "graph": ("graph", "a small job with defaults (graph cold, cached, a night's) against --no-transform"),
+    "cores": ("cores", "CPU and GIL-held ms per image, one process's ceiling, rates on 1 and 2 processes"),
     "hostile": ("hostile", "hostile and oversized files beside ordinary images, converted at defaults"),
     "plan-scale": ("plan_scale", "plan over a 1 M-row manifest and a 200k-file folder: time, RSS per file"),
     "coco-scale": ("coco_scale", "--coco with up to 1 M annotations: time and RSS"),
