@@ -39,7 +39,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -60,6 +60,27 @@ _MEAN, _STD = "image_mean", "image_std"
 
 # Per-channel moments of a set of pixels: (count, mean per channel, sum of squared deviations per channel).
 Moments = tuple[int, tuple[float, ...], tuple[float, ...]]
+
+
+class PixelStats(TypedDict):
+    """The train split's per-channel statistics (``--image-stats``), as the graph takes them."""
+
+    image_mean: list[float]
+    image_std: list[float]  # population std, as tft.var
+    pixels: int
+
+
+class TransformInfo(TypedDict, total=False):
+    """What dataset.json's ``transform`` block records of the analysis (the post-steps add ``graph_key`` and
+    ``files``); the statistics only with ``--image-stats``."""
+
+    image_size: int
+    aspect: str
+    outputs: list[str]
+    label_vocabulary: str | None
+    image_mean: list[float]
+    image_std: list[float]
+    stats_split: str
 
 
 @contextlib.contextmanager
@@ -218,7 +239,7 @@ def moments_of(pixels: Any) -> Moments:
     return len(values), tuple(float(v) for v in mean), tuple(float(v) for v in m2)
 
 
-def stats_from_moments(moments: Moments) -> dict[str, Any]:
+def stats_from_moments(moments: Moments) -> PixelStats:
     """{"image_mean", "image_std" (population, as tft.var), "pixels"}."""
     n, mean, m2 = moments
     return {
@@ -308,7 +329,9 @@ class TrainPixelStats(beam.PTransform):
         )
 
 
-def compute_pixel_stats(shard_paths: Sequence[str], image_size: int, *, options: Any, runner: Any, work: str) -> dict:
+def compute_pixel_stats(
+    shard_paths: Sequence[str], image_size: int, *, options: Any, runner: Any, work: str
+) -> PixelStats:
     """``TrainPixelStats`` as a pipeline of its own (post-steps in the launcher), on the run's runner."""
     result_path = FileSystems.join(work, "pixel_stats.json")
     with beam.Pipeline(runner=runner, options=options) as p:
@@ -327,7 +350,7 @@ def compute_pixel_stats(shard_paths: Sequence[str], image_size: int, *, options:
 
 def train_pixel_stats(
     staging: str, info: DatasetInfo, image_size: int, *, options: Any, runner: Any, temp_root: str | None
-) -> dict[str, Any]:
+) -> PixelStats:
     """The train split's statistics, by ``compute_pixel_stats`` on the run's runner (post-steps in the
     launcher), before the graph they enter is looked up or built."""
     files = [FileSystems.join(staging, file) for file in info.shard_files("train")]
@@ -357,7 +380,7 @@ def copy_tree(src_dir: str, dest: str) -> None:
 _TFT_LOCK = threading.Lock()
 
 
-def run_analysis(output_dir: str, info: DatasetInfo, **settings: Any) -> dict[str, Any]:
+def run_analysis(output_dir: str, info: DatasetInfo, **settings: Any) -> TransformInfo:
     """``_analyze`` (the TFT artifacts into ``output_dir``; what dataset.json records), one run at a time."""
     with _TFT_LOCK:
         return _analyze(output_dir, info, **settings)
@@ -373,7 +396,7 @@ def _analyze(
     runner: Any,
     temp_root: str | None = None,
     pixel_stats: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> TransformInfo:
     """Analyzes the written dataset, writes the TFT artifacts into ``output_dir``.
 
     With ``image_stats``, ``pixel_stats`` is what ``TrainPixelStats``
@@ -423,7 +446,7 @@ def _analyze(
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(local_out)
             _ = metadata | "WriteRawMetadata" >> tft_beam.WriteMetadata(FileSystems.join(local_out, RAW_METADATA), p)
 
-        result: dict[str, Any] = {
+        result: TransformInfo = {
             "image_size": image_size,
             "aspect": "resize_with_pad",
             "outputs": sorted(_outputs(local_out)),

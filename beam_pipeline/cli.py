@@ -29,6 +29,7 @@ from .summary import summary
 from .vocab.dataset_info import DatasetInfo
 
 if TYPE_CHECKING:
+    from .planning import PlanSummary
     from .run.convert import NotRunHere
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
@@ -303,7 +304,7 @@ def _scratch_note(output: str, own_run_id: str = "") -> list[str]:
         return []
 
 
-def _plan_text(plan: dict[str, Any]) -> str:
+def _plan_text(plan: PlanSummary) -> str:
     lines = [f"plan for {plan['output']} (target {plan['target_shard_mb']:g} MB per shard; no pixels read)"]
     for split, s in plan["splits"].items():
         sizes = s["shard_bytes"] or [0]

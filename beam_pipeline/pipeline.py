@@ -10,7 +10,7 @@ p.run().wait_until_finish()
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -25,7 +25,7 @@ from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
-from .planning import PlanShards, ShardPlan, assign_shard
+from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary, assign_shard
 from .run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
 from .sources.listing import ListInputs
 from .sources.manifest import InferColumnTypes
@@ -110,41 +110,50 @@ def build_pipeline(
     """
     p = beam.Pipeline(runner=runner, options=options)
     listed = _list_refs(p, cfg, layout)
-    refs = listed["refs"]
-    labels = refs | "Labels" >> CollectLabels(layout, listed["sources"])
+    refs = listed.refs
+    labels = refs | "Labels" >> CollectLabels(layout, listed.sources)
     extra_types = refs | "ColumnTypes" >> beam.CombineGlobally(InferColumnTypes())
     if cfg.sink == "planned":
-        written = refs | "Write" >> WritePlannedShards(cfg, layout, listed["previous"], labels, extra_types)
+        written = refs | "Write" >> WritePlannedShards(cfg, layout, listed.previous, labels, extra_types)
     else:
         if wtt_shards is None:
             raise ValueError("the write_to_tfrecord sink needs the planned shard counts")
         written = _write_with_write_to_tfrecord(refs, cfg, layout, wtt_shards, labels, extra_types)
-    rejects = (listed[REJECTS], written[REJECTS]) | "Rejects" >> RejectParts(layout)
+    rejects = (listed.rejects, written[REJECTS]) | "Rejects" >> RejectParts(layout)
     finalized = p | "Finalize" >> Finalize(
         cfg,
         layout,
         results=written["results"],
         rejects=rejects,
-        skipped_counts=listed["skipped_counts"],
+        skipped_counts=listed.skipped_counts,
         labels=labels,
         extra_types=extra_types,
         split_label_counts=written["split_label_counts"],
-        changes=listed["changes"],
-        labelled=listed["labelled"],
+        changes=listed.changes,
+        labelled=listed.labelled,
         objects=_object_parts(listed, layout, written.get(COUNTS)),
     )
     _after_finalize(finalized, cfg, layout)
     return p
 
 
-def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str, Any]:
-    """List, drop duplicates (``--dedupe``), attach annotations (``--coco``, ``--masks``), join the previous run
-    (``--incremental-from``).
+class Listed(NamedTuple):
+    """What the listing stages give the rest of the job (``_list_refs``)."""
 
-    {"refs", REJECTS, "skipped_counts": (reason, n), "changes" (or None), "previous": the previous run whose
-    records may be reused (or None), "sources": ListInputs' one element, "labelled": whether the run is labelled,
-    OBJECT_REJECTS and COUNTS: the annotation join's (None without annotations)}
-    """
+    refs: beam.PCollection
+    rejects: beam.PCollection
+    skipped_counts: beam.PCollection  # (reason, n)
+    changes: beam.PCollection | None  # against the previous run (--incremental-from)
+    previous: Any  # index.reusable_run: the previous run whose records may be reused, or None
+    sources: beam.PCollection  # ListInputs' one element
+    labelled: beam.PCollection  # whether the run is labelled
+    object_rejects: beam.PCollection | None  # the annotation join's (None without annotations)
+    object_counts: beam.PCollection | None
+
+
+def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> Listed:
+    """List, drop duplicates (``--dedupe``), attach annotations (``--coco``, ``--masks``), join the previous run
+    (``--incremental-from``)."""
     group_rows = GroupObjectRows(cfg.manifest_objects) if cfg.manifest_objects else None
     listed = p | "List" >> ListInputs(ListSettings.of(cfg), layout, group_rows)
     refs, rejects, skipped = listed["refs"], listed[REJECTS], listed[SKIPPED]
@@ -183,17 +192,17 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> dict[str
         previous = index.reusable_run(layout.previous, info, cfg.as_dict())
     skipped_counts = skipped | "CountSkipReasons" >> beam.combiners.Count.PerElement()
     labelled = listed["sources"] | "IsLabelled" >> beam.Map(lambda s: s.label != "none")
-    return {
-        "refs": refs,
-        REJECTS: rejects,
-        "skipped_counts": skipped_counts,
-        "changes": changes,
-        "previous": previous,
-        "sources": listed["sources"],
-        "labelled": labelled,
-        OBJECT_REJECTS: object_rejects,
-        COUNTS: object_counts,
-    }
+    return Listed(
+        refs=refs,
+        rejects=rejects,
+        skipped_counts=skipped_counts,
+        changes=changes,
+        previous=previous,
+        sources=listed["sources"],
+        labelled=labelled,
+        object_rejects=object_rejects,
+        object_counts=object_counts,
+    )
 
 
 def _known_classes(layout: Layout) -> frozenset[str] | None:
@@ -204,16 +213,20 @@ def _known_classes(layout: Layout) -> frozenset[str] | None:
 
 
 def _object_parts(
-    listed: Mapping[str, Any], layout: Layout, written: beam.PCollection | None
+    listed: Listed, layout: Layout, written: beam.PCollection | None
 ) -> dict[str, beam.PCollection] | None:
     """Object rejects as part files (``_rejects/objects/``) and the object counts, for finalize; None without.
 
     ``written``: the WriteToTFRecord sink's counts of the objects it wrote (the planned sink's shard results
     hold theirs)."""
-    if listed[OBJECT_REJECTS] is None:
+    if listed.object_rejects is None:
         return None
-    parts = (listed[OBJECT_REJECTS],) | "ObjectRejects" >> RejectParts(layout, folder="objects")
-    counts = listed[COUNTS] if written is None else (listed[COUNTS], written) | "WrittenObjects" >> beam.Flatten()
+    parts = (listed.object_rejects,) | "ObjectRejects" >> RejectParts(layout, folder="objects")
+    counts = (
+        listed.object_counts
+        if written is None
+        else (listed.object_counts, written) | "WrittenObjects" >> beam.Flatten()
+    )
     return {"parts": parts["parts"], "counts": counts}
 
 
@@ -494,8 +507,8 @@ def plan_summary(
     label_counts: list[tuple[tuple[str, str], int]] | None = None,
     reject_counts: list[tuple[str, int]] | None = None,
     skipped_counts: list[tuple[str, int]] | None = None,
-) -> dict[str, Any]:
-    splits: dict[str, Any] = {}
+) -> PlanSummary:
+    splits: dict[str, SplitPlanSummary] = {}
     for split, plan in sorted(plans.items()):
         labels = {label: n for (s, label), n in sorted(label_counts or []) if s == split}
         splits[split] = {

@@ -18,6 +18,7 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import apache_beam as beam
 
@@ -26,6 +27,29 @@ from .config import case_twins_problem
 from .errors import UsageError
 from .sources.rules import label_names
 from .vocab.refs import Ref
+
+
+class SplitPlanSummary(TypedDict):
+    """One split of ``plan``'s output: shards planned on the listed bytes, before any pixel is read."""
+
+    num_shards: int
+    estimated_bytes: int
+    shard_bytes: list[int]
+    examples: int
+    labels: dict[str, int]
+    files: NotRequired[list[str]]  # the shards' names (run.convert.run_plan adds them)
+
+
+class PlanSummary(TypedDict):
+    """What the planning pipeline writes (plan.json) and ``plan`` prints; ``run_plan`` adds the last three."""
+
+    splits: dict[str, SplitPlanSummary]
+    rejects: dict[str, int]  # reason → files rejected while listing
+    skipped: dict[str, int]
+    output: NotRequired[str]
+    name: NotRequired[str]
+    target_shard_mb: NotRequired[float]
+
 
 # Shards may exceed the target by this factor before another shard is added:
 # with the default 150 MB target every shard of a split over 100 MB lands in 100–200 MB.

@@ -64,6 +64,7 @@ from . import metadata, storage
 from .annotations.objects import digest as annotations_digest
 from .storage import open_lines, permanent_reason, write_atomic
 from .vocab.reasons import MISSING
+from .vocab.records import ShardResult
 
 DONE = "_done"  # markers and rejects parts, inside a run's scratch folder; never published
 RUN_LOCK = "_run.lock"  # held by a local run's launcher while it runs
@@ -187,7 +188,7 @@ def _sizes(paths: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def find_finished(sources: Sequence[str], split: str, shard: int, digest: str, own: str = "") -> dict[str, Any] | None:
+def find_finished(sources: Sequence[str], split: str, shard: int, digest: str, own: str = "") -> ShardResult | None:
     """The result of a finished shard with this digest in one of ``sources`` (in order), files checked; or None.
 
     A marker whose files are gone (or of another size) is passed over. A
@@ -221,7 +222,7 @@ def find_finished(sources: Sequence[str], split: str, shard: int, digest: str, o
         if all(result[k] in have for k in keys) and have[result["tmp_path"]] == result["bytes"]:
             if scratch != own or not result.get("resumed_from"):
                 result["resumed_from"] = scratch
-            return result
+            return ShardResult.from_json(result)
     return None
 
 
@@ -229,24 +230,25 @@ def _link_or_copy(src: str, dst: str) -> None:
     storage.link_or_copy(src, dst)
 
 
-def adopt(found: Mapping[str, Any], paths: Mapping[str, str]) -> dict[str, Any] | None:
+def adopt(found: ShardResult, paths: Mapping[str, str]) -> ShardResult | None:
     """Copies (links) a finished shard's files to this attempt's ``paths`` (FILE_KEYS: shard, parts, .idx).
 
     None when a source file vanished meanwhile (its run was cleaned up): the
     caller writes the shard afresh; what was copied already is left for
     finalize, which removes files no result names.
     """
-    result = dict(found)
+    moved = {}
     for key in FILE_KEYS:
-        if found.get(key):
+        source = getattr(found, key)
+        if source:
             try:
-                _link_or_copy(found[key], paths[key])
+                _link_or_copy(source, paths[key])
             except Exception as e:
                 if _missing(e):
                     return None
                 raise
-            result[key] = paths[key]
-    return result
+            moved[key] = paths[key]
+    return dataclasses.replace(found, **moved)
 
 
 def read_rejects(path: str | None) -> Iterator[dict[str, Any]]:

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
@@ -37,6 +37,9 @@ from .outcome import raise_unless_publishable
 from .poststeps import PostStepsSettings, run_post_steps
 from .preflight import prepare
 from .workers import options_for, with_worker_packages
+
+if TYPE_CHECKING:
+    from ..planning import PlanSummary
 
 _LOG = logging.getLogger(__name__)
 
@@ -158,7 +161,7 @@ def _with_retention(cfg: ConvertConfig, layout: Layout, info: DatasetInfo) -> Da
     return info
 
 
-def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
+def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> PlanSummary:
     """Lists and plans without reading pixels; nothing is written to the output. Returns the plan."""
     import tempfile
 
@@ -178,7 +181,7 @@ def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> dict[str, Any]:
             raise PipelineError(last_line(e)) from e
         if not os.path.exists(plan_path):
             raise PipelineError("the planning run wrote no plan")
-        plan = read_json(plan_path)
+        plan: PlanSummary = read_json(plan_path)
     for split, s in plan["splits"].items():
         n = s["num_shards"]
         s["files"] = [metadata.shard_name(cfg.name, split, i, n, cfg.compression) for i in range(n)]

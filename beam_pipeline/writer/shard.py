@@ -180,7 +180,7 @@ class WriteShardFn(beam.DoFn):
         if finished is not None:
             taken = resume.adopt(finished, paths)
             if taken is not None:
-                yield from self._resumed_shard(split, shard, digest, ShardResult.from_json(taken))
+                yield from self._resumed_shard(split, shard, digest, taken)
                 return
             # Its source vanished half-way: the files linked so far share their bytes with that run's
             # (maybe published) files, so the shard is written under new names, never through them.
