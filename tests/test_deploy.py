@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline.cli import CONFIG_KEYS, parse_convert
+from beam_pipeline.cli import parse_convert
+from beam_pipeline.flags import CONFIG_KEYS
 from beam_pipeline.flex_main import convert_args
 
 from .conftest import REPO
