@@ -461,18 +461,28 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
-def _thread_error_to_log(args: threading.ExceptHookArgs) -> None:
-    """A thread's uncaught error goes to the log (shown with --verbose), not to stderr as a traceback.
+_THREAD_ERRORS: list[str] = []  # what the runner's threads ended by, in this process (one line each)
 
-    The threads that end so are the runner's: Beam's local job service raises in its own thread when a
-    worker process exits (a Ctrl-C reaches the whole process group, worker processes too). The job fails
-    with it, and main() reports that failure, or the interrupt behind it, in one line.
+
+def _thread_error_to_log(args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught error is kept as one line (its traceback logged with --verbose), not printed.
+
+    The threads that end so are the runner's: Beam's local job service raises in its own thread when a worker
+    process exits, and its gRPC readers when a worker's channel closes. The job fails with them and main()
+    reports that in one line, or the interrupt behind them (a Ctrl-C reaches the whole process group, worker
+    processes too: their threads fail before the interrupt is reported, so they cannot be told apart here).
+    ``console_main`` adds the kept lines to a failed command's error: the cause the job's own error may not
+    name (a worker killed by the OOM killer).
     """
     import traceback
 
+    error = args.exc_value
+    message = one_line(error) if error is not None else args.exc_type.__name__
+    if message not in _THREAD_ERRORS:
+        _THREAD_ERRORS.append(message)
+    text = "".join(traceback.format_exception(args.exc_type, error, args.exc_traceback)).rstrip()
     name = args.thread.name if args.thread is not None else "?"
-    text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
-    logging.getLogger(__name__).info("thread %s ended by an error:\n%s", name, text.rstrip())
+    logging.getLogger(__name__).info("thread %s ended by an error:\n%s", name, text)
 
 
 def console_main() -> None:
@@ -492,6 +502,9 @@ def console_main() -> None:
         if isinstance(e.code, str):  # the message the interpreter would print
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    said = [m for m in _THREAD_ERRORS if " " in m] or _THREAD_ERRORS  # a message over a bare error name
+    if code == EXIT_FAILED and said:
+        print(f"  the runner's threads said: {'; '.join(said[:3])}", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

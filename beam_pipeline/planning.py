@@ -18,7 +18,7 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import TypedDict
 
 import apache_beam as beam
 
@@ -29,26 +29,32 @@ from .sources.rules import label_names
 from .vocab.refs import Ref
 
 
-class SplitPlanSummary(TypedDict):
-    """One split of ``plan``'s output: shards planned on the listed bytes, before any pixel is read."""
-
+class _SplitPlan(TypedDict):
     num_shards: int
     estimated_bytes: int
     shard_bytes: list[int]
     examples: int
     labels: dict[str, int]
-    files: NotRequired[list[str]]  # the shards' names (run.convert.run_plan adds them)
 
 
-class PlanSummary(TypedDict):
-    """What the planning pipeline writes (plan.json) and ``plan`` prints; ``run_plan`` adds the last three."""
+class SplitPlanSummary(_SplitPlan, total=False):
+    """One split of ``plan``'s output: shards planned on the listed bytes, before any pixel is read."""
 
+    files: list[str]  # the shards' names (run.convert.run_plan adds them)
+
+
+class _Plan(TypedDict):
     splits: dict[str, SplitPlanSummary]
     rejects: dict[str, int]  # reason → files rejected while listing
     skipped: dict[str, int]
-    output: NotRequired[str]
-    name: NotRequired[str]
-    target_shard_mb: NotRequired[float]
+
+
+class PlanSummary(_Plan, total=False):
+    """What the planning pipeline writes (plan.json) and ``plan`` prints; ``run_plan`` adds the rest."""
+
+    output: str
+    name: str
+    target_shard_mb: float
 
 
 # Shards may exceed the target by this factor before another shard is added:

@@ -9,7 +9,9 @@ as the job's last step), so none of them imports another for it.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -31,8 +33,8 @@ REFUSED_RUNNERS = {"prism", "prismrunner"}
 # (~4.3) of cores busy, however many decode threads it runs.
 CPU_MS_PER_IMAGE = 1.87
 GIL_MS_PER_IMAGE = 0.43
-# Set for the worker processes of a local multi_processing run: how many share the machine (writer/budget.py
-# divides the memory budget and the decode threads by it).
+# Set in each worker process of a local multi_processing run (run/sdk_worker.py, from its command line): how
+# many share the machine (writer/budget.py divides the memory budget and the decode threads by it).
 LOCAL_PROCESSES_ENV = "BEAM_PIPELINE_LOCAL_PROCESSES"
 
 
@@ -98,9 +100,10 @@ def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
             direct.direct_running_mode = "in_memory" if processes == 1 else "multi_processing"
             direct.direct_num_workers = processes
         if direct.direct_running_mode == "multi_processing":
-            # inherited by the worker processes the runner starts
-            os.environ[LOCAL_PROCESSES_ENV] = str(direct.direct_num_workers or usable_cores())
-            return options, _worker_processes_runner_class()(provision_info=_provision_info(options))
+            # as Beam counts them: 0 is one per core
+            processes = direct.direct_num_workers or multiprocessing.cpu_count()
+            runner_class = _worker_processes_runner_class()
+            return options, runner_class(processes, provision_info=_provision_info(options))
         return options, FnApiRunner(provision_info=_provision_info(options))
     return options, None
 
@@ -116,8 +119,10 @@ def _worker_processes_runner_class() -> type:
         """Beam's engine with ``direct_num_workers`` worker processes running ``run/sdk_worker.py`` (Beam's
         own worker, ending quietly on Ctrl-C) instead of Beam's worker module."""
 
-        def __init__(self, **kwargs: Any) -> None:
-            command = f"{sys.executable} -m {WORKER_MODULE}"
+        def __init__(self, processes: int, **kwargs: Any) -> None:
+            # Beam starts it through a shell: exec leaves no shell between (none to print "Killed", and the
+            # worker's own exit status reaches the runner)
+            command = f"exec {shlex.quote(sys.executable)} -m {WORKER_MODULE} {int(processes)}"
             environment = environments.SubprocessSDKEnvironment.from_command_string(command_string=command)
             super().__init__(default_environment=environment, **kwargs)
 

@@ -3,6 +3,7 @@ machine, and a Ctrl-C that ends every process of a run on several."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -37,7 +38,7 @@ def _direct(options) -> tuple[str, int]:
 
 
 def test_the_default_picks_processes_by_cores_and_the_users_flags_win(monkeypatch):
-    monkeypatch.setenv(runner.LOCAL_PROCESSES_ENV, "unset")  # restored by monkeypatch: make_options sets it
+    monkeypatch.delenv(runner.LOCAL_PROCESSES_ENV, raising=False)
     monkeypatch.setattr(runner, "usable_cores", lambda: 2)
     options, engine = runner.make_options([])
     assert _direct(options) == ("in_memory", 1) and type(engine).__name__ == "FnApiRunner"
@@ -45,17 +46,25 @@ def test_the_default_picks_processes_by_cores_and_the_users_flags_win(monkeypatc
     monkeypatch.setattr(runner, "usable_cores", lambda: 8)
     options, engine = runner.make_options([])
     assert _direct(options) == ("multi_processing", 2) and type(engine).__name__ == "WorkerProcessesRunner"
-    assert os.environ[runner.LOCAL_PROCESSES_ENV] == "2"
+    assert _worker_command(engine).endswith(f"-m {runner.WORKER_MODULE} 2")  # each worker told how many share
 
     options, engine = runner.make_options(["--direct_running_mode=in_memory"])  # the user's choice
     assert _direct(options) == ("in_memory", 1) and type(engine).__name__ == "FnApiRunner"
-    options, _ = runner.make_options(["--direct_num_workers=3", "--direct_running_mode=multi_processing"])
-    assert _direct(options) == ("multi_processing", 3) and os.environ[runner.LOCAL_PROCESSES_ENV] == "3"
+    options, engine = runner.make_options(["--direct_num_workers=3", "--direct_running_mode=multi_processing"])
+    assert _direct(options) == ("multi_processing", 3) and _worker_command(engine).endswith(" 3")
+    _, engine = runner.make_options(["--direct_num_workers=0", "--direct_running_mode=multi_processing"])
+    assert _worker_command(engine).endswith(f" {multiprocessing.cpu_count()}")  # Beam's count for 0: every core
+    assert runner.LOCAL_PROCESSES_ENV not in os.environ  # nothing process-wide: another run may choose otherwise
+
+
+def _worker_command(engine) -> str:
+    return engine._default_environment.command_string  # noqa: SLF001 - what the runner starts each worker with
 
 
 def test_a_local_worker_process_takes_its_share_of_the_memory_and_the_cores(monkeypatch):
     options = ImageOptions(memory_budget_bytes=600 * 2**20)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(runner, "usable_cores", lambda: 8)
     monkeypatch.delenv(runner.LOCAL_PROCESSES_ENV, raising=False)
     assert budget.sdk_processes_per_machine() == 1 and budget.decode_threads(0) == 8  # the launcher itself
 
@@ -98,7 +107,7 @@ def test_ctrl_c_ends_every_worker_process_with_one_line_and_the_same_command_res
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()
         workers = _group(proc.pid) - {proc.pid}
-        assert len(workers) >= 2, workers  # the worker processes (and the shells Beam starts them with)
+        assert len(workers) == 2, workers  # the worker processes (exec: no shell between)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
         stdout, stderr = proc.communicate(timeout=120)
         for _ in range(100):
@@ -131,3 +140,45 @@ def _group(pgid: int) -> set[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 found.add(int(entry.name))
     return found
+
+
+@pytest.mark.e2e
+def test_worker_processes_import_what_the_writer_needs_and_no_tensorflow(tmp_path):
+    """A process is the point: Python's import-time report (inherited by the worker processes) names every module
+    each process imports; three processes load Beam (the launcher and two workers), none TensorFlow."""
+    src = tmp_path / "src"
+    make_source(src)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PYTHONPROFILEIMPORTTIME": "1",
+    }
+    args = ["convert", "--input", str(src), "--output", str(tmp_path / "out"), *ARGS, *QUICK, *MULTI, "--verbose"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "beam_pipeline", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert imported.count("apache_beam") == 3  # once per process
+    assert imported.count("beam_pipeline.writer.shard") == 3  # the workers write the shards
+    assert not [m for m in imported if m == "tensorflow" or m.startswith("tensorflow.")]
+
+
+@pytest.mark.e2e
+def test_a_worker_process_killed_fails_the_run_with_its_cause_in_one_more_line(tmp_path):
+    """The OOM killer, say: the job's own error names a closed channel; the line after it names the cause."""
+    src = tmp_path / "src"
+    make_source(src)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "BEAM_PIPELINE_FAILPOINTS": "writer.record:3:kill",  # SIGKILL, in each worker process
+    }
+    args = ["convert", "--input", str(src), "--output", str(tmp_path / "out"), *ARGS, *QUICK, *MULTI]
+    proc = subprocess.run(
+        [sys.executable, "-m", "beam_pipeline", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1
+    first, second = proc.stderr.splitlines()
+    assert first.startswith("error: pipeline failed: ")
+    assert second == "  the runner's threads said: Worker subprocess exited with return code -9"

@@ -28,7 +28,7 @@ from apache_beam.options.pipeline_options import (
 from .. import lease, metadata, resume
 from ..config import ConvertConfig, Layout
 from ..errors import PipelineError, RejectsError, UsageError, last_line
-from ..runner import make_options
+from ..runner import is_dataflow, make_options
 from ..storage import read_json
 from ..vocab.dataset_info import DatasetInfo
 from .common import absolute, without_step
@@ -257,5 +257,5 @@ def _after_pipeline(cfg: ConvertConfig, layout: Layout, beam_args: Sequence[str]
         runner=runner,
         temp_root=remote_temp,
         # a launcher beside Dataflow reuses the previous dataset's graph only, as the job would
-        graph_cache=graph_cache.cache_folder() if runner is not None else None,
+        graph_cache=None if is_dataflow(options) else graph_cache.cache_folder(),
     )

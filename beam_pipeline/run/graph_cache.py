@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -48,6 +49,16 @@ KEEP = 16
 ENTRY = "entry.json"
 _STALE_SECONDS = 3600  # a half-written entry (``.new-*``) of a killed run older than this goes at the next prune
 _FORMAT = 1  # bumped if an entry's layout changes
+_GRAPH_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-intel",
+    "tf-nightly",
+    "tensorflow-transform",
+    "tfx-bsl",
+    "protobuf",
+)
+_ENTRY_NAME = re.compile(r"[0-9a-f]{32}")  # a key: the only folders the cache removes, with ``.new-*``
 
 
 def graph_key(info: DatasetInfo, image_size: int, pixel_stats: Mapping[str, Any] | None) -> str:
@@ -66,8 +77,9 @@ def graph_key(info: DatasetInfo, image_size: int, pixel_stats: Mapping[str, Any]
         "image_size": int(image_size),
         "image_mean": [float(v) for v in pixel_stats["image_mean"]] if pixel_stats is not None else None,
         "image_std": [float(v) for v in pixel_stats["image_std"]] if pixel_stats is not None else None,
-        "tensorflow": version("tensorflow"),
-        "tensorflow_transform": version("tensorflow-transform"),
+        # whichever of these is installed (a CPU-only or nightly TensorFlow has its own name), and what the
+        # graph is traced and saved with
+        "versions": {dist: version(dist) for dist in _GRAPH_DISTRIBUTIONS},
         "code": metadata.code_digest(),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
@@ -88,7 +100,9 @@ def reuse(key: str, staging: str, *, previous: str | None, cache: str | None) ->
     """Copies the graph with ``key`` into ``staging`` from the previous dataset or the cache.
 
     Returns (what dataset.json records of the transform, without ``files``; where it came from), or None.
+    What a failed attempt left in the staging folder's graph folders is removed first, as a build does.
     """
+    _clear(staging)
     if previous:
         found = _from_previous(key, previous, staging)
         if found is not None:
@@ -101,25 +115,41 @@ def reuse(key: str, staging: str, *, previous: str | None, cache: str | None) ->
 
 
 def _from_previous(key: str, previous: str, staging: str) -> dict[str, Any] | None:
+    info_path = FileSystems.join(previous, metadata.DATASET_JSON)
     try:
-        info = DatasetInfo.from_json(read_json(FileSystems.join(previous, metadata.DATASET_JSON)))
+        before = read_json(info_path)
+        transform = dict(DatasetInfo.from_json(before).transform or {})
     except Exception:  # noqa: BLE001 - no dataset.json, or one this version cannot read: build the graph
         return None
-    transform = dict(info.transform or {})
     if transform.get("graph_key") != key:
         return None
     files = transform.pop("files", None)
     transform.pop("graph_key", None)
-    if not files:
+    if not _graph_files(files):
         return None
     try:
         for rel in files:
             _copy(FileSystems.join(previous, rel), FileSystems.join(staging, rel))
+        # another run published into that dataset meanwhile: its files may be of another graph
+        unchanged = read_json(info_path) == before
     except Exception as e:  # noqa: BLE001 - a file gone meanwhile: what was copied is replaced by the build
         _LOG.info("the previous dataset's TFT graph could not be copied (%s): building it", e)
+        unchanged = False
+    if not unchanged:
         _clear(staging)
         return None
     return transform
+
+
+def _graph_files(files: Any) -> bool:
+    """Whether ``files`` is a non-empty list of relative paths inside the graph's folders."""
+    if not isinstance(files, list) or not files:
+        return False
+    for rel in files:
+        parts = rel.split("/") if isinstance(rel, str) else []
+        if len(parts) < 2 or parts[0] not in TFT_DIRS or any(p in ("", ".", "..") for p in parts):
+            return False
+    return True
 
 
 def _from_cache(key: str, cache: str, staging: str) -> dict[str, Any] | None:
@@ -128,6 +158,8 @@ def _from_cache(key: str, cache: str, staging: str) -> dict[str, Any] | None:
         with open(os.path.join(entry, ENTRY), encoding="utf-8") as fh:
             record = json.load(fh)
         if record.get("key") != key or not isinstance(record.get("transform"), dict):
+            return None
+        if not _graph_files(record.get("files")):
             return None
         for rel in record["files"]:
             _copy(os.path.join(entry, rel), FileSystems.join(staging, rel))
@@ -178,10 +210,11 @@ def _prune(cache: str) -> None:
         if not e.is_dir(follow_symlinks=False):
             continue
         with contextlib.suppress(OSError):
-            if not e.name.startswith("."):
+            if _ENTRY_NAME.fullmatch(e.name) and os.path.isfile(os.path.join(e.path, ENTRY)):
                 entries.append((e.stat().st_mtime, e.name))
-            elif now - e.stat().st_mtime > _STALE_SECONDS:
-                shutil.rmtree(e.path, ignore_errors=True)
+            elif e.name.startswith(".new-") and now - e.stat().st_mtime > _STALE_SECONDS:
+                shutil.rmtree(e.path, ignore_errors=True)  # a store killed half-way
+        # anything else in the folder is not the cache's (a user may point it at a shared folder)
     for _, name in sorted(entries, reverse=True)[KEEP:]:
         shutil.rmtree(os.path.join(cache, name), ignore_errors=True)
 

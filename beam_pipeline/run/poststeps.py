@@ -182,7 +182,8 @@ class PostStepsFn(beam.DoFn):
         if done is not None:
             yield done
             return
-        options, runner = make_options(["--runner=DirectRunner"])
+        # in this worker's own process, whatever its cores (not the local default's worker processes)
+        options, runner = make_options(["--runner=DirectRunner", "--direct_running_mode=in_memory"])
         staging_info = FileSystems.join(layout.tmp_dir, metadata.DATASET_JSON)
         yield run_post_steps(
             settings,

@@ -15,10 +15,16 @@ import sys
 
 
 def main() -> None:
+    """``python -m beam_pipeline.run.sdk_worker N``: N is how many worker processes the run started, which
+    this one's writers divide the memory budget and the cores by (writer/budget.py)."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    from beam_pipeline.runner import LOCAL_PROCESSES_ENV
+
+    if len(sys.argv) > 1:
+        os.environ[LOCAL_PROCESSES_ENV] = sys.argv[1]  # this process's own environment
     from apache_beam.runners.worker import sdk_worker_main
 
-    sdk_worker_main.main(sys.argv)
+    sdk_worker_main.main(sys.argv[:1])
 
 
 if __name__ == "__main__":

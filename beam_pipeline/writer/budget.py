@@ -188,6 +188,9 @@ def decode_threads(requested: int) -> int:
     shared among the processes (each process's threads on its share)."""
     if requested > 0:
         return requested
-    cores = os.cpu_count() or 1
     processes = _local_processes() if _in_sdk_worker_process() else None
-    return max(1, -(-cores // processes)) if processes else cores
+    if not processes:
+        return os.cpu_count() or 1
+    from ..runner import usable_cores
+
+    return max(1, -(-usable_cores() // processes))
