@@ -89,7 +89,9 @@ def run_post_steps(
         if (done := published()) is not None:
             return done
         try:
-            transform = _graph(settings, layout, info, options, runner, temp_root, pixel_stats, graph_cache)
+            transform = _graph(
+                settings, layout, info, pixel_stats, graph_cache, options=options, runner=runner, temp_root=temp_root
+            )
         except Exception as e:
             raise PipelineError(f"tensorflow-transform analysis: {last_line(e)}") from e
         info = info.with_(transform=transform)
@@ -114,23 +116,21 @@ def _graph(
     settings: PostStepsSettings,
     layout: Layout,
     info: DatasetInfo,
-    options: Any,
-    runner: Any,
-    temp_root: str | None,
     pixel_stats: Mapping[str, Any] | None,
     cache: str | None,
+    **engine: Any,
 ) -> dict[str, Any]:
     """The TFT graph into the staging folder, reused (``run.graph_cache``) or built; dataset.json's
-    ``transform`` block (with the files written, which a later publish replaces)."""
+    ``transform`` block (with the files written, which a later publish replaces).
+
+    ``engine``: the options, runner and temp_root a build (and the statistics' pipeline) runs with."""
     from . import graph_cache
 
     staging = layout.tmp_dir
     if settings.image_stats and pixel_stats is None:
         from ..analysis import train_pixel_stats
 
-        pixel_stats = train_pixel_stats(
-            staging, info, settings.image_size, options=options, runner=runner, temp_root=temp_root
-        )
+        pixel_stats = train_pixel_stats(staging, info, settings.image_size, **engine)
     key = graph_cache.graph_key(info, settings.image_size, pixel_stats if settings.image_stats else None)
     reused = graph_cache.reuse(key, staging, previous=layout.previous, cache=cache)
     if reused is not None:
@@ -144,10 +144,8 @@ def _graph(
             info,
             image_size=settings.image_size,
             image_stats=settings.image_stats,
-            options=options,
-            runner=runner,
-            temp_root=temp_root,
             pixel_stats=pixel_stats,
+            **engine,
         )
         graph_cache.remember(key, staging, transform, tft_files(staging), cache)
     return {**transform, "graph_key": key, "files": tft_files(staging)}
