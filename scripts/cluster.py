@@ -609,6 +609,13 @@ def _start_pool(engine: str) -> None:
         say("cluster: BEAM_CLUSTER_PRIVATE_TMP=off: the worker pool sees this host's /tmp (its TMPDIR is its own)")
         env["TMPDIR"] = str(own_tmp)
         cmd = pool
+    elif ROOT.resolve().is_relative_to("/tmp"):
+        say(
+            "cluster: this checkout is under /tmp, which a /tmp of the pool's own would hide from it: the worker "
+            "pool sees this host's /tmp (its TMPDIR is its own)"
+        )
+        env["TMPDIR"] = str(own_tmp)
+        cmd = pool
     elif _private_tmp_works(own_tmp):
         say(
             "cluster: the worker pool has a /tmp of its own, as on another host: input and output must be outside "
