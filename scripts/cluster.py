@@ -592,6 +592,9 @@ def _start_role(engine: str, role: str) -> None:
         _start_pool(engine)
 
 
+PRIVATE_TMP_MARKER = "pool-has-private-tmp"
+
+
 def _start_pool(engine: str) -> None:
     """The worker pool as another host would run it: its own /tmp and working folder."""
     pool_port = port(f"{engine.upper()}_POOL_PORT")
@@ -637,6 +640,11 @@ def _start_pool(engine: str) -> None:
         say("cluster: no private mount namespace here (unshare --mount): the worker pool gets only its own TMPDIR")
         env["TMPDIR"] = str(own_tmp)
         cmd = pool
+    marker = run_dir(engine) / PRIVATE_TMP_MARKER  # the tests that need the pool's own /tmp look for it
+    if cmd is pool:
+        marker.unlink(missing_ok=True)
+    else:
+        marker.touch()
     pid = _launch(engine, "workerpool", cmd, env, cwd=own_cwd)
     _wait_for("worker pool", lambda: _answers_inside(engine, pool_port), engine, "workerpool", pid)
 
