@@ -35,7 +35,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -367,12 +366,7 @@ def copy_tree(src_dir: str, dest: str) -> None:
     """Copies a folder (local or gs://) into ``dest`` (local or gs://) through Beam FileSystems."""
     prefix = src_dir.rstrip("/") + "/"
     for meta in FileSystems.match([FileSystems.join(src_dir, "**")])[0].metadata_list:
-        rel = meta.path[len(prefix) :]
-        with (
-            FileSystems.open(meta.path, compression_type="uncompressed") as fh,
-            FileSystems.create(FileSystems.join(dest, rel), compression_type="uncompressed") as out,
-        ):
-            shutil.copyfileobj(fh, out)
+        storage.copy_file(meta.path, FileSystems.join(dest, meta.path[len(prefix) :]))
 
 
 # tensorflow-transform keeps process-wide state while it builds a graph (annotators' object tracker): runs in

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -423,6 +424,15 @@ def same_file_key(path: str) -> str:
 def write_atomic(path: str, text: str) -> None:
     """Whole or not at all: a GCS object appears complete; locally a rename makes it so."""
     backend_for(path).write_atomic(path, text.encode("utf-8"))
+
+
+def copy_file(src: str, dst: str) -> None:
+    """``dst`` (local or gs://, its folder made) gets a copy of ``src``'s bytes, through Beam FileSystems."""
+    with (
+        FileSystems.open(src, compression_type="uncompressed") as fh,
+        FileSystems.create(dst, compression_type="uncompressed") as out,
+    ):
+        shutil.copyfileobj(fh, out)
 
 
 def link_or_copy(src: str, dst: str) -> None:

@@ -196,13 +196,13 @@ def test_a_previous_dataset_published_over_during_the_copy_is_a_miss(tmp_path, m
     graph(previous)
     block = {**TRANSFORM, "graph_key": key(9), "files": FILES}
     (previous / metadata.DATASET_JSON).write_text(json.dumps(info(transform=block).to_json()))
-    real_copy = graph_cache._copy  # noqa: SLF001
+    real_copy = graph_cache.copy_file
 
     def copy_while_another_run_publishes(src: str, dest: str) -> None:
         real_copy(src, dest)
         other = {**block, "graph_key": key(7)}
         (previous / metadata.DATASET_JSON).write_text(json.dumps(info(["eel"], transform=other).to_json()))
 
-    monkeypatch.setattr(graph_cache, "_copy", copy_while_another_run_publishes)
+    monkeypatch.setattr(graph_cache, "copy_file", copy_while_another_run_publishes)
     assert graph_cache.reuse(key(9), str(staging), previous=str(previous), cache=None) is None
     assert not any(p.is_file() for p in staging.rglob("*"))

@@ -38,7 +38,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from .. import metadata
-from ..storage import delete_tree, read_json
+from ..storage import copy_file, delete_tree, read_json
 from ..vocab.dataset_info import DatasetInfo
 from .publish import TFT_DIRS
 
@@ -129,7 +129,7 @@ def _from_previous(key: str, previous: str, staging: str) -> dict[str, Any] | No
         return None
     try:
         for rel in files:
-            _copy(FileSystems.join(previous, rel), FileSystems.join(staging, rel))
+            copy_file(FileSystems.join(previous, rel), FileSystems.join(staging, rel))
         # another run published into that dataset meanwhile: its files may be of another graph
         unchanged = read_json(info_path) == before
     except Exception as e:  # noqa: BLE001 - a file gone meanwhile: what was copied is replaced by the build
@@ -162,10 +162,14 @@ def _from_cache(key: str, cache: str, staging: str) -> dict[str, Any] | None:
         if not _graph_files(record.get("files")):
             return None
         for rel in record["files"]:
-            _copy(os.path.join(entry, rel), FileSystems.join(staging, rel))
-    except Exception as e:  # noqa: BLE001 - no entry (the usual miss), or a damaged one: build the graph
-        if not isinstance(e, FileNotFoundError):
-            _LOG.info("graph cache entry %s unusable (%s): building the graph", entry, e)
+            copy_file(os.path.join(entry, rel), FileSystems.join(staging, rel))
+    except FileNotFoundError:  # no entry for this key (the usual miss): nothing was copied
+        if not os.path.isdir(entry):
+            return None
+        _clear(staging)  # an entry missing a file: what was copied goes
+        return None
+    except Exception as e:  # noqa: BLE001 - a damaged entry: build the graph
+        _LOG.info("graph cache entry %s unusable (%s): building the graph", entry, e)
         _clear(staging)
         return None
     with contextlib.suppress(OSError):
@@ -188,7 +192,7 @@ def remember(key: str, staging: str, transform: Mapping[str, Any], files: list[s
         fresh = tempfile.mkdtemp(prefix=".new-", dir=cache)
         try:
             for rel in files:
-                _copy(FileSystems.join(staging, rel), os.path.join(fresh, rel))
+                copy_file(FileSystems.join(staging, rel), os.path.join(fresh, rel))
             record = {"key": key, "transform": dict(transform), "files": list(files)}
             with open(os.path.join(fresh, ENTRY), "w", encoding="utf-8") as fh:
                 json.dump(record, fh, indent=1)
@@ -217,14 +221,6 @@ def _prune(cache: str) -> None:
         # anything else in the folder is not the cache's (a user may point it at a shared folder)
     for _, name in sorted(entries, reverse=True)[KEEP:]:
         shutil.rmtree(os.path.join(cache, name), ignore_errors=True)
-
-
-def _copy(src: str, dest: str) -> None:
-    with (
-        FileSystems.open(src, compression_type="uncompressed") as fh,
-        FileSystems.create(dest, compression_type="uncompressed") as out,
-    ):
-        shutil.copyfileobj(fh, out)
 
 
 def _clear(staging: str) -> None:

@@ -147,7 +147,9 @@ def _graph(
             pixel_stats=pixel_stats,
             **engine,
         )
-        graph_cache.remember(key, staging, transform, tft_files(staging), cache)
+        files = tft_files(staging)
+        graph_cache.remember(key, staging, transform, files, cache)
+        return {**transform, "graph_key": key, "files": files}
     return {**transform, "graph_key": key, "files": tft_files(staging)}
 
 
