@@ -43,6 +43,9 @@ CONVERTER = [
     "numpy>=1.26",
     "ijson>=3.3,<4",  # --coco: the COCO JSON streamed (a multi-GB file is never loaded whole)
     "pycocotools>=2.0.8",  # --coco: instance masks from polygons and RLE
+    # the perceptual hash of every image (near-duplicates, docs/leakage.md): imagehash's pHash
+    # (it brings SciPy for the DCT and PyWavelets); 4.3 is the release the tests pin
+    "imagehash>=4.3,<5",
 ]
 TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
 # tfrecord: a reader of the output's .idx files (DALI's format), checked by the tests;

@@ -39,6 +39,8 @@ COMPRESSIONS = ("none", "gzip")
 SINKS = ("planned", "write_to_tfrecord")
 LABEL_SOURCES = ("folder", "none", "manifest", "regex")
 UNSUPPORTED_POLICIES = ("convert", "reject")  # --on-unsupported
+NEAR_DUPLICATE_MODES = ("report", "off")  # --near-duplicates (near_duplicates.py)
+MAX_NEAR_DUPLICATE_DISTANCE = 24  # bits of 64: past it, unrelated photos start to match (docs/leakage.md)
 POST_STEPS = ("auto", "launcher", "job")  # --post-steps
 # --incremental-from latest: the newest complete dataset among the earlier dates of a dated --output.
 LATEST = "latest"
@@ -93,6 +95,8 @@ class ConvertConfig:
     sink: str = "planned"
     overwrite: bool = False
     dedupe: bool = False  # one record per distinct content (sha256), across splits
+    near_duplicates: str = "report"  # report: near_duplicates.jsonl and dataset.json's counts; off: no hash either
+    near_duplicate_distance: int = 10  # bits of the 64-bit pHash (near_duplicates.DEFAULT_DISTANCE)
     decode_threads: int = 0  # 0: one per core
     # Of listed inputs; above it nothing is published (exit 3). 1.0 = publish
     # whatever converted (a run that converts nothing still fails).
@@ -145,6 +149,7 @@ class ConvertConfig:
             reencode_quality=parse_reencode(self.reencode),
             on_unsupported=self.on_unsupported,
             max_mask_pixels=self.max_mask_pixels,
+            perceptual_hash=self.near_duplicates != "off",
         )
 
     @property
@@ -456,6 +461,13 @@ def validate(cfg: ConvertConfig) -> None:
             "dataset); give the previous output's path instead"
         )
     parse_reencode(cfg.reencode)
+    if cfg.near_duplicates not in NEAR_DUPLICATE_MODES:
+        raise UsageError(f"--near-duplicates must be one of {', '.join(NEAR_DUPLICATE_MODES)}")
+    if not 0 <= cfg.near_duplicate_distance <= MAX_NEAR_DUPLICATE_DISTANCE:
+        raise UsageError(
+            f"--near-duplicate-distance must be 0 to {MAX_NEAR_DUPLICATE_DISTANCE} (bits of a 64-bit hash; "
+            "unrelated photos are ~32 apart)"
+        )
     if cfg.on_unsupported not in UNSUPPORTED_POLICIES:
         raise UsageError("--on-unsupported must be convert or reject")
     if cfg.post_steps not in POST_STEPS:

@@ -26,6 +26,8 @@ from .config import (
     LATEST,
     MANIFEST_OBJECTS,
     MAX_IMAGE_SIZE,
+    MAX_NEAR_DUPLICATE_DISTANCE,
+    NEAR_DUPLICATE_MODES,
     POST_STEPS,
     SINKS,
     UNSUPPORTED_POLICIES,
@@ -325,6 +327,22 @@ CONVERT = Command(
                     "--dedupe",
                     "keep one copy of identical files, by sha256 (reads every file once more) (default: off)",
                     switch=True,
+                ),
+                Flag(
+                    "--near-duplicates",
+                    "report: find images whose perceptual hashes are within --near-duplicate-distance bits, list "
+                    "them in near_duplicates.jsonl and count them per split and across splits in dataset.json "
+                    "(planned sink); off: no hash, no search",
+                    choices=NEAR_DUPLICATE_MODES,
+                    show_default=True,
+                ),
+                Flag(
+                    "--near-duplicate-distance",
+                    f"bits (of 64) two images' hashes may differ in and still be near-duplicates, 0 to "
+                    f"{MAX_NEAR_DUPLICATE_DISTANCE}",
+                    metavar="N",
+                    type=int,
+                    show_default=True,
                 ),
                 Flag(
                     "--decode-threads",

@@ -78,10 +78,12 @@ def part_line(
     sha256: str,
     label_id: int | list[int] | None,
     converted: str | None = None,
+    phash: str | None = None,
 ) -> str:
     """One record's index line as the writer stores it (finalize adds the shard's final name in front).
     ``converted``: the source format the stored bytes were converted from, so a later run that reuses the
-    record counts it in dataset.json's ``converted`` as this one did."""
+    record counts it in dataset.json's ``converted`` as this one did. ``phash``: the source's perceptual
+    hash (images/phash.py), which the near-duplicate join reads, and a later run that reuses the record keeps."""
     entry: dict[str, Any] = {
         "path": ref.relpath,
         "size": ref.size,
@@ -99,6 +101,8 @@ def part_line(
         entry["extras"] = digest
     if converted:
         entry["converted"] = converted
+    if phash:
+        entry["phash"] = phash
     return json.dumps(entry, ensure_ascii=False) + "\n"
 
 
@@ -192,6 +196,7 @@ class Previous(NamedTuple):
     label_id: int | list[int] | None
     extras: str
     converted: str | None = None  # the source format its stored bytes were converted from (index "converted")
+    phash: str | None = None  # the source's perceptual hash (index "phash"), carried to tonight's index
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,7 @@ def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
         entry.get("label_id"),
         str(entry.get("extras", "")),
         entry.get("converted"),
+        entry["phash"] if isinstance(entry.get("phash"), str) else None,
     )
 
 

@@ -23,6 +23,10 @@ FORMAT_VERSION = 1
 DATASET_JSON = "dataset.json"
 LABELS_TXT = "labels.txt"
 REJECTS_JSONL = "rejects.jsonl"
+NEAR_DUPLICATES_JSONL = "near_duplicates.jsonl"  # near_duplicates.py
+# The staging folder's part files of rejects.jsonl (and, in subfolders, of object_rejects.jsonl and
+# near_duplicates.jsonl): never published.
+REJECT_PARTS = "_rejects"
 SUCCESS = "_SUCCESS"
 TMP_PREFIX = ".beam_pipeline-tmp-"
 

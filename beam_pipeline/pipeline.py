@@ -25,6 +25,7 @@ from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
+from .near_duplicates import FindNearDuplicates
 from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary, assign_shard
 from .run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
 from .sources.listing import ListInputs
@@ -120,6 +121,9 @@ def build_pipeline(
             raise ValueError("the write_to_tfrecord sink needs the planned shard counts")
         written = _write_with_write_to_tfrecord(refs, cfg, layout, wtt_shards, labels, extra_types)
     rejects = (listed.rejects, written[REJECTS]) | "Rejects" >> RejectParts(layout)
+    near = None
+    if cfg.sink == "planned" and cfg.near_duplicates != "off":
+        near = written["results"] | "NearDuplicates" >> FindNearDuplicates(layout.tmp_dir, cfg.near_duplicate_distance)
     finalized = p | "Finalize" >> Finalize(
         cfg,
         layout,
@@ -132,6 +136,7 @@ def build_pipeline(
         changes=listed.changes,
         labelled=listed.labelled,
         objects=_object_parts(listed, layout, written.get(COUNTS)),
+        near_duplicates=near,
     )
     _after_finalize(finalized, cfg, layout)
     return p
@@ -384,9 +389,11 @@ class Finalize(beam.PTransform):
         changes: beam.PCollection | None,
         labelled: beam.PCollection,
         objects: Mapping[str, beam.PCollection] | None = None,
+        near_duplicates: Mapping[str, beam.PCollection] | None = None,
     ) -> None:
         super().__init__()
         self._objects = objects
+        self._near = near_duplicates
         self._settings, self._layout = FinalizeSettings.of(cfg), layout  # what the Finalize step sees
         self._results, self._rejects, self._skipped_counts = results, rejects, skipped_counts
         self._labels, self._extra_types, self._split_label_counts = labels, extra_types, split_label_counts
@@ -400,6 +407,9 @@ class Finalize(beam.PTransform):
                 "object_parts": beam.pvalue.AsList(self._objects["parts"]),
                 "object_counts": beam.pvalue.AsList(self._objects["counts"]),
             }
+        if self._near is not None:
+            objects["near_parts"] = beam.pvalue.AsList(self._near["parts"])
+            objects["near_summary"] = beam.pvalue.AsSingleton(self._near["summary"])
         return (
             root
             | "Once" >> beam.Create([None])

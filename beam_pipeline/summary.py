@@ -45,7 +45,24 @@ def _input_lines(info: DatasetInfo) -> list[str]:
         lines.append(f"  skipped      {skipped.total:>8} ({reasons})")
     if info.labels is not None:
         lines.append(f"  labels       {len(info.labels):>8} -> labels.txt")
-    return lines + _object_lines(info)
+    return lines + _object_lines(info) + _near_duplicate_lines(info)
+
+
+def _near_duplicate_lines(info: DatasetInfo) -> list[str]:
+    """One line: near-duplicate pairs (those across splits first: leakage) and groups."""
+    near = info.near_duplicates
+    if not near:
+        return []
+    pairs, groups = near.get("pairs") or {}, near.get("groups") or {}
+    across = {k: n for k, n in pairs.items() if "/" in k}
+    total = sum(pairs.values())
+    where = ", ".join(f"{k} {n}" for k, n in across.items())
+    text = f"  near-dups    {total:>8} pairs, " + (
+        f"{sum(across.values())} across splits ({where})" if across else "none across splits"
+    )
+    if groups:
+        text += f", {sum(groups.values())} crowds of 100+ copies"
+    return [text + f" -> {near.get('file')}"]
 
 
 def _object_lines(info: DatasetInfo) -> list[str]:

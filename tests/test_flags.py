@@ -56,6 +56,8 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "resume": (False, {}),
     "no_resume": (True, {}),
     "dedupe": (True, {}),
+    "near_duplicates": ("off", {}),
+    "near_duplicate_distance": (6, {}),
     "run_date": ("2026-01-02", {"output": "out/{date}"}),
     "decode_threads": (2, {}),
     "max_reject_fraction": (0.5, {}),

@@ -27,7 +27,16 @@ from ..vocab.reasons import (
     UNSUPPORTED_FORMAT,
 )
 from .headers import _any_fourth_byte, _gif_layout, _GifLayout, _header_steps, _jpeg_problem, _jpeg_scans, png_problem
-from .options import MAX_HEADER_STEPS, MAX_JPEG_SCAN_PIXELS, MAX_JPEG_SCANS, Cost, ImageInfo, ImageOptions, Rejected
+from .options import (
+    HASH_SIDE,
+    MAX_HEADER_STEPS,
+    MAX_JPEG_SCAN_PIXELS,
+    MAX_JPEG_SCANS,
+    Cost,
+    ImageInfo,
+    ImageOptions,
+    Rejected,
+)
 
 # Formats TensorFlow's decode_image reads; value = the image/format text.
 _TF_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp"}
@@ -328,7 +337,8 @@ def _decode(img: Image.Image, *, pixels: bool = True) -> int | None:
     Returns the first frame's highest colour index (palette images), for ``_TfReading.settled``.
 
     ``pixels=False`` (the file is stored as it is and only has to be proven
-    sound): a JPEG is decoded at 1/8 scale. libjpeg still entropy-decodes
+    sound): a JPEG is decoded at 1/8 scale (1/4 to 1 for an image under 256 pixels a side, so the
+    perceptual hash still gets 32 x 32 pixels: ``options.check_scale``). libjpeg still entropy-decodes
     every coefficient of every scan, which is where a corrupt or truncated
     file fails, and skips the full-size inverse DCT, upsampling and colour
     conversion, which cannot fail on data. It rejects the same files as a
@@ -337,7 +347,8 @@ def _decode(img: Image.Image, *, pixels: bool = True) -> int | None:
     """
     with _reasons():
         if not pixels and img.format == "JPEG":
-            img.draft(None, (1, 1))  # the smallest scale libjpeg offers (1/8)
+            # the smallest scale libjpeg offers (1/8) that leaves the perceptual hash its input (check_scale)
+            img.draft(None, (HASH_SIDE, HASH_SIDE))
         img.load()
         first_max_index = img.getextrema()[1] if img.mode == "P" else None  # type: ignore[index]
         frames = decoded_frames(img)

@@ -16,7 +16,9 @@ from ..vocab.reasons import (
 )
 from .check import _TF_FORMATS, _decode, _inspect, _open, _quietly
 from .headers import _PNG_SIGNATURE, _PNG_TEXT_CHUNKS, _png_without, _text_over_limit, strip_metadata
-from .options import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Prepared, Rejected
+from .options import Geometry, ImageInfo, ImageOptions, Prepared, Rejected
+from .phash import perceptual_hash
+from .pixels import _applied_orientation, _plain_mode
 
 
 def _orientation(img: Image.Image) -> int:
@@ -24,24 +26,6 @@ def _orientation(img: Image.Image) -> int:
         return int(img.getexif().get(0x0112, 1))
     except Exception:  # noqa: BLE001 - a broken EXIF block is no orientation
         return 1
-
-
-def _plain_mode(img: Image.Image) -> Image.Image:
-    """The first frame in L, LA, RGB or RGBA (what PNG/JPEG store and TF reads)."""
-    has_alpha = img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info)
-    grey = img.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
-    if img.mode in ("I", "I;16", "I;16B", "I;16L"):  # 16-bit grey → 8-bit, as TF decodes it
-        import numpy as np
-
-        wide = np.asarray(img).astype(np.uint32)
-        img = Image.fromarray(np.clip(wide >> 8, 0, 255).astype(np.uint8), "L")
-    elif img.mode == "F":
-        img = img.convert("L")
-    if grey:
-        target = "LA" if has_alpha else "L"
-    else:
-        target = "RGBA" if has_alpha else "RGB"
-    return img if img.mode == target else img.convert(target)  # no copy of a 179 MP image for nothing
 
 
 def _encode(img: Image.Image, jpeg_quality: int) -> bytes:
@@ -107,17 +91,18 @@ def _prepare(
     # A GIF whose colour indices are checked after decoding may still need converting: reserved as such.
     maybe_convert = tf_reading.channels is None or bool(tf_reading.index_limit)
     full = bool(maybe_convert or shrink or reencode or options.apply_exif_orientation)
-    held = reserve(cost.memory_bytes(source, full)) if reserve else contextlib.nullcontext()
+    held = reserve(cost.memory_bytes(source, full, width, height)) if reserve else contextlib.nullcontext()
     with held:
         # EXIF orientation is read after a full decode (a PNG may keep it after its pixels).
         tf_reading = tf_reading.settled(_decode(img, pixels=full))
+        phash = perceptual_hash(img) if options.perceptual_hash else None
         channels = tf_reading.channels
         readable = channels is not None
         rotate = options.apply_exif_orientation and _orientation(img) != 1
         if readable and not (rotate or shrink or reencode):
             stored = strip_metadata(data) if options.strip_exif else data
             info = ImageInfo(_TF_FORMATS[source], height, width, channels)  # type: ignore[arg-type]
-            return Prepared(stored, info, geometry=Geometry(width, height, width, height))
+            return Prepared(stored, info, geometry=Geometry(width, height, width, height), phash=phash)
         if not readable and options.on_unsupported == "reject" and not (rotate or shrink or reencode):
             raise Rejected(UNSUPPORTED_FORMAT, f"{tf_reading.why}: not read back by TensorFlow as Pillow reads it")
         orientation = _applied_orientation(img) if rotate else 1
@@ -125,17 +110,7 @@ def _prepare(
         del img  # the decoded source goes before the check below decodes the result
         info = _inspect(encoded, ImageOptions(max_pixels=0, max_total_pixels=0, max_frames=0))
     geometry = Geometry(width, height, info.width, info.height, orientation)
-    return Prepared(encoded, info, converted_from=source.lower(), geometry=geometry)
-
-
-def _applied_orientation(img: Image.Image) -> int:
-    """The orientation ImageOps.exif_transpose will apply to ``img``: its EXIF tag if it names a transpose,
-    else 1 (it leaves other values, and an image whose EXIF cannot be read, as they are)."""
-    try:
-        value = img.getexif().get(0x0112, 1)
-        return int(value) if value in ORIENTATION_TRANSPOSE else 1
-    except Exception:  # noqa: BLE001 - a broken EXIF block is no orientation (as _orientation)
-        return 1
+    return Prepared(encoded, info, converted_from=source.lower(), geometry=geometry, phash=phash)
 
 
 def _convert(img: Image.Image, options: ImageOptions, source: str, readable: bool, rotate: bool, shrink: bool) -> bytes:

@@ -64,6 +64,20 @@ DEFAULT_MEMORY_BUDGET_BYTES = 1024 * 1_000_000
 _BYTES_PER_PIXEL = 4
 
 
+# The side of the grey square the perceptual hash is computed from (images/phash.py: imagehash's pHash
+# of hash_size 8 takes 8 x its highfreq_factor 4). The check decodes no image smaller than that.
+HASH_SIDE = 32
+
+
+def check_scale(width: int, height: int) -> int:
+    """1/n: the scale the check decodes a JPEG kept as it is at. The smallest libjpeg offers (1/8) that
+    keeps both sides at least HASH_SIDE, as Pillow's ``draft(None, (HASH_SIDE, HASH_SIDE))`` picks it."""
+    for n in (8, 4, 2):
+        if width >= HASH_SIDE * n and height >= HASH_SIDE * n:
+            return n
+    return 1
+
+
 class Rejected(Exception):
     """An input that cannot become a record; ``reason`` is a stable code."""
 
@@ -95,6 +109,7 @@ class ImageOptions:
     reencode_quality: int = 0  # 0 = keep the original bytes where possible; else JPEG at this quality
     on_unsupported: str = "convert"  # or "reject"
     max_mask_pixels: int = DEFAULT_MAX_MASK_PIXELS  # an annotated image's masks x its pixels; 0 = no limit
+    perceptual_hash: bool = True  # each record's pHash in index.jsonl (--near-duplicates off: none)
 
 
 @dataclass(frozen=True)
@@ -105,15 +120,17 @@ class Cost:
     frame_pixels: int  # the largest canvas a frame is decoded into
     total_pixels: int  # summed over every frame decoded
 
-    def memory_bytes(self, fmt: str | None, full: bool) -> int:
+    def memory_bytes(self, fmt: str | None, full: bool, width: int = 0, height: int = 0) -> int:
         """Memory the decode (and conversion, if ``full``) holds at its peak, estimated.
 
         One canvas of 4 bytes per pixel; an animation keeps the previous frame
         and a disposal area beside it; a conversion a mode-converted copy and
-        the encoder's. A JPEG kept as it is decodes at 1/8 scale: 1/64 of it.
+        the encoder's. A JPEG kept as it is decodes at 1/n scale (``check_scale``, 1/8 but for small
+        images): 1/n² of it.
         """
         if fmt == "JPEG" and not full:
-            return self.frame_pixels // 64 * _BYTES_PER_PIXEL + 1
+            n = check_scale(width, height) if width and height else 8
+            return self.frame_pixels // (n * n) * _BYTES_PER_PIXEL + 1
         copies = 1 + (2 if self.frames > 1 else 0) + (2 if full else 0)
         return self.frame_pixels * _BYTES_PER_PIXEL * copies
 
@@ -153,3 +170,4 @@ class Prepared:
     info: ImageInfo
     converted_from: str | None = None  # the source format when the bytes were re-encoded
     geometry: Geometry | None = None  # the stored frame and the transform applied (see Geometry)
+    phash: str | None = None  # the source's perceptual hash (images/phash.py); None: not asked for, or unmade

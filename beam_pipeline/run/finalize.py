@@ -29,23 +29,17 @@ from apache_beam.io.filesystems import FileSystems
 from .. import failpoints, index, lease, metadata, resume
 from ..annotations import masks, objects
 from ..config import ConvertConfig, Layout, settings_for
+from ..metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
+from ..near_duplicates import merge_parts
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
-from ..vocab.records import ShardResult
+from ..vocab.records import ShardResult, choose_results
 from .files import delete_files, move_files
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
-from .publish import REJECT_PARTS, publish, published_run
+from .publish import publish, published_run
 
 # The rejects part files (run.publish.REJECT_PARTS): one per hash bucket of the path.
 REJECT_BUCKETS = 256
-
-
-def choose_results(results: Iterable[ShardResult]) -> dict[tuple[str, int], ShardResult]:
-    """One result per (split, shard); a duplicate (a retried writer) is resolved the same way every time."""
-    chosen: dict[tuple[str, int], ShardResult] = {}
-    for result in sorted(results, key=lambda r: (r.split, r.shard, r.tmp_path)):
-        chosen.setdefault((result.split, result.shard), result)
-    return chosen
 
 
 def final_layout(
@@ -187,6 +181,8 @@ class FinalizeFn(beam.DoFn):
         labelled: bool | None = None,  # whether the run is labelled, when the pipeline decided it (JSONL rows)
         object_parts: Sequence[str] = (),  # a detection dataset's object rejects parts
         object_counts: Sequence[tuple[str, int]] = (),  # and its object counts (annotations.coco.COUNTS)
+        near_parts: Sequence[str] | None = None,  # near_duplicates.jsonl's sorted parts (None: not searched)
+        near_summary: Mapping[str, Any] | None = None,  # dataset.json's near_duplicates block
     ) -> Iterator[DatasetInfo]:
         staging = self._layout.tmp_dir
         done = published_run(self._settings.output, staging, self._layout.run_id, self._layout.leased)
@@ -213,6 +209,8 @@ class FinalizeFn(beam.DoFn):
             incremental = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
             info = info.with_(incremental=incremental)
         info = info.with_(resumed=resumed_summary(layout, staging))
+        if near_summary is not None:
+            info = info.with_(near_duplicates=near_summary)
         total_rejects = sum(info.rejects.by_reason.values())
         status = outcome(
             info.examples,
@@ -223,6 +221,9 @@ class FinalizeFn(beam.DoFn):
         )
         info = info.with_(status=status, run_id=self._layout.run_id)
         name_shards(layout, staging)
+        if near_parts is not None:  # before dataset.json, which is written last
+            failpoints.hit("finalize.write")
+            merge_parts(near_parts, FileSystems.join(staging, NEAR_DUPLICATES_JSONL))
         self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)
         self._publish_or_hold(info)
         yield info

@@ -86,7 +86,7 @@ def finish_cut_short(output: str, run_id: str) -> None:
 # rejects as part files (one per hash bucket of the path) until finalize
 # streams them into rejects.jsonl.
 PUBLISH_MANIFEST = "_publish.json"
-REJECT_PARTS = "_rejects"
+REJECT_PARTS = metadata.REJECT_PARTS
 
 
 # Files and folders a run publishes besides the shards; anything of these an
@@ -103,6 +103,7 @@ PUBLISHED_FILES = (
     "image.object-class-label.labels.txt",  # a detection dataset's (tfds_metadata.OBJECT_LABEL_NAMES)
     objects.LABEL_MAP_PBTXT,  # a detection dataset's (annotations)
     objects.OBJECT_REJECTS_JSONL,
+    metadata.NEAR_DUPLICATES_JSONL,
 )
 
 
@@ -159,6 +160,8 @@ def expected_files(info: DatasetInfo) -> list[str]:
         want += [metadata.LABELS_TXT, objects.LABEL_MAP_PBTXT, objects.OBJECT_REJECTS_JSONL]
     if shards and info.sink == "planned":
         want.append(index.INDEX_JSONL)
+    if info.near_duplicates is not None:
+        want.append(metadata.NEAR_DUPLICATES_JSONL)
     want += list((info.tfds.files if info.tfds is not None else None) or [])
     want += recorded_tft_files(info.transform)
     return sorted(set(want))

@@ -246,6 +246,7 @@ _ORDER = (
     "converted",
     "empty_splits",
     "idx_files",
+    "near_duplicates",
     "incremental",
     "resumed",
     "status",
@@ -286,6 +287,8 @@ class DatasetInfo:
     converted: Mapping[str, int] = field(default_factory=dict)  # images re-encoded, per source format
     empty_splits: tuple[str, ...] | None = None  # listed splits whose every file was rejected
     idx_files: str | None = None  # "idx/{file}.idx": each shard's record index
+    # near_duplicates.summary_block: the hash, the distance, pair and group counts per split and across splits
+    near_duplicates: Mapping[str, Any] | None = None
     incremental: IncrementalInfo | None = None
     resumed: ResumedInfo | None = None
     status: str = OK  # run.outcome: ok, or why the run did not publish
@@ -353,6 +356,7 @@ class DatasetInfo:
             converted=_object(data.get("converted", {}), "converted"),
             empty_splits=None if empty is None else tuple(_list(empty, "empty_splits")),
             idx_files=data.get("idx_files"),
+            near_duplicates=_object_or_none(data.get("near_duplicates"), "near_duplicates"),
             incremental=None if data.get("incremental") is None else IncrementalInfo.from_json(data["incremental"]),
             resumed=None if data.get("resumed") is None else ResumedInfo.from_json(data["resumed"]),
             status=data.get("status", OK),

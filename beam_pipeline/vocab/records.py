@@ -10,7 +10,7 @@ JSON (``to_json`` / ``from_json``) so a later run can take the shard over.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -48,3 +48,11 @@ class ShardResult:
         """The record a JSON object (``to_json``, or a resume marker of an earlier run) describes."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def choose_results(results: Iterable[ShardResult]) -> dict[tuple[str, int], ShardResult]:
+    """One result per (split, shard); a duplicate (a retried writer) is resolved the same way every time."""
+    chosen: dict[tuple[str, int], ShardResult] = {}
+    for result in sorted(results, key=lambda r: (r.split, r.shard, r.tmp_path)):
+        chosen.setdefault((result.split, result.shard), result)
+    return chosen

@@ -355,7 +355,7 @@ class ShardWrite:
             return result
         # The record holds the image bytes; the waiting result keeps their digest, no second copy.
         record, prepared, sha256 = result
-        return record, Prepared(b"", prepared.info, prepared.converted_from), sha256
+        return record, Prepared(b"", prepared.info, prepared.converted_from, phash=prepared.phash), sha256
 
     def write_record(self, ref: Ref, result: tuple[bytes, Prepared, str] | Reused) -> None:
         """One record into the shard, its line into the index part (and .idx); counts."""
@@ -364,11 +364,12 @@ class ShardWrite:
             PROGRESS.add(images=self._unreported)
             self._unreported = 0
         if isinstance(result, Reused):
-            record, sha, converted = result.record, ref.previous.sha256, ref.previous.converted
+            previous = ref.previous
+            record, sha, converted, phash = result.record, previous.sha256, previous.converted, previous.phash
             self.reused += 1
         else:
             record, prepared, sha = result
-            converted = prepared.converted_from
+            converted, phash = prepared.converted_from, prepared.phash
         failpoints.hit("writer.record")
         head, tail = frame_record(record)
         out = self._out
@@ -376,9 +377,8 @@ class ShardWrite:
         out.write(record)
         out.write(tail)
         label_id, _ = class_values(ref.label, self._label_ids)
-        self._index_out.write(
-            index.part_line(ref, self.records, self.offset, len(record), sha, label_id, converted).encode("utf-8")
-        )
+        line = index.part_line(ref, self.records, self.offset, len(record), sha, label_id, converted, phash)
+        self._index_out.write(line.encode("utf-8"))
         if self._idx_out is not None:
             self._idx_out.write(index.idx_line(self.offset, len(record)))
         self.offset += len(record) + index.FRAME_OVERHEAD

@@ -1,0 +1,396 @@
+"""Near-duplicate images: pairs of records whose perceptual hashes (images/phash.py) differ in at most
+``--near-duplicate-distance`` bits, found inside the job, by a banded join (docs/leakage.md).
+
+    shard results ──► index parts' (phash, path, split) ──► images per hash (bounded) ──┬─► groups
+                                                                                      └─► band buckets
+    band buckets ──► hash pairs within the distance ──► path pairs ──► sorted part files ──► finalize
+
+- **One hash, many images.** Images are first gathered per hash value by a combiner that keeps at most
+  ``GROUP_SIZE`` + 1 of them (the smallest paths) and counts the rest: 10,000 copies of a blank frame never
+  meet in one place. A hash shared by more than ``GROUP_SIZE`` images is one *group* line, listing its
+  first ``GROUP_SIZE`` paths, and takes no further part in the join.
+- **Bands.** Each other hash is keyed by ``BANDS`` bands of 16 of its 64 bits: the four disjoint 16-bit
+  quarters (two hashes within 3 bits agree on one of them, so every such pair is found), then
+  ``BANDS - 4`` fixed random choices of 16 bits. Two hashes ``d`` bits apart agree on a random band with
+  probability about ((64 - d) / 64)^16, so on at least one of 32 bands with probability 0.98 at d = 8
+  and 0.89 at d = 10; two unrelated hashes (~32 bits apart) meet in some band with probability ~5e-4.
+  Candidates are checked by their exact distance: nothing farther than the threshold is reported.
+- **Crowded buckets.** A band value shared by more than ``BUCKET_CAP`` distinct hashes is not compared
+  (its pairs are usually found through another band); dataset.json counts such buckets.
+- **Deterministic.** Bands, buckets, pairs and groups depend on the hashes only, and the file is sorted,
+  whatever order the engine runs things in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from . import failpoints
+from .images.phash import HASH_NAME
+from .metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
+from .storage import open_lines, write_text
+from .vocab.records import ShardResult, choose_results
+
+DEFAULT_DISTANCE = 10  # bits of 64: imagededup's default for pHash too (docs/leakage.md has the measurements)
+GROUP_SIZE = 100  # images sharing one hash beyond which they are one group line (its first GROUP_SIZE paths)
+BANDS = 32
+BAND_BITS = 16
+BUCKET_CAP = 5_000  # distinct hashes one band value may hold and still be compared (~12.5 M distances)
+PART_BUCKETS = 64  # part files of near_duplicates.jsonl, merged in order by finalize
+PARTS_FOLDER = "near_duplicates"  # under the staging folder's rejects parts (never published)
+SPLIT_ORDER = ("train", "validation", "test")
+
+
+def band_masks() -> tuple[int, ...]:
+    """The bands' 64-bit masks: the four quarters, then fixed random choices of BAND_BITS bits."""
+    quarters = [((1 << BAND_BITS) - 1) << (BAND_BITS * i) for i in range(64 // BAND_BITS)]
+    rng = random.Random(36)  # fixed: which pairs are candidates is part of the output's contract
+    sampled = [sum(1 << b for b in rng.sample(range(64), BAND_BITS)) for _ in range(BANDS - len(quarters))]
+    return tuple(quarters + sampled)
+
+
+MASKS = band_masks()
+
+
+def split_key(a: str, b: str) -> str:
+    """ "train" for a pair inside one split, "train/test" across two: train, validation, test first."""
+    if a == b:
+        return a
+    x, y = sorted((a, b), key=_split_rank)
+    return f"{x}/{y}"
+
+
+def _split_rank(split: str) -> tuple[int, str]:
+    return (SPLIT_ORDER.index(split) if split in SPLIT_ORDER else len(SPLIT_ORDER), split)
+
+
+# ---- the steps ---------------------------------------------------------------------------------
+
+
+def chosen_index_parts(results: Sequence[ShardResult]) -> list[str]:
+    """The index parts of the shards finalize publishes (one result per shard, as ``choose_results``)."""
+    return sorted(r.index_path for r in choose_results(results).values() if r.index_path and r.records)
+
+
+def read_hashes(part: str) -> Iterator[tuple[str, tuple[str, str]]]:
+    """(phash, (path, split)) of each record of an index part; ("", …) for a record without a hash."""
+    with open_lines(part) as fh:
+        for raw in fh:
+            if raw.strip():
+                entry = json.loads(raw)
+                yield entry.get("phash") or "", (entry["path"], entry["split"])
+
+
+class HashMembers(beam.CombineFn):  # type: ignore[misc]
+    """(path, split) of one hash → (count, {split: count}, the GROUP_SIZE + 1 smallest (path, split))."""
+
+    def create_accumulator(self) -> tuple[int, dict[str, int], list[tuple[str, str]]]:
+        return 0, {}, []
+
+    def add_input(self, acc: Any, member: tuple[str, str]) -> Any:
+        count, splits, kept = acc
+        splits[member[1]] = splits.get(member[1], 0) + 1
+        member = tuple(member)
+        if member not in kept:
+            kept.append(member)
+            if len(kept) > GROUP_SIZE + 1:
+                kept.remove(max(kept))
+        return count + 1, splits, kept
+
+    def merge_accumulators(self, accs: Iterable[Any]) -> Any:
+        count, splits, kept = 0, {}, []
+        for n, s, k in accs:
+            count += n
+            for split, m in s.items():
+                splits[split] = splits.get(split, 0) + m
+            kept = heapq.nsmallest(GROUP_SIZE + 1, set(kept) | set(map(tuple, k)))
+        return count, splits, kept
+
+    def extract_output(self, acc: Any) -> Any:
+        count, splits, kept = acc
+        return count, dict(sorted(splits.items())), sorted(kept)
+
+
+def group_or_members(element: tuple[str, Any]) -> Iterator[Any]:
+    """A hash of over GROUP_SIZE images → a group line (tagged "groups"); else (hash, members)."""
+    phash, (count, splits, members) = element
+    if count > GROUP_SIZE:
+        yield beam.pvalue.TaggedOutput(
+            "groups",
+            {
+                "group": [path for path, _ in members[:GROUP_SIZE]],
+                "images": count,
+                "splits": splits,
+                "distance": 0,
+            },
+        )
+    else:
+        yield phash, members
+
+
+def exact_pairs(element: tuple[str, list[tuple[str, str]]]) -> Iterator[dict[str, Any]]:
+    """Pairs of images with the same hash (distance 0)."""
+    _, members = element
+    for i, a in enumerate(members):
+        for b in members[i + 1 :]:
+            yield pair_line(a, b, 0)
+
+
+def pair_line(a: tuple[str, str], b: tuple[str, str], d: int) -> dict[str, Any]:
+    (pa, sa), (pb, sb) = sorted((a, b))
+    return {"a": pa, "b": pb, "split_a": sa, "split_b": sb, "distance": d}
+
+
+def band_keys(element: tuple[str, Any]) -> Iterator[tuple[tuple[int, int], int]]:
+    value = int(element[0], 16)
+    for i, mask in enumerate(MASKS):
+        yield (i, value & mask), value
+
+
+class CompareBucket(beam.DoFn):  # type: ignore[misc]
+    """(band key, [hash]) → (smaller hash, larger hash, distance) of each pair within ``max_distance``.
+
+    Reads at most BUCKET_CAP + 1 hashes of a bucket; a fuller one is counted (tagged "crowded"), not compared.
+    """
+
+    def __init__(self, max_distance: int) -> None:
+        self._max = max_distance
+
+    def process(self, element: tuple[Any, Iterable[int]]) -> Iterator[Any]:
+        values: list[int] = []
+        for value in element[1]:
+            values.append(value)
+            if len(values) > BUCKET_CAP:
+                yield beam.pvalue.TaggedOutput("crowded", 1)
+                return
+        if len(values) < 2:
+            return
+        values.sort()
+        yield from _close_pairs(values, self._max)
+
+
+def _close_pairs(values: list[int], max_distance: int) -> Iterator[tuple[int, int, int]]:
+    try:
+        import numpy as np
+
+        count_bits = np.bitwise_count  # numpy >= 2
+    except (ImportError, AttributeError):
+        count_bits = None
+    if count_bits is None or len(values) < 64:
+        for i, a in enumerate(values):
+            for b in values[i + 1 :]:
+                d = (a ^ b).bit_count()
+                if d <= max_distance:
+                    yield a, b, d
+        return
+    arr = np.array(values, dtype=np.uint64)
+    for i in range(len(arr) - 1):
+        dist = count_bits(arr[i + 1 :] ^ arr[i])
+        for j in np.nonzero(dist <= max_distance)[0]:
+            yield values[i], values[i + 1 + int(j)], int(dist[j])
+
+
+def hex_of(value: int) -> str:
+    return f"{value:016x}"
+
+
+def expand_first(element: tuple[str, Mapping[str, list[Any]]]) -> Iterator[tuple[str, Any]]:
+    """(hash a, {"pairs": [(b, d)], "members": [members of a]}) → (b, (members of a, d))."""
+    _, grouped = element
+    members = grouped["members"]
+    if not members:
+        return
+    for b, d in grouped["pairs"]:
+        yield b, (members[0], d)
+
+
+def expand_second(element: tuple[str, Mapping[str, list[Any]]]) -> Iterator[dict[str, Any]]:
+    """(hash b, {"halves": [(members of a, d)], "members": [members of b]}) → the path pairs."""
+    _, grouped = element
+    members = grouped["members"]
+    if not members:
+        return
+    for firsts, d in grouped["halves"]:
+        for a in firsts:
+            for b in members[0]:
+                yield pair_line(a, b, d)
+
+
+def line_key(line: Mapping[str, Any]) -> tuple[str, str]:
+    """What near_duplicates.jsonl is sorted by: a pair's (a, b), a group's (first path, "")."""
+    if "group" in line:
+        return line["group"][0], ""
+    return line["a"], line["b"]
+
+
+def part_bucket(line: Mapping[str, Any]) -> int:
+    import hashlib
+
+    first = line_key(line)[0]
+    return int.from_bytes(hashlib.sha256(first.encode("utf-8", "surrogatepass")).digest()[:4], "big") % PART_BUCKETS
+
+
+class WritePartFn(beam.DoFn):  # type: ignore[misc]
+    """(bucket, [line]) → one sorted part file in the staging folder; yields its path (a retry rewrites it)."""
+
+    def __init__(self, staging: str) -> None:
+        self._staging = staging
+
+    def process(self, element: tuple[int, Iterable[Mapping[str, Any]]]) -> Iterator[str]:
+        bucket, lines = element
+        path = FileSystems.join(self._staging, REJECT_PARTS, PARTS_FOLDER, f"part-{bucket:05d}.jsonl")
+        failpoints.hit("near_duplicates.write")
+        write_text(path, "".join(_dumps(line) for line in sorted(lines, key=line_key)))
+        yield path
+
+
+def _dumps(line: Mapping[str, Any]) -> str:
+    return json.dumps(line, ensure_ascii=False) + "\n"
+
+
+def merge_parts(parts: Sequence[str], dest: str) -> None:
+    """The sorted parts merged into one sorted file (one line per part in memory)."""
+
+    def lines(part: str) -> Iterator[tuple[tuple[str, str], bytes]]:
+        with open_lines(part) as fh:
+            for raw in fh:
+                if raw.strip():
+                    yield line_key(json.loads(raw)), raw
+
+    with FileSystems.create(dest, compression_type="uncompressed") as out:
+        for _, raw in heapq.merge(*(lines(p) for p in sorted(set(parts))), key=lambda kv: kv[0]):
+            out.write(raw)
+
+
+class CountLines(beam.CombineFn):  # type: ignore[misc]
+    """Pair and group lines → {"pairs": {split key: n}, "groups": {split key: n}}."""
+
+    def create_accumulator(self) -> dict[str, dict[str, int]]:
+        return {"pairs": {}, "groups": {}}
+
+    def add_input(self, acc: dict[str, dict[str, int]], line: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+        if "group" in line:
+            kind, key = "groups", "+".join(sorted(line["splits"], key=_split_rank))
+        else:
+            kind, key = "pairs", split_key(line["split_a"], line["split_b"])
+        acc[kind][key] = acc[kind].get(key, 0) + 1
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {"pairs": {}, "groups": {}}
+        for acc in accs:
+            for kind, counts in acc.items():
+                for key, n in counts.items():
+                    out[kind][key] = out[kind].get(key, 0) + n
+        return out
+
+    def extract_output(self, acc: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        return {kind: dict(sorted(counts.items(), key=lambda kv: _key_rank(kv[0]))) for kind, counts in acc.items()}
+
+
+def _key_rank(key: str) -> tuple[Any, ...]:
+    return tuple(_split_rank(s) for s in key.replace("+", "/").split("/"))
+
+
+def summary_block(
+    max_distance: int, counts: Mapping[str, Mapping[str, int]], hashed: int, unhashed: int, crowded: int
+) -> dict[str, Any]:
+    """dataset.json's ``near_duplicates``."""
+    pairs, groups = counts.get("pairs", {}), counts.get("groups", {})
+    return {
+        "hash": HASH_NAME,
+        "max_distance": max_distance,
+        "file": NEAR_DUPLICATES_JSONL,
+        "images_hashed": hashed,
+        "images_unhashed": unhashed,
+        "pairs": dict(pairs),
+        "groups": dict(groups),
+        "across_splits": sum(n for key, n in pairs.items() if "/" in key),
+        "crowded_buckets": crowded,
+    }
+
+
+def _summarize(
+    _: Any, max_distance: int, counts: Mapping[str, Mapping[str, int]], hashed: Sequence[tuple[bool, int]], crowded: int
+) -> dict[str, Any]:
+    by = dict(hashed)
+    return summary_block(max_distance, counts, by.get(True, 0), by.get(False, 0), crowded)
+
+
+class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
+    """Shard results → {"parts": sorted part file paths, "summary": one dict (dataset.json's block)}."""
+
+    def __init__(self, staging: str, max_distance: int) -> None:
+        super().__init__()
+        self._staging = staging
+        self._max = max_distance
+
+    def expand(self, results: beam.PCollection) -> dict[str, beam.PCollection]:
+        p = results.pipeline
+        records = (
+            results
+            | "AllShardResults" >> beam.combiners.ToList()
+            | "ChosenIndexParts" >> beam.FlatMap(chosen_index_parts)
+            | "SpreadIndexParts" >> beam.Reshuffle()
+            | "ReadHashes" >> beam.FlatMap(read_hashes)
+        )
+        hashed = records | "Hashed" >> beam.Filter(lambda kv: bool(kv[0]))
+        counted = (
+            records
+            | "HashedOrNot" >> beam.Map(lambda kv: (bool(kv[0]), 1))
+            | "CountHashedOrNot" >> beam.CombinePerKey(sum)
+        )
+        per_hash = (
+            hashed
+            | "ImagesPerHash" >> beam.CombinePerKey(HashMembers())
+            | "GroupsOrMembers" >> beam.FlatMap(group_or_members).with_outputs("groups", main="members")
+        )
+        members = per_hash.members
+        found = (
+            members
+            | "BandKeys" >> beam.FlatMap(band_keys)
+            | "GroupBandBuckets" >> beam.GroupByKey()
+            | "CompareBuckets" >> beam.ParDo(CompareBucket(self._max)).with_outputs("crowded", main="pairs")
+        )
+        hash_pairs = (
+            found.pairs
+            | "DistinctHashPairs" >> beam.Distinct()
+            | "ByFirstHash" >> beam.Map(lambda t: (hex_of(t[0]), (hex_of(t[1]), t[2])))
+        )
+        member_lists = members  # (hash, [(path, split)])
+        halves = {"pairs": hash_pairs, "members": member_lists} | "JoinFirst" >> beam.CoGroupByKey()
+        halves = halves | "ExpandFirst" >> beam.FlatMap(expand_first)
+        close = {"halves": halves, "members": member_lists} | "JoinSecond" >> beam.CoGroupByKey()
+        lines = (
+            members | "ExactPairs" >> beam.FlatMap(exact_pairs),
+            close | "ExpandSecond" >> beam.FlatMap(expand_second),
+            per_hash.groups,
+        ) | "AllLines" >> beam.Flatten()
+        parts = (
+            lines
+            | "PartBucket" >> beam.Map(lambda line: (part_bucket(line), line))
+            | "GroupParts" >> beam.GroupByKey()
+            | "WriteParts" >> beam.ParDo(WritePartFn(self._staging))
+        )
+        counts = lines | "CountLines" >> beam.CombineGlobally(CountLines())
+        crowded = found.crowded | "CountCrowded" >> beam.CombineGlobally(sum)
+        summary = (
+            p
+            | "OneSummary" >> beam.Create([None])
+            | "Summarize"
+            >> beam.Map(
+                _summarize,
+                self._max,
+                beam.pvalue.AsSingleton(counts),
+                beam.pvalue.AsList(counted),
+                beam.pvalue.AsSingleton(crowded),
+            )
+        )
+        return {"parts": parts, "summary": summary}
