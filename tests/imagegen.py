@@ -70,3 +70,17 @@ def write(path: str, data: bytes) -> str:
     with open(path, "wb") as fh:
         fh.write(data)
     return path
+
+
+def photo_like(seed: int, width: int = 320, height: int = 240) -> Image.Image:
+    """An RGB image whose spectrum falls off as a photo's does (1/f noise per channel): perceptual hashes of
+    two such images are as far apart as two unrelated photos', unlike the gradients of ``pixels``."""
+    rng = np.random.default_rng(seed)
+    freq = np.fft.fftfreq(height)[:, None] ** 2 + np.fft.fftfreq(width)[None, :] ** 2
+    freq[0, 0] = 1.0
+    channels = []
+    for _ in range(3):
+        spectrum = (rng.normal(size=(height, width)) + 1j * rng.normal(size=(height, width))) / freq**0.9
+        field = np.real(np.fft.ifft2(spectrum))
+        channels.append((field - field.min()) / (field.max() - field.min()) * 255)
+    return Image.fromarray(np.stack(channels, -1).astype(np.uint8), "RGB")

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "publish": ("publish", "publishing N shards on GCS (emulator): requests and wall, batched vs per file"),
     "gcs-read": ("gcs_read", "reading many small gs:// objects (emulator): FileSystems.open vs the writer's reader"),
     "model-garden": ("model_garden", "COCO conversion against TF Model Garden's, image by image, and timed"),
+    "near-dups": ("near_dups", "CPU per image with and without the perceptual hash; the pair join over 1 M hashes"),
     "engines": ("engines", "the same data locally and on the local Flink/Spark cluster"),
     "measure": ("common", "wall time, CPU and peak RSS of any command's process tree (one JSON line)"),
 }

@@ -1,0 +1,194 @@
+"""Near-duplicates (issue #36): what the perceptual hash costs per image, and the pair join at scale.
+
+    .venv/bin/python scripts/benchmark.py near-dups                     # both
+    .venv/bin/python scripts/benchmark.py near-dups --only hash --rounds 5
+    .venv/bin/python scripts/benchmark.py near-dups --only join --hashes 1000000 --crowd 10000
+
+``hash``, in one run on the same files (generated 640x480 JPEGs and PNGs, 200 of each by default):
+
+1. CPU per image of the check as the writer runs it (``prepare_image``, one thread, ``time.process_time``)
+   with and without the hash, interleaved file by file, ``--rounds`` times; the medians and their ratio.
+2. ``convert --no-transform --no-tfds-metadata`` with ``--near-duplicates report`` and ``off``, interleaved:
+   wall and CPU of the whole job, the join included.
+
+``join``: ``--hashes`` generated hashes (random 64-bit values; 1 % of them with a copy 0-12 bits away) in
+index parts of 5,000 records, plus ``--crowd`` images sharing one hash (blank frames) and ``--crowd``
+distinct hashes sharing one 16-bit band value, through ``FindNearDuplicates`` on the local runner in a
+fresh process: wall time, CPU and peak RSS of that process, and what it found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.common import interleaved, list_images, load, make_samples, measure, measure_beam, scratch
+
+QUICK = ["--no-transform", "--no-tfds-metadata", "--max-reject-fraction", "1", "--split-ratios", "train=0.8,test=0.2"]
+PART_RECORDS = 5_000
+
+
+def hash_cost(files: list[Path], rounds: int) -> dict[str, float]:
+    from beam_pipeline.images.convert import prepare_image
+    from beam_pipeline.images.options import ImageOptions
+
+    with_hash, without = ImageOptions(), ImageOptions(perceptual_hash=False)
+    datas = [f.read_bytes() for f in files]
+    prepare_image(datas[0], with_hash)  # imports (imagehash, SciPy) outside the timing
+    on: list[float] = []
+    off: list[float] = []
+    for _ in range(rounds):
+        t_on = t_off = 0.0
+        for data in datas:
+            for options, kind in ((with_hash, "on"), (without, "off")):
+                start = time.process_time()
+                prepare_image(data, options)
+                spent = time.process_time() - start
+                if kind == "on":
+                    t_on += spent
+                else:
+                    t_off += spent
+        on.append(1000 * t_on / len(datas))
+        off.append(1000 * t_off / len(datas))
+    return {"with_ms": statistics.median(on), "without_ms": statistics.median(off)}
+
+
+def run_hash(args: argparse.Namespace) -> None:
+    with scratch(args.work, "near-dups-") as work:
+        data = Path(args.input) if args.input else work / "data"
+        if not args.input:
+            make_samples(data, args.per_class, jpeg_only=False)
+        files = list_images(data)
+        jpegs = [f for f in files if f.suffix.lower() in (".jpg", ".jpeg")][: args.per_kind]
+        pngs = [f for f in files if f.suffix.lower() == ".png"][: args.per_kind]
+        print(f"load {load()}; {len(jpegs)} JPEGs, {len(pngs)} PNGs from {data}")
+        for name, chosen in (("JPEG (kept as is: 1/8-scale check)", jpegs), ("PNG (full decode)", pngs)):
+            if not chosen:
+                continue
+            cost = hash_cost(chosen, args.rounds)
+            extra = cost["with_ms"] - cost["without_ms"]
+            print(
+                f"{name}: check {cost['without_ms']:.3f} ms/img, with hash {cost['with_ms']:.3f} ms/img: "
+                f"+{extra:.3f} ms (+{100 * extra / cost['without_ms']:.1f} %)"
+            )
+        runs = {
+            mode: (
+                lambda mode=mode: measure_beam(
+                    "convert",
+                    "--input",
+                    str(data),
+                    "--output",
+                    str(work / f"out-{mode}"),
+                    "--overwrite",
+                    *QUICK,
+                    "--near-duplicates",
+                    mode,
+                )
+            )
+            for mode in ("off", "report")
+        }
+        results = interleaved(args.rounds, runs)
+        images = len(files)
+        for mode, got in results.items():
+            wall = statistics.median(r["seconds"] for r in got)
+            cpu = statistics.median(r["cpu_seconds"] for r in got)
+            print(
+                f"convert --near-duplicates {mode:<6}: {images} images, wall {wall:.2f} s, CPU {cpu:.2f} s "
+                f"({1000 * cpu / images:.2f} ms/img)"
+            )
+
+
+def make_index_parts(folder: Path, hashes: int, crowd: int, seed: int = 36) -> int:
+    """Index parts of generated hashes; returns how many records."""
+    rng = random.Random(seed)
+    rows: list[tuple[str, str, int]] = []
+    splits = ("train", "validation", "test")
+    for i in range(hashes):
+        value = rng.getrandbits(64)
+        rows.append((f"img/{i:08d}.jpg", splits[i % 10 // 8], value))
+        if i % 100 == 0:
+            copy = value
+            for bit in rng.sample(range(64), rng.randrange(13)):
+                copy ^= 1 << bit
+            rows.append((f"img/{i:08d}_copy.jpg", splits[(i // 100) % 3], copy))
+    blank = rng.getrandbits(64)
+    rows += [(f"blank/{i:06d}.png", splits[i % 3], blank) for i in range(crowd)]
+    shared = rng.getrandbits(16)
+    rows += [(f"band/{i:06d}.png", splits[i % 3], (rng.getrandbits(48) << 16) | shared) for i in range(crowd)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for start in range(0, len(rows), PART_RECORDS):
+        lines = (
+            json.dumps({"path": p, "split": s, "phash": f"{v:016x}"}) for p, s, v in rows[start : start + PART_RECORDS]
+        )
+        (folder / f"part-{start // PART_RECORDS:05d}.jsonl").write_text("\n".join(lines) + "\n")
+    return len(rows)
+
+
+def join_here(folder: Path, distance: int) -> None:
+    """In this process: the join over ``folder``'s index parts; prints what it found as one JSON line."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    from beam_pipeline import near_duplicates as nd
+    from beam_pipeline.vocab.records import ShardResult
+
+    parts = sorted(folder.glob("part-*.jsonl"))
+    results = [ShardResult("train", i, f"/x/{i}", PART_RECORDS, 1, index_path=str(p)) for i, p in enumerate(parts)]
+    out = folder / "near.jsonl"
+    summary_file = folder / "summary.json"
+    options = PipelineOptions(direct_running_mode="in_memory", direct_num_workers=1)
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+        found = p | beam.Create(results) | nd.FindNearDuplicates(str(folder / "staging"), distance)
+        _ = found["summary"] | beam.Map(lambda s: summary_file.write_text(json.dumps(s)))
+        _ = found["parts"] | beam.combiners.ToList() | beam.Map(lambda ps: nd.merge_parts(ps, str(out)))
+    print(summary_file.read_text())
+
+
+def run_join(args: argparse.Namespace) -> None:
+    with scratch(args.work, "near-dups-join-") as work:
+        folder = work / "parts"
+        start = time.monotonic()
+        records = make_index_parts(folder, args.hashes, args.crowd)
+        print(f"load {load()}; {records:,} records in index parts made in {time.monotonic() - start:.1f} s")
+        here = Path(__file__).resolve().parents[1] / "benchmark.py"
+        result = measure(
+            [sys.executable, str(here), "near-dups", "--join-here", str(folder), "--distance", str(args.distance)],
+            quiet=False,
+        )
+        if result["returncode"] != 0:
+            raise SystemExit(f"error: the join failed: {result.get('stderr_tail', '')}")
+        print(
+            f"join: wall {result['seconds']:.1f} s, CPU {result['cpu_seconds']:.1f} s, peak RSS "
+            f"{result['peak_rss_mb']:.0f} MB ({records / result['seconds']:,.0f} records/s)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="benchmark.py near-dups", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", choices=("hash", "join"))
+    parser.add_argument("--input", help="images for the hash measurement (default: generated)")
+    parser.add_argument("--per-class", type=int, default=140, help="generated images per class (3 classes)")
+    parser.add_argument("--per-kind", type=int, default=200, help="JPEGs and PNGs timed (each)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hashes", type=int, default=1_000_000)
+    parser.add_argument("--crowd", type=int, default=10_000)
+    parser.add_argument("--distance", type=int, default=10)
+    parser.add_argument("--work", default="", help="kept folder for data and outputs (default: a temp one)")
+    parser.add_argument("--join-here", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.join_here:
+        join_here(Path(args.join_here), args.distance)
+        return 0
+    if args.only in (None, "hash"):
+        run_hash(args)
+    if args.only in (None, "join"):
+        run_join(args)
+    return 0
