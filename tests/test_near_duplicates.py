@@ -292,7 +292,7 @@ def test_convert_lists_every_copy_and_counts_the_leaks(tmp_path):
     copied = leaky_folder(tmp_path / "in")
     out = tmp_path / "out"
     r = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(out), *QUICK)
-    assert r.code == 0, r.stderr
+    assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in (out / "near_duplicates.jsonl").read_text().splitlines()]
     pairs = {(x["a"], x["b"]) for x in lines}
     assert {tuple(sorted(kv)) for kv in copied.items()} == pairs  # every copy, nothing else
@@ -315,7 +315,7 @@ def test_convert_lists_every_copy_and_counts_the_leaks(tmp_path):
         "convert", "--input", str(tmp_path / "in"), "--output", str(again), *QUICK,
         "--direct_running_mode", "multi_threading", "--direct_num_workers", "3",
     )  # fmt: skip
-    assert r.code == 0, r.stderr
+    assert r.returncode == 0, r.stderr
     assert (again / "near_duplicates.jsonl").read_bytes() == (out / "near_duplicates.jsonl").read_bytes()
 
 
@@ -326,7 +326,7 @@ def test_off_hashes_nothing_and_writes_no_file(tmp_path):
     leaky_folder(tmp_path / "in")
     out = tmp_path / "out"
     r = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(out), *QUICK, "--near-duplicates", "off")
-    assert r.code == 0, r.stderr
+    assert r.returncode == 0, r.stderr
     assert not (out / "near_duplicates.jsonl").exists()
     assert "near_duplicates" not in json.loads((out / "dataset.json").read_text())
     assert all("phash" not in json.loads(x) for x in (out / "index.jsonl").read_text().splitlines())
@@ -339,7 +339,7 @@ def test_a_night_finds_a_new_copy_of_an_earlier_image_without_decoding_it_again(
 
     leaky_folder(tmp_path / "in")
     first = tmp_path / "night1"
-    assert run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(first), *QUICK).code == 0
+    assert run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(first), *QUICK).returncode == 0
     # tonight: one new file, a copy of an image the first night converted
     original = photo_like(200 + 5, 160, 120)
     (tmp_path / "in" / "dogs" / "p05_tonight.png").write_bytes(encode(original, "PNG"))
@@ -348,7 +348,7 @@ def test_a_night_finds_a_new_copy_of_an_earlier_image_without_decoding_it_again(
         "convert", "--input", str(tmp_path / "in"), "--output", str(second), *QUICK,
         "--incremental-from", str(first),
     )  # fmt: skip
-    assert r.code == 0, r.stderr
+    assert r.returncode == 0, r.stderr
     info = json.loads((second / "dataset.json").read_text())
     assert info["incremental"]["converted"] == 1  # the others were reused: their hashes came from the index
     pairs = {(x["a"], x["b"]) for x in map(json.loads, (second / "near_duplicates.jsonl").read_text().splitlines())}
@@ -361,5 +361,5 @@ def test_a_wrong_distance_is_one_line(tmp_path):
     from .conftest import run_cli
 
     r = run_cli("convert", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--near-duplicate-distance", "40")
-    assert r.code == 2
+    assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--near-duplicate-distance must be 0 to 24" in r.stderr

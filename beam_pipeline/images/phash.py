@@ -4,8 +4,8 @@ imagehash's pHash (64 bits: the signs of the 8 x 8 lowest frequencies of a
 32 x 32 grey image's DCT, against their median). Every format is hashed from
 the same normalised picture, so a PNG and a JPEG of one photo agree:
 
-- the first frame, in L, RGB or their alpha forms (16-bit grey as TensorFlow reads it);
-- shrunk to 32 x 32 (the check decodes a JPEG kept as is at the smallest scale libjpeg
+- the first frame, grey (16-bit grey as TensorFlow reads it);
+- shrunk to 32 x 32, bilinear (the check decodes a JPEG kept as is at the smallest scale libjpeg
   offers that keeps both sides at least 32, ``options.check_scale``; other formats in full);
 - transparent pixels flattened on white, as a JPEG conversion does;
 - turned upright by its EXIF orientation, whether or not the run applies it to the record.
@@ -30,13 +30,15 @@ HASH_NAME = "phash-64"  # what dataset.json names: imagehash.phash with hash_siz
 def perceptual_hash(img: Image.Image) -> str | None:
     """The 16-hex-digit pHash of ``img``'s first frame, upright; None if Pillow cannot make it grey (logged).
 
-    ``img`` is the decoded image the check holds; it is not changed.
+    ``img`` is the decoded image the check holds; it is not changed. Its hex digits are imagehash's own
+    ``str()`` of the hash (the first of the 64 bits is the highest), made without its per-bit string.
     """
     import imagehash  # with SciPy: imported by the processes that decode, on their first image
+    import numpy as np
 
     try:
-        small = _normalised(img)
-        return str(imagehash.phash(small))
+        bits = imagehash.phash(_normalised(img)).hash
+        return np.packbits(bits.reshape(-1)).tobytes().hex()
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - a mode Pillow cannot convert: the image stays, unhashed
@@ -45,13 +47,22 @@ def perceptual_hash(img: Image.Image) -> str | None:
 
 
 def _normalised(img: Image.Image) -> Image.Image:
-    """``img``'s first frame as a HASH_SIDE x HASH_SIDE L or RGB image, upright, on white where transparent."""
+    """``img``'s first frame as a HASH_SIDE x HASH_SIDE grey image, upright, on white where transparent.
+
+    Grey first, then shrunk (a large image box-reduced to about twice HASH_SIDE first): a third of the work
+    of shrinking three channels, ~0.05 ms for a JPEG the check decoded at 1/8 scale.
+    """
     orientation = _applied_orientation(img)
-    frame = _plain_mode(img)
-    small = frame.resize((HASH_SIDE, HASH_SIDE), Image.Resampling.LANCZOS, reducing_gap=2.0)
-    if small.mode in ("LA", "RGBA"):
-        flat = Image.new(small.mode[:-1], small.size, "white")
-        flat.paste(small, mask=small.getchannel("A"))
+    frame = _plain_mode(img)  # L, LA, RGB or RGBA
+    factor = min(frame.size) // (2 * HASH_SIDE)
+    if factor >= 2:
+        frame = frame.reduce(factor)
+    if frame.mode in ("RGB", "RGBA"):
+        frame = frame.convert("LA" if frame.mode == "RGBA" else "L")
+    small = frame.resize((HASH_SIDE, HASH_SIDE), Image.Resampling.BILINEAR)
+    if small.mode == "LA":
+        flat = Image.new("L", small.size, 255)
+        flat.paste(small.getchannel("L"), mask=small.getchannel("A"))
         small = flat
     if orientation != 1:
         small = small.transpose(ORIENTATION_TRANSPOSE[orientation])

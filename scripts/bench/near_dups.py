@@ -8,8 +8,9 @@
 
 1. CPU per image of the check as the writer runs it (``prepare_image``, one thread, ``time.process_time``)
    with and without the hash, interleaved file by file, ``--rounds`` times; the medians and their ratio.
-2. ``convert --no-transform --no-tfds-metadata`` with ``--near-duplicates report`` and ``off``, interleaved:
-   wall and CPU of the whole job, the join included.
+2. ``convert --no-transform --no-tfds-metadata`` with ``--near-duplicates report`` and ``off``, over the whole
+   set and over a quarter of it, interleaved: the CPU of the process tree; the difference of the two sizes
+   gives the steady CPU per image (start-up cancelled), the quarter less its images the fixed cost.
 
 ``join``: ``--hashes`` generated hashes (random 64-bit values; 1 % of them with a copy 0-12 bits away) in
 index parts of 5,000 records, plus ``--crowd`` images sharing one hash (blank frames) and ``--crowd``
@@ -27,7 +28,17 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import interleaved, list_images, load, make_samples, measure, measure_beam, scratch
+from bench.common import (
+    interleaved,
+    link_files,
+    list_images,
+    load,
+    make_samples,
+    measure,
+    measure_beam,
+    scratch,
+    steady_ms,
+)
 
 QUICK = ["--no-transform", "--no-tfds-metadata", "--max-reject-fraction", "1", "--split-ratios", "train=0.8,test=0.2"]
 PART_RECORDS = 5_000
@@ -76,31 +87,32 @@ def run_hash(args: argparse.Namespace) -> None:
                 f"{name}: check {cost['without_ms']:.3f} ms/img, with hash {cost['with_ms']:.3f} ms/img: "
                 f"+{extra:.3f} ms (+{100 * extra / cost['without_ms']:.1f} %)"
             )
+        quarter = link_files(files[: len(files) // 4], data, work / "quarter")
         runs = {
-            mode: (
-                lambda mode=mode: measure_beam(
-                    "convert",
-                    "--input",
-                    str(data),
-                    "--output",
-                    str(work / f"out-{mode}"),
-                    "--overwrite",
-                    *QUICK,
-                    "--near-duplicates",
-                    mode,
+            (mode, name): (
+                lambda mode=mode, src=src, name=name: measure_beam(
+                    "convert", "--input", str(src), "--output", str(work / f"out-{mode}-{name}"), "--overwrite",
+                    *QUICK, "--near-duplicates", mode,
                 )
             )
             for mode in ("off", "report")
-        }
+            for name, src in (("all", data), ("quarter", quarter))
+        }  # fmt: skip
         results = interleaved(args.rounds, runs)
-        images = len(files)
-        for mode, got in results.items():
-            wall = statistics.median(r["seconds"] for r in got)
-            cpu = statistics.median(r["cpu_seconds"] for r in got)
+        n_all, n_quarter = len(files), len(files) // 4
+        steady = {}
+        for mode in ("off", "report"):
+            cpu_all = statistics.median(r["cpu_seconds"] for r in results[(mode, "all")])
+            cpu_q = statistics.median(r["cpu_seconds"] for r in results[(mode, "quarter")])
+            wall_all = statistics.median(r["seconds"] for r in results[(mode, "all")])
+            steady[mode] = steady_ms(cpu_all, cpu_q, n_all - n_quarter)
+            fixed = cpu_q - steady[mode] * n_quarter / 1000
             print(
-                f"convert --near-duplicates {mode:<6}: {images} images, wall {wall:.2f} s, CPU {cpu:.2f} s "
-                f"({1000 * cpu / images:.2f} ms/img)"
+                f"convert --near-duplicates {mode:<6}: {n_all} images in {wall_all:.2f} s (CPU {cpu_all:.2f} s); "
+                f"steady CPU {steady[mode]:.3f} ms/img, fixed CPU {fixed:.2f} s"
             )
+        extra = steady["report"] - steady["off"]
+        print(f"the hash and the join, per image of the job: +{extra:.3f} ms (+{100 * extra / steady['off']:.1f} %)")
 
 
 def make_index_parts(folder: Path, hashes: int, crowd: int, seed: int = 36) -> int:
@@ -175,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", choices=("hash", "join"))
     parser.add_argument("--input", help="images for the hash measurement (default: generated)")
-    parser.add_argument("--per-class", type=int, default=140, help="generated images per class (3 classes)")
+    parser.add_argument("--per-class", type=int, default=400, help="generated images per class (3 classes)")
     parser.add_argument("--per-kind", type=int, default=200, help="JPEGs and PNGs timed (each)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hashes", type=int, default=1_000_000)
