@@ -15,7 +15,7 @@ import json
 import re
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -115,6 +115,7 @@ def summary(output: str, info: DatasetInfo, split: str | None = None) -> str:
     converted = converted_count(info)
     if converted:
         lines.append(f"converted: {converted[0]:,} {converted[1]}")
+    lines += near_duplicate_lines(info.near_duplicates)
     lines += incremental_lines(info.incremental)
     resumed = info.resumed
     if resumed:
@@ -137,6 +138,23 @@ def summary(output: str, info: DatasetInfo, split: str | None = None) -> str:
         line += (" " if line.endswith(":") or not line.strip() else ", ") + part
     lines.append(line)
     return "\n".join(line[:WIDTH] if len(line) > WIDTH else line for line in lines)
+
+
+def near_duplicate_lines(near: Mapping[str, Any] | None) -> list[str]:
+    """dataset.json's near_duplicates: pairs in all, those across splits (leakage) one line each, crowds."""
+    if not near:
+        return []
+    pairs = near.get("pairs") or {}
+    across = {k: n for k, n in pairs.items() if "/" in k}
+    lines = [
+        f"near-duplicates: {sum(pairs.values()):,} pairs, {sum(across.values()):,} across splits "
+        f"(<= {near.get('max_distance')} bits, {near.get('file')})"
+    ]
+    lines += [f"  {key:<20} {n:>9,}" for key, n in across.items()]
+    crowds = sum((near.get("groups") or {}).values())
+    if crowds:
+        lines.append(f"  crowds of 100+ copies of one hash: {crowds:,}")
+    return lines
 
 
 def converted_count(info: DatasetInfo) -> tuple[int, str] | None:

@@ -135,9 +135,24 @@ def test_split_keys_put_train_first():
 
 def test_a_crowded_bucket_is_counted_not_compared(monkeypatch):
     monkeypatch.setattr(nd, "BUCKET_CAP", 5)
-    out = list(nd.CompareBucket(10).process(((0, 0), [1, 2, 3, 4, 5, 6])))
+    crowd = [(i << 16) | 7 for i in range(6)]  # one value of band 0 (the lowest 16 bits)
+    out = list(nd.CompareBucket(64).process(((0, 7), [crowd[:4], crowd[4:]])))
     assert [o.tag for o in out] == ["crowded"]
-    assert sorted(nd.CompareBucket(1).process(((0, 0), [3, 1, 2]))) == [(1, 3, 1), (2, 3, 1)]
+    # 1 and 3 share band 0's value, 2 does not
+    pairs = sorted(nd.CompareBucket(2).process(((0, 0), [[1 << 16, 3 << 16], [2 << 16 | 1]])))
+    assert pairs == [(1 << 16, 3 << 16, 1)]
+
+
+def test_band_batches_put_every_hash_under_each_band_once():
+    fn = nd.BandBatches()
+    fn.start_bundle()
+    values = [random.Random(i).getrandbits(64) for i in range(50)]
+    out = [kv for v in values for kv in fn.process((f"{v:016x}", []))]
+    out += [w.value for w in fn.finish_bundle()]
+    for band, mask in enumerate(nd.MASKS):
+        mine = [v for (b, coarse), batch in out if b == band for v in batch]
+        assert sorted(mine) == sorted(values)
+        assert all((v & mask) % nd.COARSE == coarse for (b, coarse), batch in out if b == band for v in batch)
 
 
 def test_the_numpy_and_the_python_comparisons_agree():
@@ -308,6 +323,8 @@ def test_convert_lists_every_copy_and_counts_the_leaks(tmp_path):
     assert block["across_splits"] == len(across) == sum(n for k, n in block["pairs"].items() if "/" in k)
     assert sum(block["pairs"].values()) == len(lines)
     assert "near-dups" in r.stdout and f"{len(lines)} pairs" in r.stdout
+    shown = run_cli("inspect", str(out)).stdout
+    assert f"near-duplicates: {len(lines)} pairs, {len(across)} across splits" in shown
 
     # the same bytes from another runner mode (other bundles, other orders)
     again = tmp_path / "again"
