@@ -40,22 +40,20 @@ from .vocab.records import ShardResult, choose_results
 
 DEFAULT_DISTANCE = 10  # bits of 64: imagededup's default for pHash too (docs/leakage.md has the measurements)
 GROUP_SIZE = 100  # images sharing one hash beyond which they are one group line (its first GROUP_SIZE paths)
-BANDS = 32
-BAND_BITS = 16
+BANDS = 128
+BAND_BITS = 20
 BUCKET_CAP = 5_000  # distinct hashes one band value may hold and still be compared (~12.5 M distances)
-COARSE = 251  # groups of band values per band the engine shuffles (BandBatches): 8,032 keys in all
-FLUSH_VALUES = 200_000  # band entries a BandBatches bundle holds before it sends them on (~10 MB)
+COARSE = 31  # groups of band values per band the engine shuffles (BandBatches): 3,968 keys in all
+FLUSH_HASHES = 50_000  # hashes a BandBatches bundle holds before it sends their band entries on
 PART_BUCKETS = 64  # part files of near_duplicates.jsonl, merged in order by finalize
 PARTS_FOLDER = "near_duplicates"  # under the staging folder's rejects parts (never published)
 SPLIT_ORDER = ("train", "validation", "test")
 
 
 def band_masks() -> tuple[int, ...]:
-    """The bands' 64-bit masks: the four quarters, then fixed random choices of BAND_BITS bits."""
-    quarters = [((1 << BAND_BITS) - 1) << (BAND_BITS * i) for i in range(64 // BAND_BITS)]
+    """The bands' 64-bit masks: BANDS fixed random choices of BAND_BITS of the 64 bits."""
     rng = random.Random(36)  # fixed: which pairs are candidates is part of the output's contract
-    sampled = [sum(1 << b for b in rng.sample(range(64), BAND_BITS)) for _ in range(BANDS - len(quarters))]
-    return tuple(quarters + sampled)
+    return tuple(sum(1 << b for b in rng.sample(range(64), BAND_BITS)) for _ in range(BANDS))
 
 
 MASKS = band_masks()
@@ -151,26 +149,17 @@ def pair_line(a: tuple[str, str], b: tuple[str, str], d: int) -> dict[str, Any]:
 
 
 class BandBatches(beam.DoFn):  # type: ignore[misc]
-    """(hash, members) → ((band, coarse value), [hash, ...]): every hash under each of its BANDS band values,
-    batched per bundle into COARSE groups per band, so the engine carries a few large elements instead of
-    BANDS small ones per image (Beam's per-element cost was ~0.6 ms per image on the local runner)."""
+    """(hash, members) → ((band, coarse value), uint64 bytes): every hash under each of its BANDS band values,
+    in numpy batches per bundle, COARSE groups of band values per band. The engine carries a few thousand
+    byte strings per batch instead of BANDS small elements per image (Beam's cost per element, not the
+    comparisons, was most of the join's CPU)."""
 
     def start_bundle(self) -> None:
-        self._batches: dict[tuple[int, int], list[int]] = {}
-        self._held = 0
+        self._values: list[int] = []
 
-    def process(self, element: tuple[str, Any]) -> Iterator[tuple[tuple[int, int], list[int]]]:
-        value = int(element[0], 16)
-        batches = self._batches
-        for band, mask in enumerate(MASKS):
-            key = (band, (value & mask) % COARSE)
-            batch = batches.get(key)
-            if batch is None:
-                batches[key] = [value]
-            else:
-                batch.append(value)
-        self._held += len(MASKS)
-        if self._held >= FLUSH_VALUES:
+    def process(self, element: tuple[str, Any]) -> Iterator[tuple[tuple[int, int], bytes]]:
+        self._values.append(int(element[0], 16))
+        if len(self._values) >= FLUSH_HASHES:
             yield from self._flush()
 
     def finish_bundle(self) -> Iterator[Any]:
@@ -179,42 +168,55 @@ class BandBatches(beam.DoFn):  # type: ignore[misc]
         for kv in self._flush():
             yield GlobalWindows.windowed_value(kv)
 
-    def _flush(self) -> Iterator[tuple[tuple[int, int], list[int]]]:
-        batches, self._batches, self._held = self._batches, {}, 0
-        yield from batches.items()
+    def _flush(self) -> Iterator[tuple[tuple[int, int], bytes]]:
+        import numpy as np
+
+        if not self._values:
+            return
+        values = np.array(self._values, dtype=np.uint64)
+        self._values = []
+        for band, mask in enumerate(MASKS):
+            coarse = (values & np.uint64(mask)) % np.uint64(COARSE)
+            order = np.argsort(coarse, kind="stable")
+            bounds = np.flatnonzero(np.diff(coarse[order])) + 1
+            for chunk in np.split(order, bounds):
+                yield (band, int(coarse[chunk[0]])), values[chunk].tobytes()
 
 
 class CompareBucket(beam.DoFn):  # type: ignore[misc]
-    """((band, coarse), [[hash, ...], ...]) → (smaller hash, larger hash, distance) of each pair that shares
+    """((band, coarse), [uint64 bytes, ...]) → (smaller hash, larger hash, distance) of each pair that shares
     the band's value and is within ``max_distance``; a band value of over BUCKET_CAP hashes is counted
     (tagged "crowded"), not compared."""
 
     def __init__(self, max_distance: int) -> None:
         self._max = max_distance
 
-    def process(self, element: tuple[tuple[int, int], Iterable[list[int]]]) -> Iterator[Any]:
-        (band, _), batches = element
-        mask = MASKS[band]
-        buckets: dict[int, list[int]] = {}
-        for batch in batches:
-            for value in batch:
-                buckets.setdefault(value & mask, []).append(value)
-        for _, values in sorted(buckets.items()):
-            if len(values) > BUCKET_CAP:
+    def process(self, element: tuple[tuple[int, int], Iterable[bytes]]) -> Iterator[Any]:
+        import numpy as np
+
+        (band, _), chunks = element
+        values = np.concatenate([np.frombuffer(c, dtype=np.uint64) for c in chunks])
+        if len(values) < 2:
+            return
+        masked = values & np.uint64(MASKS[band])
+        order = np.lexsort((values, masked))  # by band value, then hash
+        masked, values = masked[order], values[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(masked)) + 1))
+        sizes = np.diff(np.concatenate((starts, [len(values)])))
+        for i in np.flatnonzero(sizes > 1):
+            start, size = int(starts[i]), int(sizes[i])
+            if size > BUCKET_CAP:
                 yield beam.pvalue.TaggedOutput("crowded", 1)
-            elif len(values) > 1:
-                values.sort()
-                yield from _close_pairs(values, self._max)
+            else:
+                yield from _close_pairs(values[start : start + size].tolist(), self._max)
 
 
 def _close_pairs(values: list[int], max_distance: int) -> Iterator[tuple[int, int, int]]:
-    try:
-        import numpy as np
+    """Pairs of ``values`` (sorted) within ``max_distance`` bits: numpy for a large bucket, else one by one."""
+    import numpy as np
 
-        count_bits = np.bitwise_count  # numpy >= 2
-    except (ImportError, AttributeError):
-        count_bits = None
-    if count_bits is None or len(values) < 64:
+    count_bits = getattr(np, "bitwise_count", None)  # numpy >= 2
+    if len(values) < 64 or count_bits is None:
         for i, a in enumerate(values):
             for b in values[i + 1 :]:
                 d = (a ^ b).bit_count()
@@ -224,7 +226,7 @@ def _close_pairs(values: list[int], max_distance: int) -> Iterator[tuple[int, in
     arr = np.array(values, dtype=np.uint64)
     for i in range(len(arr) - 1):
         dist = count_bits(arr[i + 1 :] ^ arr[i])
-        for j in np.nonzero(dist <= max_distance)[0]:
+        for j in np.flatnonzero(dist <= max_distance):
             yield values[i], values[i + 1 + int(j)], int(dist[j])
 
 
@@ -232,26 +234,25 @@ def hex_of(value: int) -> str:
     return f"{value:016x}"
 
 
-def expand_first(element: tuple[str, Mapping[str, list[Any]]]) -> Iterator[tuple[str, Any]]:
-    """(hash a, {"pairs": [(b, d)], "members": [members of a]}) → (b, (members of a, d))."""
-    _, grouped = element
-    members = grouped["members"]
-    if not members:
-        return
-    for b, d in grouped["pairs"]:
-        yield b, (members[0], d)
+def both_ways(pair: tuple[int, int, int]) -> list[tuple[str, tuple[str, int]]]:
+    a, b, d = hex_of(pair[0]), hex_of(pair[1]), pair[2]
+    return [(a, (b, d)), (b, (a, d))]
 
 
-def expand_second(element: tuple[str, Mapping[str, list[Any]]]) -> Iterator[dict[str, Any]]:
-    """(hash b, {"halves": [(members of a, d)], "members": [members of b]}) → the path pairs."""
-    _, grouped = element
-    members = grouped["members"]
-    if not members:
-        return
-    for firsts, d in grouped["halves"]:
-        for a in firsts:
-            for b in members[0]:
-                yield pair_line(a, b, d)
+def pair_halves(element: tuple[str, list[Any]], partners: Mapping[str, list[tuple[str, int]]]) -> Iterator[Any]:
+    """(hash, members) → ((hash a, hash b, distance), members) for each close hash it pairs with."""
+    phash, members = element
+    for other, d in partners[phash]:  # a side input's multimap: [] for a hash without partners
+        yield (min(phash, other), max(phash, other), d), members
+
+
+def expand_pair(element: tuple[tuple[str, str, int], Iterable[list[Any]]]) -> Iterator[dict[str, Any]]:
+    """((hash a, hash b, distance), [members of one, members of the other]) → the path pairs."""
+    (_, _, d), halves = element
+    first, second = list(halves)
+    for a in first:
+        for b in second:
+            yield pair_line(a, b, d)
 
 
 def line_key(line: Mapping[str, Any]) -> tuple[str, str]:
@@ -390,18 +391,22 @@ class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
             | "GroupBandBuckets" >> beam.GroupByKey()
             | "CompareBuckets" >> beam.ParDo(CompareBucket(self._max)).with_outputs("crowded", main="pairs")
         )
-        hash_pairs = (
+        partners = (
             found.pairs
             | "DistinctHashPairs" >> beam.Distinct()
-            | "ByFirstHash" >> beam.Map(lambda t: (hex_of(t[0]), (hex_of(t[1]), t[2])))
+            | "BothWays"
+            >> beam.FlatMap(lambda t: [(hex_of(t[0]), (hex_of(t[1]), t[2])), (hex_of(t[1]), (hex_of(t[0]), t[2]))])
         )
-        member_lists = members  # (hash, [(path, split)])
-        halves = {"pairs": hash_pairs, "members": member_lists} | "JoinFirst" >> beam.CoGroupByKey()
-        halves = halves | "ExpandFirst" >> beam.FlatMap(expand_first)
-        close = {"halves": halves, "members": member_lists} | "JoinSecond" >> beam.CoGroupByKey()
+        # only the hashes with a close partner go on (a side input as large as the pairs found)
+        close = (
+            members
+            | "PairHalves" >> beam.FlatMap(pair_halves, beam.pvalue.AsMultiMap(partners))
+            | "GroupPairHalves" >> beam.GroupByKey()
+            | "PathPairs" >> beam.FlatMap(expand_pair)
+        )
         lines = (
             members | "ExactPairs" >> beam.FlatMap(exact_pairs),
-            close | "ExpandSecond" >> beam.FlatMap(expand_second),
+            close,
             per_hash.groups,
         ) | "AllLines" >> beam.Flatten()
         parts = (

@@ -13,6 +13,7 @@ import json
 import random
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from PIL import Image, ImageEnhance
@@ -115,14 +116,10 @@ def test_off_makes_no_hash():
 # ---- the join ------------------------------------------------------------------------------------------
 
 
-def test_the_bands_are_fixed_and_the_quarters_cover_every_bit():
+def test_the_bands_are_fixed():
     assert nd.MASKS == nd.band_masks()
     assert len(nd.MASKS) == nd.BANDS and all(m.bit_count() == nd.BAND_BITS for m in nd.MASKS)
-    quarters = 0
-    for mask in nd.MASKS[:4]:
-        assert quarters & mask == 0
-        quarters |= mask
-    assert quarters == (1 << 64) - 1
+    assert len(set(nd.MASKS)) == nd.BANDS
 
 
 def test_split_keys_put_train_first():
@@ -133,14 +130,21 @@ def test_split_keys_put_train_first():
     assert nd.split_key("test", "test") == "test"
 
 
+def chunk(values) -> bytes:
+    return np.array(values, dtype=np.uint64).tobytes()
+
+
 def test_a_crowded_bucket_is_counted_not_compared(monkeypatch):
     monkeypatch.setattr(nd, "BUCKET_CAP", 5)
-    crowd = [(i << 16) | 7 for i in range(6)]  # one value of band 0 (the lowest 16 bits)
-    out = list(nd.CompareBucket(64).process(((0, 7), [crowd[:4], crowd[4:]])))
+    mask = nd.MASKS[0]
+    crowd = [(i << 40 | i) & ~mask for i in range(1, 7)]  # 6 hashes, all 0 in band 0's bits
+    out = list(nd.CompareBucket(64).process(((0, 0), [chunk(crowd[:4]), chunk(crowd[4:])])))
     assert [o.tag for o in out] == ["crowded"]
-    # 1 and 3 share band 0's value, 2 does not
-    pairs = sorted(nd.CompareBucket(2).process(((0, 0), [[1 << 16, 3 << 16], [2 << 16 | 1]])))
-    assert pairs == [(1 << 16, 3 << 16, 1)]
+    # a and b share band 0's value and are 1 bit apart; c differs in a bit of the band
+    free = next(b for b in range(64) if not mask >> b & 1)
+    inside = next(b for b in range(64) if mask >> b & 1)
+    a, b, c = 0, 1 << free, 1 << inside
+    assert sorted(nd.CompareBucket(2).process(((0, 0), [chunk([a, c]), chunk([b])]))) == [(a, b, 1)]
 
 
 def test_band_batches_put_every_hash_under_each_band_once():
@@ -150,9 +154,9 @@ def test_band_batches_put_every_hash_under_each_band_once():
     out = [kv for v in values for kv in fn.process((f"{v:016x}", []))]
     out += [w.value for w in fn.finish_bundle()]
     for band, mask in enumerate(nd.MASKS):
-        mine = [v for (b, coarse), batch in out if b == band for v in batch]
-        assert sorted(mine) == sorted(values)
-        assert all((v & mask) % nd.COARSE == coarse for (b, coarse), batch in out if b == band for v in batch)
+        mine = [(coarse, v) for (b, coarse), data in out if b == band for v in np.frombuffer(data, np.uint64).tolist()]
+        assert sorted(v for _, v in mine) == sorted(values)
+        assert all((v & mask) % nd.COARSE == coarse for coarse, v in mine)
 
 
 def test_the_numpy_and_the_python_comparisons_agree():
@@ -262,8 +266,8 @@ def test_the_join_finds_what_brute_force_finds_and_is_the_same_in_any_order(tmp_
         if d <= LIMIT:
             brute[tuple(sorted((pa, pb)))] = d
     assert set(pairs) <= set(brute) and all(pairs[k] == brute[k] for k in pairs)
-    assert {k for k, d in brute.items() if d <= 3} <= set(pairs)  # the quarters guarantee these
-    assert len(pairs) >= 0.9 * len(brute)
+    assert {k for k, d in brute.items() if d <= 6} <= set(pairs)  # found with probability > 0.9999
+    assert len(pairs) >= 0.85 * len(brute)
     assert [nd.line_key(x) for x in got] == sorted(nd.line_key(x) for x in got)
     assert summary["pairs"] == dict(
         sorted(

@@ -154,7 +154,7 @@ def join_here(folder: Path, distance: int) -> None:
     results = [ShardResult("train", i, f"/x/{i}", PART_RECORDS, 1, index_path=str(p)) for i, p in enumerate(parts)]
     out = folder / "near.jsonl"
     summary_file = folder / "summary.json"
-    options = PipelineOptions(direct_running_mode="in_memory", direct_num_workers=1)
+    options = PipelineOptions([], direct_running_mode="in_memory", direct_num_workers=1)
     with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
         found = p | beam.Create(results) | nd.FindNearDuplicates(str(folder / "staging"), distance)
         _ = found["summary"] | beam.Map(lambda s: summary_file.write_text(json.dumps(s)))
