@@ -384,3 +384,11 @@ def test_a_wrong_distance_is_one_line(tmp_path):
     r = run_cli("convert", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--near-duplicate-distance", "40")
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--near-duplicate-distance must be 0 to 24" in r.stderr
+
+
+def test_bits_are_counted_alike_with_and_without_numpy_2(monkeypatch):
+    values = np.array([0, 1, 3, 2**64 - 1, 12345678901234567, 2**63], dtype=np.uint64)
+    want = [int(v).bit_count() for v in values.tolist()]
+    assert nd._bit_counts(values).tolist() == want
+    monkeypatch.delattr(np, "bitwise_count", raising=False)
+    assert nd._bit_counts(values).tolist() == want
