@@ -97,6 +97,9 @@ class ConvertConfig:
     dedupe: bool = False  # one record per distinct content (sha256), across splits
     near_duplicates: str = "report"  # report: near_duplicates.jsonl and dataset.json's counts; off: no hash either
     near_duplicate_distance: int = 10  # bits of the 64-bit pHash (near_duplicates.DEFAULT_DISTANCE)
+    # --incremental-from: a class count that moved by more than this share is a note (run/changes.py)
+    change_share: float = 0.2
+    max_class_drop: float | None = None  # --incremental-from: a class that lost more than this share stops the publish
     decode_threads: int = 0  # 0: one per core
     # Of listed inputs; above it nothing is published (exit 3). 1.0 = publish
     # whatever converted (a run that converts nothing still fails).
@@ -461,6 +464,13 @@ def validate(cfg: ConvertConfig) -> None:
             "dataset); give the previous output's path instead"
         )
     parse_reencode(cfg.reencode)
+    if not (math.isfinite(cfg.change_share) and cfg.change_share > 0):
+        raise UsageError("--change-share must be a positive number (0.2: a class count that moved by 20 %)")
+    if cfg.max_class_drop is not None:
+        if not (math.isfinite(cfg.max_class_drop) and 0 < cfg.max_class_drop <= 1):
+            raise UsageError("--max-class-drop must be above 0 and at most 1 (0.5: a class that lost half its images)")
+        if not cfg.incremental_from:
+            raise UsageError("--max-class-drop needs --incremental-from (the night it compares with)")
     if cfg.near_duplicates not in NEAR_DUPLICATE_MODES:
         raise UsageError(f"--near-duplicates must be one of {', '.join(NEAR_DUPLICATE_MODES)}")
     if not 0 <= cfg.near_duplicate_distance <= MAX_NEAR_DUPLICATE_DISTANCE:

@@ -364,6 +364,21 @@ CONVERT = Command(
                     metavar=f"OUTPUT|{LATEST}",
                 ),
                 Flag(
+                    "--change-share",
+                    "with --incremental-from: a class whose image count moved by more than this share since the "
+                    "previous dataset is a note in the summary and in dataset.json's changes",
+                    metavar="F",
+                    type=float,
+                    show_default=True,
+                ),
+                Flag(
+                    "--max-class-drop",
+                    "with --incremental-from: a class that lost more than this share of its images (1: only one "
+                    "that vanished) stops the publish (exit 3; the previous dataset stays) (default: off)",
+                    metavar="F",
+                    type=float,
+                ),
+                Flag(
                     "--no-resume",
                     "write every shard again, even those an earlier killed or failed run of --output finished with "
                     "the same inputs (default: those are taken as they are)",

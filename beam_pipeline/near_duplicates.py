@@ -43,7 +43,7 @@ GROUP_SIZE = 100  # images sharing one hash beyond which they are one group line
 BANDS = 128
 BAND_BITS = 20
 BUCKET_CAP = 5_000  # distinct hashes one band value may hold and still be compared (~12.5 M distances)
-COARSE = 31  # groups of band values per band the engine shuffles (BandBatches): 3,968 keys in all
+COARSE = 8  # groups of band values per band the engine shuffles (BandBatches): 1,024 keys in all
 FLUSH_HASHES = 50_000  # hashes a BandBatches bundle holds before it sends their band entries on
 PART_BUCKETS = 64  # part files of near_duplicates.jsonl, merged in order by finalize
 PARTS_FOLDER = "near_duplicates"  # under the staging folder's rejects parts (never published)
@@ -303,8 +303,8 @@ def _dumps(line: Mapping[str, Any]) -> str:
     return json.dumps(line, ensure_ascii=False) + "\n"
 
 
-def merge_parts(parts: Sequence[str], dest: str) -> None:
-    """The sorted parts merged into one sorted file (one line per part in memory)."""
+def merged(parts: Sequence[str]) -> Iterator[tuple[tuple[str, str], bytes]]:
+    """The lines of sorted parts, merged in order: (line_key, raw line); one line per part in memory."""
 
     def lines(part: str) -> Iterator[tuple[tuple[str, str], bytes]]:
         with open_lines(part) as fh:
@@ -312,8 +312,13 @@ def merge_parts(parts: Sequence[str], dest: str) -> None:
                 if raw.strip():
                     yield line_key(json.loads(raw)), raw
 
+    return heapq.merge(*(lines(p) for p in sorted(set(parts))), key=lambda kv: kv[0])
+
+
+def merge_parts(parts: Sequence[str], dest: str) -> None:
+    """The sorted parts merged into one sorted file (``merged``)."""
     with FileSystems.create(dest, compression_type="uncompressed") as out:
-        for _, raw in heapq.merge(*(lines(p) for p in sorted(set(parts))), key=lambda kv: kv[0]):
+        for _, raw in merged(parts):
             out.write(raw)
 
 

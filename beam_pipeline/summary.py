@@ -99,7 +99,16 @@ def _rerun_lines(info: DatasetInfo) -> list[str]:
     converted = converted_count(info)
     if converted:
         lines.append(f"  converted    {converted[0]:>8} {converted[1]}")
-    return lines + _incremental_lines(info) + _resumed_lines(info) + _keep_last_lines(info)
+    return lines + _incremental_lines(info) + _change_lines(info) + _resumed_lines(info) + _keep_last_lines(info)
+
+
+def _change_lines(info: DatasetInfo) -> list[str]:
+    """What moved since the --incremental-from dataset (run/changes.py): a note per line, at most 6."""
+    notes = list((info.changes or {}).get("notes") or [])
+    lines = [f"  note         {note}" for note in notes[:6]]
+    if len(notes) > 6:
+        lines.append(f"  note         ... {len(notes) - 6} more in dataset.json's changes")
+    return lines
 
 
 def _incremental_lines(info: DatasetInfo) -> list[str]:

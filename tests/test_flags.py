@@ -43,6 +43,8 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "voc": ("Annotations", {}),
     "masks": ("labelmaps", {}),
     "incremental_from": ("previous", {}),
+    "change_share": (0.5, {}),
+    "max_class_drop": (0.5, {"incremental_from": "previous"}),
     "split_ratios": ("train=0.5,test=0.5", {}),
     "allow_split_names": (True, {}),
     "split_folders": (False, {}),

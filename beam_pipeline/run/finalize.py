@@ -34,6 +34,7 @@ from ..near_duplicates import merge_parts
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
 from ..vocab.records import ShardResult, choose_results
+from .changes import CLASS_DROPPED, dropped_class, night_changes
 from .files import delete_files, move_files
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
 from .publish import publish, published_run
@@ -144,6 +145,8 @@ class FinalizeSettings:
     reject_allowance: int
     detach: bool
     needs_post_steps: bool
+    change_share: float
+    max_class_drop: float | None
     config: Mapping[str, Any]
 
     @classmethod
@@ -205,12 +208,16 @@ class FinalizeFn(beam.DoFn):
             categories,
             object_counts,
         )
+        if near_parts is not None:
+            info = info.with_(near_duplicates=near_summary)
         if self._layout.previous:
             incremental = incremental_summary(self._layout.previous, changes or {}, layout, chosen.values())
             info = info.with_(incremental=incremental)
+            cfg = self._settings
+            info = info.with_(
+                changes=night_changes(self._layout.previous, info, cfg.change_share, near_parts, cfg.max_class_drop)
+            )
         info = info.with_(resumed=resumed_summary(layout, staging))
-        if near_summary is not None:
-            info = info.with_(near_duplicates=near_summary)
         total_rejects = sum(info.rejects.by_reason.values())
         status = outcome(
             info.examples,
@@ -219,9 +226,11 @@ class FinalizeFn(beam.DoFn):
             self._settings.reject_allowance,
             info.objects,
         )
+        if status == OK and dropped_class(info.changes, self._settings.max_class_drop):
+            status = CLASS_DROPPED
         info = info.with_(status=status, run_id=self._layout.run_id)
         name_shards(layout, staging)
-        if near_parts is not None:  # before dataset.json, which is written last
+        if near_parts is not None:  # after name_shards (which clears the staging folder), before dataset.json
             failpoints.hit("finalize.write")
             merge_parts(near_parts, FileSystems.join(staging, NEAR_DUPLICATES_JSONL))
         self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)

@@ -13,6 +13,7 @@ from ..errors import RejectsError, UsageError
 from ..vocab.dataset_info import OK, Category, DatasetInfo, IncrementalInfo, ObjectsInfo, ResumedInfo, Tally
 from ..vocab.reasons import NO_LABEL
 from ..vocab.records import ShardResult
+from .changes import CLASS_DROPPED, dropped_class
 from .preflight import flat_folder_hint
 
 
@@ -46,6 +47,12 @@ def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: DatasetIn
         raise RejectsError(
             f"no object was kept: {objs.total} annotations rejected ({reasons}; see "
             f"{rejects_at}/object_rejects.jsonl); {where}"
+        )
+    if status == CLASS_DROPPED:
+        where = kept_where if kept_old else "shards written without _SUCCESS"
+        raise RejectsError(
+            f"{dropped_class(info.changes, cfg.max_class_drop)} since {cfg.incremental_from}: more than "
+            f"--max-class-drop {cfg.max_class_drop:g} of its images; {where}"
         )
     if status == NOTHING_CONVERTED:
         hint = ""

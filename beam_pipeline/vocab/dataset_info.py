@@ -248,6 +248,7 @@ _ORDER = (
     "idx_files",
     "near_duplicates",
     "incremental",
+    "changes",
     "resumed",
     "status",
     "run_id",
@@ -290,6 +291,8 @@ class DatasetInfo:
     # near_duplicates.summary_block: the hash, the distance, pair and group counts per split and across splits
     near_duplicates: Mapping[str, Any] | None = None
     incremental: IncrementalInfo | None = None
+    # run/changes.night_changes: what moved since the --incremental-from dataset, and the notes saying so
+    changes: Mapping[str, Any] | None = None
     resumed: ResumedInfo | None = None
     status: str = OK  # run.outcome: ok, or why the run did not publish
     run_id: str | None = None
@@ -358,6 +361,7 @@ class DatasetInfo:
             idx_files=data.get("idx_files"),
             near_duplicates=_object_or_none(data.get("near_duplicates"), "near_duplicates"),
             incremental=None if data.get("incremental") is None else IncrementalInfo.from_json(data["incremental"]),
+            changes=_object_or_none(data.get("changes"), "changes"),
             resumed=None if data.get("resumed") is None else ResumedInfo.from_json(data["resumed"]),
             status=data.get("status", OK),
             run_id=data.get("run_id"),

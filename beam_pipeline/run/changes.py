@@ -1,0 +1,132 @@
+"""Night over night: what an ``--incremental-from`` run changed against the dataset it started from.
+
+Classes added or removed, class counts that moved by more than ``--change-share``, the reject rate and the
+reasons whose counts moved, and near-duplicate pairs that are new since then (the two sorted
+``near_duplicates.jsonl`` files streamed side by side, one line of each in memory). They go into
+dataset.json's ``changes`` and the summary as notes; a change stops the publish only through
+``--max-class-drop`` (docs/nightly.md#what-changed-since-the-previous-night).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from .. import metadata
+from ..near_duplicates import line_key, merged
+from ..storage import open_lines, read_json_object
+from ..vocab.dataset_info import DatasetInfo
+
+CLASS_DROPPED = "class_dropped"  # run.outcome: a class lost more than --max-class-drop of its images
+
+
+def class_counts(info: DatasetInfo) -> dict[str, int]:
+    """Records per class over every split (a multi-label record under each of its classes)."""
+    counts: dict[str, int] = {}
+    for split in info.splits.values():
+        for label, n in (split.labels or {}).items():
+            counts[label] = counts.get(label, 0) + n
+    return counts
+
+
+def reject_rate(info: DatasetInfo) -> float:
+    listed = info.examples + info.rejects.total
+    return info.rejects.total / listed if listed else 0.0
+
+
+def night_changes(
+    previous_dir: str,
+    now: DatasetInfo,
+    share: float,
+    near_parts: Sequence[str] | None = None,
+    max_drop: float | None = None,
+) -> dict[str, Any] | None:
+    """dataset.json's ``changes`` against the dataset in ``previous_dir``; None if its dataset.json is gone or
+    damaged (the run itself then says so elsewhere). ``near_parts``: tonight's near_duplicates.jsonl parts. A class
+    is listed as moved past ``share``, or when it fell by more than ``max_drop`` (--max-class-drop)."""
+    try:
+        before = DatasetInfo.from_json(read_json_object(FileSystems.join(previous_dir, metadata.DATASET_JSON)))
+    except (OSError, ValueError):
+        return None
+    old, new = class_counts(before), class_counts(now)
+    added = sorted(k for k, n in new.items() if n and not old.get(k))
+    removed = sorted(k for k, n in old.items() if n and not new.get(k))
+    threshold = min(share, max_drop) if max_drop is not None else share
+    moved = {
+        k: {"before": old[k], "now": new[k]}
+        for k in sorted(old)
+        if old[k] and new.get(k) and abs(new[k] - old[k]) / old[k] > threshold
+    }
+    reasons = sorted(set(before.rejects.by_reason) | set(now.rejects.by_reason))
+    by_reason = {
+        r: {"before": before.rejects.by_reason.get(r, 0), "now": now.rejects.by_reason.get(r, 0)}
+        for r in reasons
+        if before.rejects.by_reason.get(r, 0) != now.rejects.by_reason.get(r, 0)
+    }
+    out: dict[str, Any] = {
+        "share": share,
+        "classes_added": added,
+        "classes_removed": removed,
+        "classes_moved": moved,
+        "reject_rate": {"before": round(reject_rate(before), 6), "now": round(reject_rate(now), 6)},
+        "rejects_by_reason": by_reason,
+    }
+    if near_parts is not None:
+        before_file = FileSystems.join(previous_dir, metadata.NEAR_DUPLICATES_JSONL)
+        out["near_duplicates_new"] = new_pairs(before_file, ((k, json.loads(raw)) for k, raw in merged(near_parts)))
+    out["notes"] = notes(out)
+    return out
+
+
+def _lines(path: str) -> Iterator[tuple[tuple[str, str], dict[str, Any]]]:
+    with open_lines(path) as fh:
+        for raw in fh:
+            if raw.strip():
+                line = json.loads(raw)
+                yield line_key(line), line
+
+
+def new_pairs(before: str, now: Iterable[tuple[tuple[str, str], dict[str, Any]]]) -> dict[str, int]:
+    """Pairs of ``now`` (sorted (line_key, line)) that the sorted file ``before`` does not list (all of them when
+    there is none), and how many of those are across splits; crowds are left out."""
+    old = _lines(before) if FileSystems.exists(before) else iter(())
+    pairs = across = 0
+    current = next(old, None)
+    for key, line in now:
+        while current is not None and current[0] < key:
+            current = next(old, None)
+        if "group" in line or (current is not None and current[0] == key):
+            continue
+        pairs += 1
+        across += line["split_a"] != line["split_b"]
+    return {"pairs": pairs, "across_splits": across}
+
+
+def notes(changes: Mapping[str, Any]) -> list[str]:
+    """The changes as lines a person reads (the summary prints them)."""
+    out = [f"class {k} is new" for k in changes["classes_added"]]
+    out += [f"class {k} has no image any more" for k in changes["classes_removed"]]
+    for k, c in changes["classes_moved"].items():
+        out.append(f"class {k}: {c['before']} -> {c['now']} images ({(c['now'] - c['before']) / c['before']:+.0%})")
+    rate = changes["reject_rate"]
+    if abs(rate["now"] - rate["before"]) > max(0.005, changes["share"] * rate["before"]):
+        out.append(f"reject rate {rate['before']:.1%} -> {rate['now']:.1%}")
+    near = changes.get("near_duplicates_new")
+    if near and near["pairs"]:
+        out.append(f"{near['pairs']} new near-duplicate pairs, {near['across_splits']} across splits")
+    return out
+
+
+def dropped_class(changes: Mapping[str, Any] | None, max_drop: float | None) -> str | None:
+    """The first class (by name) that lost more than ``max_drop`` of its images, as a phrase; None if none."""
+    if not changes or max_drop is None:
+        return None
+    if changes["classes_removed"] and max_drop < 1:
+        return f"class {changes['classes_removed'][0]} has no image any more"
+    for k, c in changes["classes_moved"].items():
+        if (c["before"] - c["now"]) / c["before"] > max_drop:
+            return f"class {k} went from {c['before']} to {c['now']} images"
+    return None
