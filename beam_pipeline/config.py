@@ -39,7 +39,7 @@ COMPRESSIONS = ("none", "gzip")
 SINKS = ("planned", "write_to_tfrecord")
 LABEL_SOURCES = ("folder", "none", "manifest", "regex")
 UNSUPPORTED_POLICIES = ("convert", "reject")  # --on-unsupported
-NEAR_DUPLICATE_MODES = ("report", "off")  # --near-duplicates (near_duplicates.py)
+NEAR_DUPLICATE_MODES = ("report", "drop-leaks", "off")  # --near-duplicates (near_duplicates.py, leaks.py)
 MAX_NEAR_DUPLICATE_DISTANCE = 24  # bits of 64: past it, unrelated photos start to match (docs/leakage.md)
 POST_STEPS = ("auto", "launcher", "job")  # --post-steps
 # --incremental-from latest: the newest complete dataset among the earlier dates of a dated --output.
@@ -95,7 +95,9 @@ class ConvertConfig:
     sink: str = "planned"
     overwrite: bool = False
     dedupe: bool = False  # one record per distinct content (sha256), across splits
-    near_duplicates: str = "report"  # report: near_duplicates.jsonl and dataset.json's counts; off: no hash either
+    # report: near_duplicates.jsonl and dataset.json's counts; drop-leaks: also validation/test copies of train
+    # images rejected before planning (leaks.py); off: no hash either
+    near_duplicates: str = "report"
     near_duplicate_distance: int = 10  # bits of the 64-bit pHash (near_duplicates.DEFAULT_DISTANCE)
     # --incremental-from: a class count that moved by more than this share is a note (run/changes.py)
     change_share: float = 0.2

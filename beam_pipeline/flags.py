@@ -332,7 +332,9 @@ CONVERT = Command(
                     "--near-duplicates",
                     "report: find images whose perceptual hashes are within --near-duplicate-distance bits, list "
                     "them in near_duplicates.jsonl and count them per split and across splits in dataset.json "
-                    "(planned sink); off: no hash, no search",
+                    "(planned sink); drop-leaks: also reject every validation or test image near a training "
+                    "image before the shards are planned (each image is read and checked once more); off: no "
+                    "hash, no search",
                     choices=NEAR_DUPLICATE_MODES,
                     show_default=True,
                 ),

@@ -46,7 +46,7 @@ from .metadata import REJECTS_JSONL
 from .sources.rules import class_values
 from .storage import open_lines
 from .vocab.dataset_info import DatasetInfo
-from .vocab.reasons import MISSING, UNREADABLE
+from .vocab.reasons import MISSING, NEAR_DUPLICATE_LEAK, UNREADABLE
 from .vocab.refs import Ref
 
 INDEX_JSONL = "index.jsonl"
@@ -182,7 +182,7 @@ ADDED, CHANGED, UNCHANGED, DROPPED = "added", "changed", "unchanged", "dropped"
 UNREADABLE_LINE = "unreadable_previous_lines"
 # Rejects an unchanged file keeps: every reason but these, which say nothing about the
 # file's bytes (it was gone, or this job could not read it, when the previous run looked).
-RETRIED_REASONS = frozenset({MISSING, UNREADABLE})
+RETRIED_REASONS = frozenset({MISSING, UNREADABLE, NEAR_DUPLICATE_LEAK})  # a leak depends on the other files
 
 
 class Previous(NamedTuple):

@@ -119,9 +119,11 @@ class HashMembers(beam.CombineFn):  # type: ignore[misc]
 
 
 def group_or_members(element: tuple[str, Any]) -> Iterator[Any]:
-    """A hash of over GROUP_SIZE images → a group line (tagged "groups"); else (hash, members)."""
+    """A hash of over GROUP_SIZE images → a group line (tagged "groups") and (hash, {split: n}) (tagged
+    "crowd_hashes"); else (hash, members)."""
     phash, (count, splits, members) = element
     if count > GROUP_SIZE:
+        yield beam.pvalue.TaggedOutput("crowd_hashes", (phash, splits))
         yield beam.pvalue.TaggedOutput(
             "groups",
             {
@@ -377,6 +379,49 @@ def _summarize(
     return summary_block(max_distance, counts, by.get(True, 0), by.get(False, 0), crowded)
 
 
+class NearDuplicateLines(beam.PTransform):  # type: ignore[misc]
+    """(phash, (path, split)) of every image → {"lines": pair and crowd lines, "crowded": 1 per crowded band
+    value, "crowd_hashes": (phash, {split: n}) of each crowd}."""
+
+    def __init__(self, max_distance: int) -> None:
+        super().__init__()
+        self._max = max_distance
+
+    def expand(self, hashed: beam.PCollection) -> dict[str, beam.PCollection]:
+        per_hash = (
+            hashed
+            | "ImagesPerHash" >> beam.CombinePerKey(HashMembers())
+            | "GroupsOrMembers" >> beam.FlatMap(group_or_members).with_outputs("groups", "crowd_hashes", main="members")
+        )
+        members = per_hash.members
+        found = (
+            members
+            | "BandBatches" >> beam.ParDo(BandBatches())
+            | "GroupBandBuckets" >> beam.GroupByKey()
+            | "CompareBuckets" >> beam.ParDo(CompareBucket(self._max)).with_outputs("crowded", main="pairs")
+        )
+        partners = (
+            found.pairs
+            | "DistinctHashPairs" >> beam.Distinct()
+            | "BothWays" >> beam.FlatMap(both_ways)
+            | "PartnersPerHash" >> beam.GroupByKey()
+        )
+        # only the hashes with a close partner go on: a side input as large as the pairs found, read whole
+        # once per bundle (a multimap side input asks the runner's state API once per image: ~0.5 ms each)
+        close = (
+            members
+            | "PairHalves" >> beam.FlatMap(pair_halves, beam.pvalue.AsDict(partners))
+            | "GroupPairHalves" >> beam.GroupByKey()
+            | "PathPairs" >> beam.FlatMap(expand_pair)
+        )
+        lines = (
+            members | "ExactPairs" >> beam.FlatMap(exact_pairs),
+            close,
+            per_hash.groups,
+        ) | "AllLines" >> beam.Flatten()
+        return {"lines": lines, "crowded": found.crowded, "crowd_hashes": per_hash.crowd_hashes}
+
+
 class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
     """Shard results → {"parts": sorted part file paths, "summary": one dict (dataset.json's block)}."""
 
@@ -400,38 +445,8 @@ class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
             | "HashedOrNot" >> beam.Map(lambda kv: (bool(kv[0]), 1))
             | "CountHashedOrNot" >> beam.CombinePerKey(sum)
         )
-        per_hash = (
-            hashed
-            | "ImagesPerHash" >> beam.CombinePerKey(HashMembers())
-            | "GroupsOrMembers" >> beam.FlatMap(group_or_members).with_outputs("groups", main="members")
-        )
-        members = per_hash.members
-        found = (
-            members
-            | "BandBatches" >> beam.ParDo(BandBatches())
-            | "GroupBandBuckets" >> beam.GroupByKey()
-            | "CompareBuckets" >> beam.ParDo(CompareBucket(self._max)).with_outputs("crowded", main="pairs")
-        )
-        partners = (
-            found.pairs
-            | "DistinctHashPairs" >> beam.Distinct()
-            | "BothWays"
-            >> beam.FlatMap(lambda t: [(hex_of(t[0]), (hex_of(t[1]), t[2])), (hex_of(t[1]), (hex_of(t[0]), t[2]))])
-        )
-        partners = partners | "PartnersPerHash" >> beam.GroupByKey()
-        # only the hashes with a close partner go on: a side input as large as the pairs found, read whole
-        # once per bundle (a multimap side input asks the runner's state API once per image: ~0.5 ms each)
-        close = (
-            members
-            | "PairHalves" >> beam.FlatMap(pair_halves, beam.pvalue.AsDict(partners))
-            | "GroupPairHalves" >> beam.GroupByKey()
-            | "PathPairs" >> beam.FlatMap(expand_pair)
-        )
-        lines = (
-            members | "ExactPairs" >> beam.FlatMap(exact_pairs),
-            close,
-            per_hash.groups,
-        ) | "AllLines" >> beam.Flatten()
+        found = hashed | "Join" >> NearDuplicateLines(self._max)
+        lines = found["lines"]
         parts = (
             lines
             | "PartBucket" >> beam.Map(lambda line: (part_bucket(line), line))
@@ -439,7 +454,7 @@ class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
             | "WriteParts" >> beam.ParDo(WritePartFn(self._staging))
         )
         counts = lines | "CountLines" >> beam.CombineGlobally(CountLines())
-        crowded = found.crowded | "CountCrowded" >> beam.CombineGlobally(sum)
+        crowded = found["crowded"] | "CountCrowded" >> beam.CombineGlobally(sum)
         summary = (
             p
             | "OneSummary" >> beam.Create([None])

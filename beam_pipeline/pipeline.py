@@ -25,6 +25,7 @@ from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
+from .leaks import DropLeaks
 from .near_duplicates import FindNearDuplicates
 from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary, assign_shard
 from .run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
@@ -195,6 +196,10 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> Listed:
         refs, changes = joined["refs"], joined[index.CHANGES]
         info = DatasetInfo.from_json(read_json(FileSystems.join(layout.previous, metadata.DATASET_JSON)))
         previous = index.reusable_run(layout.previous, info, cfg.as_dict())
+    if cfg.near_duplicates == "drop-leaks":
+        # after the previous run's join (an unchanged file keeps its hash unread), before labels and planning
+        refs, leaks = refs | "DropLeaks" >> DropLeaks(cfg.image_options, cfg.near_duplicate_distance)
+        rejects = (rejects, leaks) | "WithLeaks" >> beam.Flatten()
     skipped_counts = skipped | "CountSkipReasons" >> beam.combiners.Count.PerElement()
     labelled = listed["sources"] | "IsLabelled" >> beam.Map(lambda s: s.label != "none")
     return Listed(

@@ -8,9 +8,11 @@ than the threshold, and writes the same bytes whatever the input order.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
+import shutil
 
 import apache_beam as beam
 import numpy as np
@@ -392,3 +394,78 @@ def test_bits_are_counted_alike_with_and_without_numpy_2(monkeypatch):
     assert nd._bit_counts(values).tolist() == want
     monkeypatch.delattr(np, "bitwise_count", raising=False)
     assert nd._bit_counts(values).tolist() == want
+
+
+# ---- drop-leaks -------------------------------------------------------------------------------------
+
+
+def shard_bytes(out) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("x-*.tfrecord-*"))}
+
+
+@pytest.mark.e2e
+def test_drop_leaks_rejects_the_copies_in_other_splits_and_writes_what_a_run_without_them_writes(tmp_path):
+    from .conftest import run_cli
+
+    src = tmp_path / "in"
+    leaky_folder(src)
+    leaky = tmp_path / "leaky"
+    # no allowance for bad input: the leaks must not count as such
+    flags = (*QUICK, "--name", "x", "--reject-allowance", "0", "--max-reject-fraction", "0.01")
+    r = run_cli("convert", "--input", str(src), "--output", str(leaky), *flags, "--near-duplicates", "drop-leaks")
+    assert r.returncode == 0, r.stderr
+    rejects = [json.loads(x) for x in (leaky / "rejects.jsonl").read_text().splitlines()]
+    leaks = {x["path"]: x for x in rejects if x["reason"] == "near_duplicate_leak"}
+    assert leaks, "the folder has copies across splits"
+    index = [json.loads(x) for x in (leaky / "index.jsonl").read_text().splitlines()]
+    assert not set(leaks) & {e["path"] for e in index}
+    for line in map(json.loads, (leaky / "near_duplicates.jsonl").read_text().splitlines()):
+        assert "train" not in {line["split_a"], line["split_b"]} or line["split_a"] == line["split_b"]
+    for row in leaks.values():
+        assert row["detail"].startswith("near-duplicate of ") and "(train)" in row["detail"], row
+
+    # the same input without the leaked files, converted plainly: the same shards, byte for byte
+    clean_src = tmp_path / "clean-in"
+    shutil.copytree(src, clean_src)
+    for path in leaks:
+        (clean_src / path).unlink()
+    clean = tmp_path / "clean"
+    r = run_cli("convert", "--input", str(clean_src), "--output", str(clean), *flags)
+    assert r.returncode == 0, r.stderr
+    assert shard_bytes(clean) == shard_bytes(leaky) and shard_bytes(leaky)
+    assert (clean / "index.jsonl").read_text() == (leaky / "index.jsonl").read_text()
+
+    # whatever the order the engine runs things in
+    again = tmp_path / "again"
+    r = run_cli(
+        "convert", "--input", str(src), "--output", str(again), *flags, "--near-duplicates", "drop-leaks",
+        "--direct_running_mode", "multi_threading", "--direct_num_workers", "3",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert shard_bytes(again) == shard_bytes(leaky)
+    assert (again / "rejects.jsonl").read_bytes() == (leaky / "rejects.jsonl").read_bytes()
+
+
+def test_a_leak_is_the_non_train_side_and_a_crowd_with_train_images_leaks_its_others():
+    from beam_pipeline import leaks
+
+    pair = {"a": "x.jpg", "b": "y.jpg", "split_a": "test", "split_b": "train", "distance": 3}
+    assert list(leaks.leaks_of(pair)) == [("x.jpg", (3, "y.jpg", "near-duplicate of y.jpg (train), 3 bits apart"))]
+    assert list(leaks.leaks_of({**pair, "split_b": "validation"})) == []  # no train image: no leak
+    assert list(leaks.leaks_of({**pair, "split_a": "train"})) == []
+    crowds = {"ff": {"test": 2, "train": 150}}
+    assert [p for p, _ in leaks.crowd_leaks(("ff", ("t.png", "test")), crowds)] == ["t.png"]
+    assert list(leaks.crowd_leaks(("ff", ("r.png", "train")), crowds)) == []
+    assert list(leaks.crowd_leaks(("ee", ("t.png", "test")), crowds)) == []
+
+
+def test_an_unchanged_file_of_a_night_keeps_its_hash_unread(tmp_path):
+    from beam_pipeline import index, leaks
+    from beam_pipeline.vocab.refs import Ref
+
+    previous = index.Previous("shard", 0, 1, "sha", None, None, "", None, "0123456789abcdef")
+    ref = Ref(str(tmp_path / "gone.jpg"), "gone.jpg", 1, "test", None, 0, previous=previous)
+    assert list(leaks.HashRefFn(ImageOptions()).process(ref)) == [("0123456789abcdef", ("gone.jpg", "test"))]
+    assert (
+        list(leaks.HashRefFn(ImageOptions()).process(dataclasses.replace(ref, previous=None))) == []
+    )  # unreadable: no hash

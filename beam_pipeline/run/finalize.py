@@ -33,6 +33,7 @@ from ..metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
 from ..near_duplicates import merge_parts
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
+from ..vocab.reasons import NEAR_DUPLICATE_LEAK
 from ..vocab.records import ShardResult, choose_results
 from .changes import CLASS_DROPPED, dropped_class, night_changes
 from .files import delete_files, move_files
@@ -218,7 +219,8 @@ class FinalizeFn(beam.DoFn):
                 changes=night_changes(self._layout.previous, info, cfg.change_share, near_parts, cfg.max_class_drop)
             )
         info = info.with_(resumed=resumed_summary(layout, staging))
-        total_rejects = sum(info.rejects.by_reason.values())
+        # leaks dropped on request (--near-duplicates drop-leaks) are the user's choice, not bad input
+        total_rejects = sum(n for reason, n in info.rejects.by_reason.items() if reason != NEAR_DUPLICATE_LEAK)
         status = outcome(
             info.examples,
             total_rejects,

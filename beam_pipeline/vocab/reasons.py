@@ -52,6 +52,7 @@ TOO_SMALL = "too_small"
 UNREADABLE = "unreadable"
 MISSING = "missing"
 DUPLICATE = "duplicate"
+NEAR_DUPLICATE_LEAK = "near_duplicate_leak"  # --near-duplicates drop-leaks: a validation/test copy of a train image
 DUPLICATE_ROW = "duplicate_row"  # a manifest row naming a file an earlier row (by canonical JSON) names too
 NO_LABEL = "no_label"
 UNKNOWN_LABEL = "unknown_label"
@@ -141,6 +142,13 @@ REASONS: tuple[Reason, ...] = (
     Reason(
         DUPLICATE,
         "with `--dedupe`: same bytes as a file whose relative path sorts first (the detail names it)",
+        (DEDUPE,),
+    ),
+    Reason(
+        NEAR_DUPLICATE_LEAK,
+        "with `--near-duplicates drop-leaks`: a validation or test image within `--near-duplicate-distance` "
+        "bits of a training image (the detail names the closest); not counted against `--max-reject-fraction` "
+        "([Leakage](leakage.md#dropping-leaks))",
         (DEDUPE,),
     ),
     Reason(
