@@ -446,6 +446,28 @@ def test_drop_leaks_rejects_the_copies_in_other_splits_and_writes_what_a_run_wit
     assert (again / "rejects.jsonl").read_bytes() == (leaky / "rejects.jsonl").read_bytes()
 
 
+@pytest.mark.e2e
+def test_drop_leaks_killed_after_a_shard_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    from .conftest import run_cli
+
+    src = tmp_path / "in"
+    leaky_folder(src)
+    flags = (*QUICK, "--name", "x", "--near-duplicates", "drop-leaks")
+    whole = tmp_path / "whole"
+    assert run_cli("convert", "--input", str(src), "--output", str(whole), *flags).returncode == 0
+    out = tmp_path / "out"
+    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", "writer.result:1:kill")
+    assert run_cli("convert", "--input", str(src), "--output", str(out), *flags).returncode != 0
+    monkeypatch.delenv("BEAM_PIPELINE_FAILPOINTS")
+    assert not (out / "_SUCCESS").exists()
+    r = run_cli("convert", "--input", str(src), "--output", str(out), *flags)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "dataset.json").read_text())["resumed"]["shards"] >= 1
+    assert shard_bytes(out) == shard_bytes(whole)
+    for name in ("index.jsonl", "rejects.jsonl", "near_duplicates.jsonl"):
+        assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+
+
 def test_a_leak_is_the_non_train_side_and_a_crowd_with_train_images_leaks_its_others():
     from beam_pipeline import leaks
 
