@@ -9,9 +9,10 @@ each kind timed one by one):
 
 1. CPU per image of the check as the writer runs it (``prepare_image``, one thread, ``time.process_time``)
    with and without the hash, interleaved file by file, ``--rounds`` times; the medians and their ratio.
-2. ``convert --no-transform --no-tfds-metadata`` with ``--near-duplicates off``, ``report`` and ``drop-leaks``, over the whole
-   set and over a quarter of it, interleaved: the CPU of the process tree; the difference of the two sizes
-   gives the steady CPU per image (start-up cancelled), the quarter less its images the fixed cost.
+2. ``convert --no-transform --no-tfds-metadata`` with ``--near-duplicates off``, ``report`` and
+   ``drop-leaks``, over the whole set and over a quarter of it, interleaved: the CPU of the process tree;
+   the difference of the two sizes gives the steady CPU per image (start-up cancelled), the quarter less
+   its images the fixed cost.
 
 ``join``: ``--hashes`` generated hashes (random 64-bit values; 1 % of them with a copy 0-12 bits away) in
 index parts of 5,000 records, plus ``--crowd`` images sharing one hash (blank frames) and ``--crowd``
