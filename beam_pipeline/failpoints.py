@@ -31,6 +31,7 @@ POINTS: dict[str, str] = {
     "writer.record": "each record a shard writer writes",
     "writer.result": "a shard writer about to emit its shard's result",
     "rejects.write": "each rejects part file written",
+    "near_duplicates.write": "each near_duplicates.jsonl part file written",
     "finalize.rename": "each temp shard renamed to its final name in staging",
     "finalize.write": "each metadata file finalize writes (rejects.jsonl, labels.txt, dataset.json)",
     "poststeps.step": "each post-step (TFT analysis, TFDS metadata, dataset.json)",

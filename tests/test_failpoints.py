@@ -227,6 +227,7 @@ def test_failpoint_spec_and_once_semantics(monkeypatch):
     failpoints.reset()
 
 
+# near_duplicates.write: the sweep's images have no near-duplicates (tests/test_near_duplicates.py kills a run there)
 BEFORE_PUBLISH = {"writer.record", "writer.result", "rejects.write", "finalize.rename", "finalize.write"}
 
 
@@ -490,7 +491,8 @@ def test_every_point_the_code_hits_is_known_and_documented():
         if source.name != "failpoints.py":
             # a point is a call argument: hit("p") or move_files(..., "p", guard)
             text = source.read_text()
-            named |= set(re.findall(r"\"((?:launcher|writer|rejects|finalize|poststeps|publish)\.[a-z_]+)\"[,)]", text))
+            stages = "launcher|writer|rejects|near_duplicates|finalize|poststeps|publish"
+            named |= set(re.findall(rf"\"((?:{stages})\.[a-z_]+)\"[,)]", text))
     assert named == set(failpoints.POINTS), named ^ set(failpoints.POINTS)
     documented = (package.parent / "docs" / "development.md").read_text()
     assert all(f"`{point}`" in documented for point in failpoints.POINTS)

@@ -447,7 +447,8 @@ def test_drop_leaks_rejects_the_copies_in_other_splits_and_writes_what_a_run_wit
 
 
 @pytest.mark.e2e
-def test_drop_leaks_killed_after_a_shard_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("point", ["writer.result:1:kill", "near_duplicates.write:1:kill"])
+def test_drop_leaks_killed_half_way_resumes_to_the_same_bytes(tmp_path, monkeypatch, point):
     from .conftest import run_cli
 
     src = tmp_path / "in"
@@ -456,13 +457,13 @@ def test_drop_leaks_killed_after_a_shard_resumes_to_the_same_bytes(tmp_path, mon
     whole = tmp_path / "whole"
     assert run_cli("convert", "--input", str(src), "--output", str(whole), *flags).returncode == 0
     out = tmp_path / "out"
-    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", "writer.result:1:kill")
+    monkeypatch.setenv("BEAM_PIPELINE_FAILPOINTS", point)
     assert run_cli("convert", "--input", str(src), "--output", str(out), *flags).returncode != 0
     monkeypatch.delenv("BEAM_PIPELINE_FAILPOINTS")
     assert not (out / "_SUCCESS").exists()
     r = run_cli("convert", "--input", str(src), "--output", str(out), *flags)
     assert r.returncode == 0, r.stderr
-    assert json.loads((out / "dataset.json").read_text())["resumed"]["shards"] >= 1
+    assert json.loads((out / "dataset.json").read_text())["resumed"]["shards"] >= 1  # the shards were kept
     assert shard_bytes(out) == shard_bytes(whole)
     for name in ("index.jsonl", "rejects.jsonl", "near_duplicates.jsonl"):
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name

@@ -267,7 +267,15 @@ def _groups() -> dict[str, list[str]]:
 
 def test_help_groups_reruns_and_describes_the_sinks_as_they_are():
     groups = _groups()
-    assert groups["reruns"] == ["--incremental-from", "--no-resume", "--overwrite", "--run-date", "--keep-last"]
+    assert groups["reruns"] == [
+        "--incremental-from",
+        "--change-share",
+        "--max-class-drop",
+        "--no-resume",
+        "--overwrite",
+        "--run-date",
+        "--keep-last",
+    ]
     assert "--incremental-from" not in groups["labels and splits"]
     assert "--allow-split-names" in groups["labels and splits"]
     text = " ".join(run_cli("convert", "--help").stdout.split())
