@@ -42,6 +42,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples
 from .annotations.objects import digest as annotations_digest
+from .images.phash import valid_hash
 from .metadata import REJECTS_JSONL
 from .sources.rules import class_values
 from .storage import open_lines
@@ -301,7 +302,7 @@ def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
         entry.get("label_id"),
         str(entry.get("extras", "")),
         entry.get("converted"),
-        entry["phash"] if isinstance(entry.get("phash"), str) else None,
+        valid_hash(entry.get("phash")) or None,
     )
 
 

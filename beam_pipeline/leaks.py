@@ -28,28 +28,28 @@ from .vocab.refs import Ref, reject
 TRAIN = "train"
 
 
-def previous_hash(ref: Ref) -> str | None:
-    """An unchanged file's hash as the previous night's index.jsonl kept it (index.Previous.phash), if any."""
-    from .index import Previous
-
-    previous = ref.previous
-    return previous.phash if isinstance(previous, Previous) else None
-
-
 class HashRefFn(beam.DoFn):  # type: ignore[misc]
     """Ref → (phash, (relpath, split)); nothing for a file that cannot be read or checked (the writer rejects it
-    with its reason later)."""
+    with its reason later). ``reuse``: the previous night's records may be reused (index.reusable_run: same
+    code, so the same hash), so an unchanged file keeps its hash, and one it rejected for its bytes stays out."""
 
-    def __init__(self, options: ImageOptions) -> None:
+    def __init__(self, options: ImageOptions, reuse: bool = False) -> None:
         self._options = options
+        self._reuse = reuse
 
     def process(self, ref: Ref) -> Iterator[tuple[str, tuple[str, str]]]:
-        phash = previous_hash(ref) or self._hash(ref)
+        from .index import Previous, PreviousReject
+
+        previous = ref.previous if self._reuse else None
+        if isinstance(previous, PreviousReject):
+            return  # rejected again unread by the writer: never a record, so never a leak's other side
+        phash = previous.phash if isinstance(previous, Previous) and previous.phash else self._hash(ref)
         if phash:
             yield phash, (ref.relpath, ref.split)
 
     def _hash(self, ref: Ref) -> str | None:
         from .images.check import _decode, _open, _quietly
+        from .images.convert import needs_full_decode
         from .images.phash import perceptual_hash
         from .storage import permanent_reason, read_bytes
 
@@ -63,8 +63,8 @@ class HashRefFn(beam.DoFn):  # type: ignore[misc]
             return None
 
         def check_and_hash() -> str | None:
-            img, _, _ = _open(data, self._options)
-            _decode(img, pixels=False)
+            img, tf_reading, _ = _open(data, self._options)
+            _decode(img, pixels=needs_full_decode(img, tf_reading, self._options))  # as the writer will
             return perceptual_hash(img)
 
         try:
@@ -108,13 +108,14 @@ def keep_or_reject(element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator
 class DropLeaks(beam.PTransform):  # type: ignore[misc]
     """refs → (kept refs, near_duplicate_leak rejects)."""
 
-    def __init__(self, options: ImageOptions, max_distance: int) -> None:
+    def __init__(self, options: ImageOptions, max_distance: int, reuse: bool = False) -> None:
         super().__init__()
         self._options = options
         self._max = max_distance
+        self._reuse = reuse  # the previous night's records may be reused (its hashes too)
 
     def expand(self, refs: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
-        hashed = refs | "HashImages" >> beam.ParDo(HashRefFn(self._options))
+        hashed = refs | "HashImages" >> beam.ParDo(HashRefFn(self._options, self._reuse))
         found = hashed | "Join" >> NearDuplicateLines(self._max)
         crowds = beam.pvalue.AsDict(found["crowd_hashes"])
         leaks = (

@@ -23,9 +23,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
-import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +33,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from . import failpoints
-from .images.phash import HASH_NAME
+from .images.phash import HASH_NAME, valid_hash
 from .metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
 from .storage import open_lines, write_text
 from .vocab.records import ShardResult, choose_results
@@ -43,7 +43,7 @@ GROUP_SIZE = 100  # images sharing one hash beyond which they are one group line
 BANDS = 128
 BAND_BITS = 20
 BUCKET_CAP = 5_000  # distinct hashes one band value may hold and still be compared (~12.5 M distances)
-COARSE = 8  # groups of band values per band the engine shuffles (BandBatches): 1,024 keys in all
+COARSE_BITS = 3  # 8 groups of band values per band the engine shuffles (BandBatches): 1,024 keys in all
 FLUSH_HASHES = 50_000  # hashes a BandBatches bundle holds before it sends their band entries on
 PART_BUCKETS = 64  # part files of near_duplicates.jsonl, merged in order by finalize
 PARTS_FOLDER = "near_duplicates"  # under the staging folder's rejects parts (never published)
@@ -51,9 +51,16 @@ SPLIT_ORDER = ("train", "validation", "test")
 
 
 def band_masks() -> tuple[int, ...]:
-    """The bands' 64-bit masks: BANDS fixed random choices of BAND_BITS of the 64 bits."""
-    rng = random.Random(36)  # fixed: which pairs are candidates is part of the output's contract
-    return tuple(sum(1 << b for b in rng.sample(range(64), BAND_BITS)) for _ in range(BANDS))
+    """The bands' 64-bit masks: BANDS fixed pseudo-random choices of BAND_BITS of the 64 bits, from sha256 (the
+    same on every Python: which pairs are candidates is part of the output's contract)."""
+
+    def rank(band: int, bit: int) -> bytes:
+        return hashlib.sha256(f"band {band} bit {bit}".encode()).digest()
+
+    return tuple(
+        sum(1 << b for b in sorted(range(64), key=lambda bit, band=band: rank(band, bit))[:BAND_BITS])
+        for band in range(BANDS)
+    )
 
 
 MASKS = band_masks()
@@ -85,7 +92,7 @@ def read_hashes(part: str) -> Iterator[tuple[str, tuple[str, str]]]:
         for raw in fh:
             if raw.strip():
                 entry = json.loads(raw)
-                yield entry.get("phash") or "", (entry["path"], entry["split"])
+                yield valid_hash(entry.get("phash")), (entry["path"], entry["split"])
 
 
 class HashMembers(beam.CombineFn):  # type: ignore[misc]
@@ -178,11 +185,20 @@ class BandBatches(beam.DoFn):  # type: ignore[misc]
         values = np.array(self._values, dtype=np.uint64)
         self._values = []
         for band, mask in enumerate(MASKS):
-            coarse = (values & np.uint64(mask)) % np.uint64(COARSE)
+            coarse = coarse_of(values & np.uint64(mask))
             order = np.argsort(coarse, kind="stable")
             bounds = np.flatnonzero(np.diff(coarse[order])) + 1
             for chunk in np.split(order, bounds):
                 yield (band, int(coarse[chunk[0]])), values[chunk].tobytes()
+
+
+def coarse_of(masked: Any) -> Any:
+    """Which of COARSE groups a band value (a uint64 array) goes to: its top bits after a multiplicative mix,
+    so every band spreads over every group whichever of the 64 bits it holds."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        return (masked * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - COARSE_BITS)
 
 
 class CompareBucket(beam.DoFn):  # type: ignore[misc]

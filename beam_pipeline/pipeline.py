@@ -198,7 +198,8 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> Listed:
         previous = index.reusable_run(layout.previous, info, cfg.as_dict())
     if cfg.near_duplicates == "drop-leaks":
         # after the previous run's join (an unchanged file keeps its hash unread), before labels and planning
-        refs, leaks = refs | "DropLeaks" >> DropLeaks(cfg.image_options, cfg.near_duplicate_distance)
+        drop = DropLeaks(cfg.image_options, cfg.near_duplicate_distance, reuse=previous is not None)
+        refs, leaks = refs | "DropLeaks" >> drop
         rejects = (rejects, leaks) | "WithLeaks" >> beam.Flatten()
     skipped_counts = skipped | "CountSkipReasons" >> beam.combiners.Count.PerElement()
     labelled = listed["sources"] | "IsLabelled" >> beam.Map(lambda s: s.label != "none")

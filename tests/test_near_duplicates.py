@@ -158,7 +158,9 @@ def test_band_batches_put_every_hash_under_each_band_once():
     for band, mask in enumerate(nd.MASKS):
         mine = [(coarse, v) for (b, coarse), data in out if b == band for v in np.frombuffer(data, np.uint64).tolist()]
         assert sorted(v for _, v in mine) == sorted(values)
-        assert all((v & mask) % nd.COARSE == coarse for coarse, v in mine)
+        assert all(int(nd.coarse_of(np.uint64(v & mask))) == coarse for coarse, v in mine)
+    every = {(b, coarse) for (b, coarse), _ in out}
+    assert len({c for _, c in every}) == 2**nd.COARSE_BITS  # the groups are used whichever bits a band holds
 
 
 def test_the_numpy_and_the_python_comparisons_agree():
@@ -383,9 +385,16 @@ def test_a_night_finds_a_new_copy_of_an_earlier_image_without_decoding_it_again(
 def test_a_wrong_distance_is_one_line(tmp_path):
     from .conftest import run_cli
 
-    r = run_cli("convert", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--near-duplicate-distance", "40")
+    r = run_cli("convert", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--near-duplicate-distance", "16")
     assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "--near-duplicate-distance must be 0 to 24" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "--near-duplicate-distance must be 0 to 12" in r.stderr
+
+
+def test_a_damaged_hash_in_an_index_is_no_hash():
+    from beam_pipeline.images.phash import valid_hash
+
+    assert valid_hash("0123456789abcdef") == "0123456789abcdef"
+    assert [valid_hash(v) for v in ("zz", "0123456789ABCDEF", "123", 5, None)] == [""] * 5
 
 
 def test_bits_are_counted_alike_with_and_without_numpy_2(monkeypatch):
@@ -488,7 +497,11 @@ def test_an_unchanged_file_of_a_night_keeps_its_hash_unread(tmp_path):
 
     previous = index.Previous("shard", 0, 1, "sha", None, None, "", None, "0123456789abcdef")
     ref = Ref(str(tmp_path / "gone.jpg"), "gone.jpg", 1, "test", None, 0, previous=previous)
-    assert list(leaks.HashRefFn(ImageOptions()).process(ref)) == [("0123456789abcdef", ("gone.jpg", "test"))]
-    assert (
-        list(leaks.HashRefFn(ImageOptions()).process(dataclasses.replace(ref, previous=None))) == []
-    )  # unreadable: no hash
+    reuse = leaks.HashRefFn(ImageOptions(), reuse=True)
+    assert list(reuse.process(ref)) == [("0123456789abcdef", ("gone.jpg", "test"))]
+    # the previous night's records may not be reused (other code): its hashes are not trusted either
+    assert list(leaks.HashRefFn(ImageOptions(), reuse=False).process(ref)) == []  # gone: no hash
+    unread = dataclasses.replace(ref, previous=None)
+    assert list(reuse.process(unread)) == []  # gone: no hash (the writer rejects it)
+    rejected = dataclasses.replace(ref, previous=index.PreviousReject("truncated", "cut"))
+    assert list(reuse.process(rejected)) == []  # rejected again unread: never a record

@@ -34,7 +34,8 @@ def lines(*pairs: tuple[str, str, str, str]) -> str:
 def test_classes_counts_rejects_and_new_pairs_against_the_previous_night(tmp_path):
     before = tmp_path / "before"
     before.mkdir()
-    (before / "dataset.json").write_text(json.dumps(info({"cats": 100, "dogs": 100, "owls": 5}, {"truncated": 2})))
+    previous = {**info({"cats": 100, "dogs": 100, "owls": 5}, {"truncated": 2}), "near_duplicates": {"pairs": {}}}
+    (before / "dataset.json").write_text(json.dumps(previous))
     (before / "near_duplicates.jsonl").write_text(lines(("a.jpg", "b.jpg", "train", "train")))
     now_near = tmp_path / "now.jsonl"  # one sorted part
     now_near.write_text(
@@ -59,7 +60,7 @@ def test_classes_counts_rejects_and_new_pairs_against_the_previous_night(tmp_pat
     ]
     assert ch.dropped_class(got, None) is None
     assert ch.dropped_class(got, 0.5) == "class owls has no image any more"
-    assert ch.dropped_class(got, 1.0) is None  # 1: only a class that vanished, and owls did; but not past 1
+    assert ch.dropped_class(got, 1.0) == "class owls has no image any more"  # 1: only a class that vanished
     only_dogs = {**got, "classes_removed": []}
     assert ch.dropped_class(only_dogs, 0.3) == "class dogs went from 100 to 60 images"
     assert ch.dropped_class(only_dogs, 0.5) is None

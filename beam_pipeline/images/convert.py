@@ -14,7 +14,7 @@ from PIL import Image, ImageOps
 from ..vocab.reasons import (
     UNSUPPORTED_FORMAT,
 )
-from .check import _TF_FORMATS, _decode, _inspect, _open, _quietly
+from .check import _TF_FORMATS, _decode, _inspect, _open, _quietly, _TfReading
 from .headers import _PNG_SIGNATURE, _PNG_TEXT_CHUNKS, _png_without, _text_over_limit, strip_metadata
 from .options import Geometry, ImageInfo, ImageOptions, Prepared, Rejected
 from .phash import perceptual_hash
@@ -80,6 +80,15 @@ def prepare_image(
     raise refused
 
 
+def needs_full_decode(img: Image.Image, tf_reading: _TfReading, options: ImageOptions) -> bool:
+    """Whether the check decodes ``img`` in full (its pixels are converted, or may be), not at 1/8 scale. The
+    leak pass (leaks.py) decides the same way, so it hashes the pixels the writer hashes."""
+    shrink = bool(options.resize_max_side and max(img.size) > options.resize_max_side)
+    # A GIF whose colour indices are checked after decoding may still need converting: reserved as such.
+    maybe_convert = tf_reading.channels is None or bool(tf_reading.index_limit)
+    return bool(maybe_convert or shrink or options.reencode_quality or options.apply_exif_orientation)
+
+
 def _prepare(
     data: bytes, options: ImageOptions, reserve: Callable[[int], AbstractContextManager[object]] | None
 ) -> Prepared:
@@ -88,9 +97,7 @@ def _prepare(
     source = img.format or "unknown"
     shrink = bool(options.resize_max_side and max(img.size) > options.resize_max_side)
     reencode = bool(options.reencode_quality)
-    # A GIF whose colour indices are checked after decoding may still need converting: reserved as such.
-    maybe_convert = tf_reading.channels is None or bool(tf_reading.index_limit)
-    full = bool(maybe_convert or shrink or reencode or options.apply_exif_orientation)
+    full = needs_full_decode(img, tf_reading, options)
     held = reserve(cost.memory_bytes(source, full, width, height)) if reserve else contextlib.nullcontext()
     with held:
         # EXIF orientation is read after a full decode (a PNG may keep it after its pixels).

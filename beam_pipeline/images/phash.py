@@ -69,6 +69,14 @@ def _normalised(img: Image.Image) -> Image.Image:
     return small
 
 
+def valid_hash(value: object) -> str:
+    """``value`` if it is a hash as this version writes it (16 lowercase hex digits), else "" (unhashed): a
+    damaged index line never stops a night's join."""
+    if isinstance(value, str) and len(value) == 16 and all(c in "0123456789abcdef" for c in value):
+        return value
+    return ""
+
+
 def distance(a: str, b: str) -> int:
     """Bits two hashes differ in."""
     return (int(a, 16) ^ int(b, 16)).bit_count()

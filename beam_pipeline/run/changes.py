@@ -50,7 +50,9 @@ def night_changes(
     try:
         before = DatasetInfo.from_json(read_json_object(FileSystems.join(previous_dir, metadata.DATASET_JSON)))
     except (OSError, ValueError):
-        return None
+        if max_drop is not None:  # --max-class-drop must not pass for want of a comparison: the step fails
+            raise
+        return None  # no notes (dataset.json has no changes block), the run goes on
     old, new = class_counts(before), class_counts(now)
     added = sorted(k for k, n in new.items() if n and not old.get(k))
     removed = sorted(k for k, n in old.items() if n and not new.get(k))
@@ -74,9 +76,12 @@ def night_changes(
         "reject_rate": {"before": round(reject_rate(before), 6), "now": round(reject_rate(now), 6)},
         "rejects_by_reason": by_reason,
     }
-    if near_parts is not None:
-        before_file = FileSystems.join(previous_dir, metadata.NEAR_DUPLICATES_JSONL)
-        out["near_duplicates_new"] = new_pairs(before_file, ((k, json.loads(raw)) for k, raw in merged(near_parts)))
+    before_file = FileSystems.join(previous_dir, metadata.NEAR_DUPLICATES_JSONL)
+    if near_parts is not None and before.near_duplicates is not None and FileSystems.exists(before_file):
+        try:  # a damaged previous file costs the note, not the run
+            out["near_duplicates_new"] = new_pairs(before_file, ((k, json.loads(raw)) for k, raw in merged(near_parts)))
+        except (ValueError, KeyError, TypeError):
+            pass
     out["notes"] = notes(out)
     return out
 
@@ -90,9 +95,9 @@ def _lines(path: str) -> Iterator[tuple[tuple[str, str], dict[str, Any]]]:
 
 
 def new_pairs(before: str, now: Iterable[tuple[tuple[str, str], dict[str, Any]]]) -> dict[str, int]:
-    """Pairs of ``now`` (sorted (line_key, line)) that the sorted file ``before`` does not list (all of them when
-    there is none), and how many of those are across splits; crowds are left out."""
-    old = _lines(before) if FileSystems.exists(before) else iter(())
+    """Pairs of ``now`` (sorted (line_key, line)) that the sorted file ``before`` does not list, and how many of
+    those are across splits; crowds are left out."""
+    old = _lines(before)
     pairs = across = 0
     current = next(old, None)
     for key, line in now:
@@ -124,7 +129,7 @@ def dropped_class(changes: Mapping[str, Any] | None, max_drop: float | None) -> 
     """The first class (by name) that lost more than ``max_drop`` of its images, as a phrase; None if none."""
     if not changes or max_drop is None:
         return None
-    if changes["classes_removed"] and max_drop < 1:
+    if changes["classes_removed"]:  # lost all of its images: past any --max-class-drop, 1 included
         return f"class {changes['classes_removed'][0]} has no image any more"
     for k, c in changes["classes_moved"].items():
         if (c["before"] - c["now"]) / c["before"] > max_drop:
