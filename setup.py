@@ -46,6 +46,8 @@ CONVERTER = [
     # the perceptual hash of every image (near-duplicates, docs/leakage.md): imagehash's pHash
     # (it brings SciPy for the DCT and PyWavelets); 4.3 is the release the tests pin
     "imagehash>=4.3,<5",
+    # inspect --report: the charts as inline SVG; 3.8 is the oldest with the axes calls report.py makes
+    "matplotlib>=3.8,<4",
 ]
 TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
 # tfrecord: a reader of the output's .idx files (DALI's format), checked by the tests;

@@ -224,6 +224,7 @@ usage: python -m beam_pipeline convert --input FOLDER|GLOB --output DIR [options
        python -m beam_pipeline convert --manifest FILE.csv|FILE.jsonl --output DIR [options]
        python -m beam_pipeline plan    (the same input flags as convert; reads no pixels, writes nothing)
        python -m beam_pipeline inspect OUTPUT [--split S] [--verify] [--contact-sheet FILE.png] [--n 64]
+                                       [--report FILE.html]
        python -m beam_pipeline clean   OUTPUT [--older-than AGE] [--force] [--dry-run]
        python -m beam_pipeline COMMAND --help
 """
@@ -264,6 +265,11 @@ def run_inspect(argv: Sequence[str]) -> int:
             args.output, info, args.contact_sheet, args.n, args.seed, args.split, tile=args.tile_size
         )
         print(f"contact sheet: {tiles} examples -> {args.contact_sheet}")
+    if args.report:
+        from . import report
+
+        counts = report.write_report(args.output, info, args.report, seed=args.seed)
+        print(f"report: {counts['sampled']} sampled records, {counts['pairs']} near-duplicate pairs -> {args.report}")
     if args.verify:
         try:
             done = inspection.verify(args.output, info, args.split)

@@ -582,6 +582,12 @@ INSPECT = Command(
                     switch=True,
                 ),
                 Flag("--contact-sheet", "write a PNG grid of random examples"),
+                Flag(
+                    "--report",
+                    "write one self-contained HTML page about the dataset (splits x classes, sizes, formats, "
+                    "rejects, near-duplicates side by side, a strip per class, objects, changes; local or gs://)",
+                    metavar="FILE.html",
+                ),
                 Flag("--n", "examples on the contact sheet (64)", type=int, default=64),
                 Flag(
                     "--tile-size",

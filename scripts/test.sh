@@ -18,6 +18,16 @@ if [[ "$mode" != rest ]]; then
   .venv/bin/ruff check --quiet beam_pipeline tests scripts setup.py
   .venv/bin/ruff format --check --quiet beam_pipeline tests scripts setup.py
 fi
+# The report's browser test (tests/test_report.py) loads the page in Debian's Chromium, headless: installed here
+# when it is missing and this runs as root with apt (CI); otherwise a note, and that test says how to get it.
+if [[ "$mode" != fast ]] && ! command -v chromium >/dev/null 2>&1; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  else
+    echo "note: chromium is not installed (apt-get install chromium): tests/test_report.py's browser test will fail" >&2
+  fi
+fi
 if [[ "$mode" != fast ]]; then
   site_dir="$(mktemp -d)"
   trap 'rm -rf "$site_dir"' EXIT

@@ -1,0 +1,424 @@
+"""One self-contained HTML page about a dataset (``inspect OUTPUT --report report.html``; docs/leakage.md).
+
+No network, no script: the charts are inline SVG drawn by matplotlib, the thumbnails inline JPEGs. Exact numbers
+come from dataset.json; what needs the records (image sizes, formats, boxes, mask shares, the contact strips) comes
+from ``sample`` records read by position (contact_sheet.sample: a fixed number whatever the dataset's size), and
+says so. Rejects and near-duplicate pairs are streamed from their files until the page has what it shows, and the
+few records the pairs need are found by one pass over index.jsonl that stops once it has them.
+
+    counts = write_report(output, info, "report.html")
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import html
+import io
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from . import examples, metadata
+from .annotations import objects
+from .contact_sheet import sample
+from .inspection import _read_at
+from .storage import open_lines
+from .vocab.dataset_info import DatasetInfo
+
+SAMPLE = 400  # records read for what dataset.json does not hold
+PAIRS = 12  # near-duplicate pairs shown side by side (across splits first)
+STRIP = 8  # thumbnails per class
+CLASSES = 30  # classes in the strips and the chart
+EXAMPLES = 3  # example names per reject reason
+THUMB = 112
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f4f4f4}td.name,th.name{text-align:left}.note{color:#666;font-size:12px}
+.strip img,.pair img{border:1px solid #ccc;margin:2px;vertical-align:top}.pair{display:inline-block;margin:6px 12px}
+.warn{color:#a40}
+"""
+
+
+def write_report(output: str, info: DatasetInfo, dest: str, *, n: int = SAMPLE, seed: int = 0) -> dict[str, int]:
+    """Writes the page to ``dest`` (local or gs://); returns what it holds: sampled records, pairs shown."""
+    page, counts = build_report(output, info, n=n, seed=seed)
+    with FileSystems.create(dest, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        fh.write(page.encode("utf-8"))
+    return counts
+
+
+def build_report(output: str, info: DatasetInfo, *, n: int = SAMPLE, seed: int = 0) -> tuple[str, dict[str, int]]:
+    picks = sample(output, info, n, seed, None) if info.examples else []
+    pairs = _pairs(output, info)
+    parts = [
+        f"<h1>{_e(info.name)}</h1>",
+        _overview(output, info),
+        _splits(info),
+        _sizes(picks, info),
+        _formats(picks, info),
+        _rejects(output, info),
+        _near(output, info, pairs),
+        _strips(picks, info),
+        _objects(picks, info),
+        _masks(picks),
+        _changes(info),
+    ]
+    body = "\n".join(p for p in parts if p)
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(info.name)}: dataset report</title><style>{_STYLE}</style></head>\n"
+        f"<body>\n{body}\n</body></html>\n"
+    )
+    return page, {"sampled": len(picks), "pairs": len(pairs)}
+
+
+# ---- sections -----------------------------------------------------------------------------------------
+
+
+def _overview(output: str, info: DatasetInfo) -> str:
+    made = ", ".join(f"{k} {v}" for k, v in info.versions.items())
+    return (
+        f'<p id="overview" data-examples="{info.examples}" data-bytes="{info.bytes}" data-status="{_e(info.status)}">'
+        f"{info.examples:,} examples, {info.bytes / 1e6:,.1f} MB in {_e(output)}; status {_e(info.status)}"
+        f'</p><p class="note">made with {_e(made)}</p>'
+    )
+
+
+def _splits(info: DatasetInfo) -> str:
+    splits = list(info.splits)
+    totals: collections.Counter[str] = collections.Counter()
+    for s in info.splits.values():
+        totals.update(s.labels or {})
+    labels = [k for k, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))]
+    head = "".join(f'<th data-split="{_e(s)}">{_e(s)}</th>' for s in splits)
+    rows = [
+        f'<tr data-label="{_e(label)}"><td class="name">{_e(label)}</td>'
+        + "".join(
+            f'<td data-split="{_e(s)}" data-count="{(info.splits[s].labels or {}).get(label, 0)}">'
+            f"{(info.splits[s].labels or {}).get(label, 0):,}</td>"
+            for s in splits
+        )
+        + "</tr>"
+        for label in labels
+    ]
+    total = "".join(
+        f'<td data-split="{_e(s)}" data-examples="{info.splits[s].examples}">{info.splits[s].examples:,}</td>'
+        for s in splits
+    )
+    table = (
+        f'<table id="split-classes"><tr><th class="name">class</th>{head}</tr>{"".join(rows)}'
+        f'<tr class="total"><th class="name">examples</th>{total}</tr></table>'
+    )
+    chart = ""
+    if labels:
+        top = labels[:CLASSES]
+        chart = _svg_bars(
+            top, {s: [(info.splits[s].labels or {}).get(k, 0) for k in top] for s in splits}, "images per class"
+        )
+    more = (
+        f'<p class="note">the chart shows the {CLASSES} largest of {len(labels)} classes</p>'
+        if len(labels) > CLASSES
+        else ""
+    )
+    return f'<section id="splits"><h2>Splits and classes</h2>{table}{chart}{more}</section>'
+
+
+def _sizes(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
+    from PIL import Image
+
+    sides, ratios = [], []
+    for ex in picks:
+        try:
+            w, h = Image.open(io.BytesIO(ex[examples.ENCODED][0])).size
+        except Exception:  # noqa: BLE001 - a record whose image Pillow cannot open is left out of the chart
+            continue
+        sides.append(min(w, h))
+        ratios.append(round(w / h, 2))
+    if not sides:
+        return ""
+    note = _sampled(len(picks), info.examples)
+    median = statistics.median(sides)
+    chart = _svg_hist(sides, "shorter side (pixels)") + _svg_hist(ratios, "aspect ratio (width / height)")
+    return (
+        f'<section id="sizes"><h2>Image sizes</h2><p data-sampled="{len(picks)}">median shorter side '
+        f"{median:g} px, from {min(sides)} to {max(sides)} px; {note}</p>{chart}</section>"
+    )
+
+
+def _formats(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
+    seen = collections.Counter(bytes(ex.get(examples.FORMAT, [b"?"])[0]).decode("ascii", "replace") for ex in picks)
+    rows = "".join(f'<tr><td class="name">{_e(k)}</td><td>{v:,}</td></tr>' for k, v in seen.most_common())
+    conv = "".join(
+        f'<tr data-converted="{_e(k)}"><td class="name">{_e(k)}</td><td>{v:,}</td></tr>'
+        for k, v in info.converted.items()
+    )
+    converted = (
+        '<p>converted to PNG or JPEG (every record):</p><table id="converted">'
+        f'<tr><th class="name">from</th><th>images</th></tr>{conv}</table>'
+        if conv
+        else "<p>no image was converted: every record stores its file's bytes</p>"
+    )
+    return (
+        f'<section id="formats"><h2>Formats</h2><table><tr><th class="name">stored as</th><th>records</th></tr>'
+        f'{rows}</table><p class="note">{_sampled(len(picks), info.examples)}</p>{converted}</section>'
+    )
+
+
+def _rejects(output: str, info: DatasetInfo) -> str:
+    by_reason = info.rejects.by_reason
+    if not by_reason:
+        return '<section id="rejects"><h2>Rejects</h2><p data-rejects="0">none</p></section>'
+    names: dict[str, list[str]] = {r: [] for r in by_reason}
+    path = FileSystems.join(output, metadata.REJECTS_JSONL)
+    if FileSystems.exists(path):
+        with open_lines(path) as fh:
+            for raw in fh:
+                if all(len(v) >= EXAMPLES for v in names.values()):
+                    break  # every reason has its examples: the rest of the file is not read
+                try:
+                    row = json.loads(raw)
+                except ValueError:
+                    continue
+                got = names.get(row.get("reason"))
+                if got is not None and len(got) < EXAMPLES:
+                    got.append(str(row.get("path")))
+    rows = "".join(
+        f'<tr data-reason="{_e(r)}" data-count="{n}"><td class="name">{_e(r)}</td><td>{n:,}</td>'
+        f'<td class="name">{_e(", ".join(names[r]))}</td></tr>'
+        for r, n in by_reason.items()
+    )
+    return (
+        f'<section id="rejects"><h2>Rejects</h2><p data-rejects="{info.rejects.total}">{info.rejects.total:,} inputs '
+        f'rejected (rejects.jsonl)</p><table><tr><th class="name">reason</th><th>inputs</th>'
+        f'<th class="name">for example</th></tr>{rows}</table></section>'
+    )
+
+
+def _pairs(output: str, info: DatasetInfo) -> list[dict[str, Any]]:
+    """Up to PAIRS pair lines, those across splits first (streamed; stops once it has PAIRS across splits)."""
+    if not info.near_duplicates:
+        return []
+    path = FileSystems.join(output, metadata.NEAR_DUPLICATES_JSONL)
+    if not FileSystems.exists(path):
+        return []
+    across, inside = [], []
+    with open_lines(path) as fh:
+        for raw in fh:
+            line = json.loads(raw)
+            if "group" in line:
+                continue
+            (across if line["split_a"] != line["split_b"] else inside).append(line)
+            if len(across) >= PAIRS:
+                break
+            inside = inside[:PAIRS]
+    return (across + inside)[:PAIRS]
+
+
+def _near(output: str, info: DatasetInfo, pairs: Sequence[Mapping[str, Any]]) -> str:
+    near = info.near_duplicates
+    if not near:
+        off = "<p>not searched (--near-duplicates off)</p>"
+        return f'<section id="near-duplicates"><h2>Near-duplicates</h2>{off}</section>'
+    counts = near.get("pairs") or {}
+    rows = "".join(
+        f'<tr data-key="{_e(k)}" data-count="{v}"><td class="name">{_e(k)}</td><td>{v:,}</td></tr>'
+        for k, v in counts.items()
+    )
+    thumbs = _thumbs_by_path(output, {p for line in pairs for p in (line["a"], line["b"])})
+    shown = "".join(
+        f'<div class="pair" data-distance="{line["distance"]}">{_img(thumbs.get(line["a"]), line["a"])}'
+        f'{_img(thumbs.get(line["b"]), line["b"])}<br><span class="note">{_e(line["a"])} ({_e(line["split_a"])}) · '
+        f"{_e(line['b'])} ({_e(line['split_b'])}) · {line['distance']} bits</span></div>"
+        for line in pairs
+    )
+    across = near.get("across_splits", 0)
+    warn = ' class="warn"' if across else ""
+    return (
+        '<section id="near-duplicates"><h2>Near-duplicates</h2>'
+        f'<p{warn} data-across="{across}">{sum(counts.values()):,} '
+        f"pairs within {near.get('max_distance')} bits ({_e(str(near.get('hash')))}), {across:,} across splits"
+        f'</p><table><tr><th class="name">splits</th><th>pairs</th></tr>{rows}</table>{shown}</section>'
+    )
+
+
+def _strips(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
+    by_class: dict[str, list[bytes]] = collections.defaultdict(list)
+    for ex in picks:
+        names = [b.decode("utf-8", "replace") for b in ex.get(examples.LABEL_TEXT, [])] or ["(no label)"]
+        for name in names:
+            if len(by_class[name]) < STRIP:
+                by_class[name].append(ex[examples.ENCODED][0])
+    if not by_class:
+        return ""
+    rows = "".join(
+        f'<div class="strip" data-label="{_e(k)}"><b>{_e(k)}</b><br>'
+        + "".join(_img(_thumb(b), k) for b in v)
+        + "</div>"
+        for k, v in sorted(by_class.items())[:CLASSES]
+    )
+    note = _sampled(len(picks), info.examples)
+    return f'<section id="strips"><h2>A strip per class</h2><p class="note">{note}</p>{rows}</section>'
+
+
+def _objects(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
+    if info.categories is None or info.objects is None:
+        return ""
+    per_image = [len(ex.get(objects.XMIN, [])) for ex in picks]
+    sizes = [
+        round(((x1 - x0) * (y1 - y0)) ** 0.5, 3)
+        for ex in picks
+        for x0, x1, y0, y1 in zip(
+            ex.get(objects.XMIN, []),
+            ex.get(objects.XMAX, []),
+            ex.get(objects.YMIN, []),
+            ex.get(objects.YMAX, []),
+            strict=False,
+        )
+    ]
+    classes = collections.Counter(c for ex in picks for c in ex.get(objects.CLASS_TEXT, []))
+    names = [c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c) for c, _ in classes.most_common(CLASSES)]
+    chart = (
+        _svg_bars(names, {"objects": [n for _, n in classes.most_common(CLASSES)]}, "objects per class (sampled)")
+        if names
+        else ""
+    )
+    return (
+        f'<section id="objects"><h2>Objects</h2><p data-kept="{info.objects.kept}">{info.objects.kept:,} objects kept, '
+        f"{info.objects.rejects.total:,} rejected</p>{chart}"
+        + (_svg_hist(per_image, "boxes per image") if per_image else "")
+        + (_svg_hist(sizes, "box size (square root of its area, share of the image)") if sizes else "")
+        + f'<p class="note">{_sampled(len(picks), info.examples)}</p></section>'
+    )
+
+
+def _masks(picks: Sequence[Mapping[str, list[Any]]]) -> str:
+    from .annotations.masks import SEGMENTATION_ENCODED
+
+    encoded = [ex[SEGMENTATION_ENCODED][0] for ex in picks if ex.get(SEGMENTATION_ENCODED)]
+    if not encoded:
+        return ""
+    import numpy as np
+    from PIL import Image
+
+    counts: collections.Counter[int] = collections.Counter()
+    for data in encoded:
+        values, n = np.unique(np.asarray(Image.open(io.BytesIO(data))), return_counts=True)
+        counts.update(dict(zip(values.tolist(), n.tolist(), strict=True)))
+    total = sum(counts.values())
+    rows = "".join(f"<tr><td>{k}</td><td>{100 * v / total:.1f} %</td></tr>" for k, v in sorted(counts.items()))
+    return (
+        f'<section id="masks"><h2>Mask pixels per class</h2><table><tr><th>class id</th><th>pixels</th></tr>{rows}'
+        f'</table><p class="note">from {len(encoded)} sampled masks</p></section>'
+    )
+
+
+def _changes(info: DatasetInfo) -> str:
+    changes = info.changes
+    if not changes:
+        return ""
+    notes = "".join(f"<li>{_e(n)}</li>" for n in changes.get("notes") or []) or "<li>nothing moved past the share</li>"
+    return f'<section id="changes"><h2>Since the previous night</h2><ul>{notes}</ul></section>'
+
+
+# ---- pieces -------------------------------------------------------------------------------------------
+
+
+def _thumbs_by_path(output: str, wanted: set[str]) -> dict[str, str]:
+    """Thumbnails (data URLs) of the records of ``wanted`` paths: index.jsonl read until it has them all."""
+    found: dict[str, tuple[str, int]] = {}
+    path = FileSystems.join(output, "index.jsonl")
+    if not wanted or not FileSystems.exists(path):
+        return {}
+    with open_lines(path) as fh:
+        for raw in fh:
+            entry = json.loads(raw)
+            if entry.get("path") in wanted and entry["path"] not in found:
+                found[entry["path"]] = (entry["shard"], int(entry["record"]))
+                if len(found) == len(wanted):
+                    break
+    by_shard: dict[str, dict[int, str]] = collections.defaultdict(dict)
+    for p, (shard, i) in found.items():
+        by_shard[shard][i] = p
+    out = {}
+    for shard, wanted_here in by_shard.items():
+        for i, record in _read_at(FileSystems.join(output, shard), set(wanted_here)).items():
+            out[wanted_here[i]] = _thumb(examples.parse_example(record)[examples.ENCODED][0])
+    return out
+
+
+def _thumb(data: bytes) -> str:
+    from PIL import Image, ImageOps
+
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.seek(0)
+        small = ImageOps.contain(img.convert("RGB"), (THUMB, THUMB))
+    except Exception:  # noqa: BLE001 - a record Pillow cannot draw shows no thumbnail
+        return ""
+    buf = io.BytesIO()
+    small.save(buf, "JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _img(url: str | None, alt: str) -> str:
+    return f'<img src="{url}" alt="{_e(alt)}" width="{THUMB}">' if url else f'<span class="note">[{_e(alt)}]</span>'
+
+
+def _sampled(n: int, total: int) -> str:
+    return f"sampled: {n:,} of {total:,} records" if n < total else f"all {total:,} records"
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _svg(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    # no date, creator or RDF block: the same data gives the same page
+    fig.savefig(
+        buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None, "Format": None, "Type": None}
+    )
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # the XML declaration and DOCTYPE do not belong inside HTML
+
+
+def _svg_bars(names: Sequence[str], series: Mapping[str, Sequence[int]], title: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1))
+    left = [0] * len(names)
+    for name, values in series.items():
+        ax.barh(range(len(names)), values, left=left, label=name)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.set_yticks(range(len(names)), [n[:24] for n in names])
+    ax.invert_yaxis()
+    ax.set_title(title)
+    if len(series) > 1:
+        ax.legend()
+    return _svg(fig)
+
+
+def _svg_hist(values: Iterable[float], title: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 2.4))
+    ax.hist(list(values), bins=20)
+    ax.set_title(title)
+    return _svg(fig)

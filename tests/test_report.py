@@ -1,0 +1,150 @@
+"""``inspect OUTPUT --report FILE.html`` (report.py): one self-contained page, loaded in a real browser.
+
+The browser is Debian's Chromium, headless (scripts/test.sh installs it as root; the test says how to get it
+otherwise). The page must load with no console message, draw something (the screenshot is not one colour),
+and the numbers read back from the DOM Chromium built must equal dataset.json's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from .conftest import BUCKET, run_cli
+from .test_near_duplicates import QUICK, leaky_folder
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class Numbers(HTMLParser):
+    """The data-* attributes of a page, element by element."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[dict[str, str]] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        found = {k: v or "" for k, v in attrs}
+        if any(k.startswith("data-") for k in found):
+            self.elements.append(found)
+
+
+def numbers(page: str) -> Numbers:
+    parser = Numbers()
+    parser.feed(page)
+    return parser
+
+
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM, "Chromium is not installed: scripts/test.sh installs Debian's chromium (apt-get install chromium)"
+    command = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("report")
+    leaky_folder(base / "in")
+    (base / "in" / "cats" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    out = base / "out"
+    r = run_cli("convert", "--input", str(base / "in"), "--output", str(out), *QUICK)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def check_against_dataset_json(found: Numbers, info: dict) -> None:
+    by = list(found.elements)
+    overview = next(e for e in by if "data-examples" in e and "data-bytes" in e)
+    assert int(overview["data-examples"]) == info["examples"]
+    cells = {(e["data-split"], label): int(e["data-count"]) for e, label in _cells(by)}
+    for split, s in info["splits"].items():
+        for label, n in s["labels"].items():
+            assert cells[(split, label)] == n
+        total = next(e for e in by if e.get("data-split") == split and "data-examples" in e)
+        assert int(total["data-examples"]) == s["examples"]
+    reasons = {e["data-reason"]: int(e["data-count"]) for e in by if "data-reason" in e}
+    assert reasons == info["rejects"]["by_reason"]
+    pairs = {e["data-key"]: int(e["data-count"]) for e in by if "data-key" in e}
+    assert pairs == info["near_duplicates"]["pairs"]
+    across = next(e for e in by if "data-across" in e)
+    assert int(across["data-across"]) == info["near_duplicates"]["across_splits"]
+
+
+def _cells(elements: list[dict[str, str]]):
+    label = None
+    for e in elements:
+        if "data-label" in e and "data-split" not in e and e.get("class") != "strip":
+            label = e["data-label"]
+        elif "data-count" in e and "data-split" in e and label is not None:
+            yield e, label
+
+
+@pytest.mark.e2e
+def test_the_report_is_one_file_whose_numbers_are_dataset_json(dataset, tmp_path):
+    page_file = tmp_path / "report.html"
+    r = run_cli("inspect", str(dataset), "--report", str(page_file))
+    assert r.returncode == 0, r.stderr
+    assert f"-> {page_file}" in r.stdout
+    page = page_file.read_text()
+    # self-contained: nothing to fetch (XML namespace names are names, not fetched), no script
+    assert not re.search(r"""(src|href|xlink:href)\s*=\s*["']?(https?:|//)|url\(\s*["']?(https?:|//)|@import""", page)
+    assert "<metadata>" not in page and "<dc:date>" not in page
+    parsed = numbers(page)
+    assert "script" not in parsed.tags and "link" not in parsed.tags
+    assert page.count("data:image/jpeg;base64,") >= 2 * 3  # pairs side by side and the strips
+    assert parsed.tags.count("svg") >= 3  # the class chart, sizes and aspect ratios
+    check_against_dataset_json(parsed, json.loads((dataset / "dataset.json").read_text()))
+
+
+@pytest.mark.e2e
+def test_chromium_loads_the_report_without_a_console_message_and_draws_it(dataset, tmp_path):
+    page_file = tmp_path / "report.html"
+    assert run_cli("inspect", str(dataset), "--report", str(page_file)).returncode == 0
+    url = page_file.as_uri()
+    dom = chromium("--dump-dom", url, profile=tmp_path / "profile-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    assert console == [], console
+    check_against_dataset_json(numbers(dom.stdout), json.loads((dataset / "dataset.json").read_text()))
+
+    shot = tmp_path / "shot.png"
+    r = chromium("--window-size=1200,1600", f"--screenshot={shot}", url, profile=tmp_path / "profile-shot")
+    assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
+    from PIL import Image
+
+    colours = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 50  # not blank: text, charts and thumbnails
+
+
+@pytest.mark.e2e
+def test_the_report_of_a_gs_output_is_written_to_gs(dataset, gcs, tmp_path):
+    bucket_dir = f"gs://{BUCKET}/report-test"
+    r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", bucket_dir, *QUICK)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("inspect", bucket_dir, "--report", f"{bucket_dir}/report.html")
+    assert r.returncode == 0, r.stderr
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(f"{bucket_dir}/report.html") as fh:
+        page = fh.read().decode("utf-8")
+    with FileSystems.open(f"{bucket_dir}/dataset.json") as fh:
+        info = json.loads(fh.read())
+    check_against_dataset_json(numbers(page), info)
