@@ -27,7 +27,8 @@ WIDTH = 80
 
 
 def sample(output: str, info: DatasetInfo, n: int, seed: int, split: str | None) -> list[dict[str, list[Any]]]:
-    """n records chosen at random (seeded) over the split(s), read without scanning whole shards' contents.
+    """n records chosen at random (seeded) over the split(s); a shard is read up to the last record chosen in it,
+    the others' bytes skipped by seeking (``inspection._read_at``).
 
     The records are numbered across the shards and n numbers drawn from that range (no list of every record:
     10 M records would take ~1 GB before anything is drawn), each found in its shard by the shards' counts.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import struct
 import sys
@@ -572,7 +573,8 @@ class _IdxLines:
 
 
 def _read_at(path: str, wanted: set[int]) -> dict[int, bytes]:
-    """Records at the given indexes of one shard; skips the others without parsing them."""
+    """Records at the given indexes of one shard; the others are skipped by their length headers, seeking past
+    their bytes (on GCS a seek is a new ranged read, not a download; a gzip shard decompresses past them)."""
     out: dict[int, bytes] = {}
     last = max(wanted)
     with FileSystems.open(path) as fh:
@@ -585,5 +587,5 @@ def _read_at(path: str, wanted: set[int]) -> dict[int, bytes]:
                 out[index] = fh.read(length)
                 fh.read(4)
             else:
-                fh.read(length + 4)
+                fh.seek(length + 4, os.SEEK_CUR)
     return out

@@ -154,7 +154,7 @@ def _sizes(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
 
 
 def _formats(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
-    seen = collections.Counter(bytes(ex.get(examples.FORMAT, [b"?"])[0]).decode("ascii", "replace") for ex in picks)
+    seen = collections.Counter(bytes((ex.get(examples.FORMAT) or [b"?"])[0]).decode("ascii", "replace") for ex in picks)
     rows = "".join(f'<tr><td class="name">{_e(k)}</td><td>{v:,}</td></tr>' for k, v in seen.most_common())
     conv = "".join(
         f'<tr data-converted="{_e(k)}"><td class="name">{_e(k)}</td><td>{v:,}</td></tr>'
@@ -181,7 +181,7 @@ def _rejects(output: str, info: DatasetInfo) -> str:
     if FileSystems.exists(path):
         with open_lines(path) as fh:
             for raw in fh:
-                if all(len(v) >= EXAMPLES for v in names.values()):
+                if all(len(v) >= min(EXAMPLES, by_reason[r]) for r, v in names.items()):
                     break  # every reason has its examples: the rest of the file is not read
                 try:
                     row = json.loads(raw)
@@ -209,16 +209,22 @@ def _pairs(output: str, info: DatasetInfo) -> list[dict[str, Any]]:
     path = FileSystems.join(output, metadata.NEAR_DUPLICATES_JSONL)
     if not FileSystems.exists(path):
         return []
-    across, inside = [], []
+    counts = info.near_duplicates.get("pairs") or {}
+    want_across = min(PAIRS, sum(n for k, n in counts.items() if "/" in k))
+    want = min(PAIRS, sum(counts.values()))
+    across: list[dict[str, Any]] = []
+    inside: list[dict[str, Any]] = []
     with open_lines(path) as fh:
         for raw in fh:
+            if len(across) >= want_across and len(across) + len(inside) >= want:
+                break  # the page has what it shows: the rest of the file is not read
             line = json.loads(raw)
             if "group" in line:
                 continue
-            (across if line["split_a"] != line["split_b"] else inside).append(line)
-            if len(across) >= PAIRS:
-                break
-            inside = inside[:PAIRS]
+            if line["split_a"] != line["split_b"]:
+                across.append(line)
+            elif len(inside) < PAIRS:
+                inside.append(line)
     return (across + inside)[:PAIRS]
 
 
@@ -262,7 +268,7 @@ def _strips(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
         f'<div class="strip" data-label="{_e(k)}"><b>{_e(k)}</b><br>'
         + "".join(_img(_thumb(b), k) for b in v)
         + "</div>"
-        for k, v in sorted(by_class.items())[:CLASSES]
+        for k, v in sorted(by_class.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:CLASSES]
     )
     note = _sampled(len(picks), info.examples)
     return f'<section id="strips"><h2>A strip per class</h2><p class="note">{note}</p>{rows}</section>'
@@ -310,7 +316,10 @@ def _masks(picks: Sequence[Mapping[str, list[Any]]]) -> str:
 
     counts: collections.Counter[int] = collections.Counter()
     for data in encoded:
-        values, n = np.unique(np.asarray(Image.open(io.BytesIO(data))), return_counts=True)
+        try:
+            values, n = np.unique(np.asarray(Image.open(io.BytesIO(data))), return_counts=True)
+        except Exception:  # noqa: BLE001 - a mask Pillow cannot read is left out of the shares
+            continue
         counts.update(dict(zip(values.tolist(), n.tolist(), strict=True)))
     total = sum(counts.values())
     rows = "".join(f"<tr><td>{k}</td><td>{100 * v / total:.1f} %</td></tr>" for k, v in sorted(counts.items()))
@@ -380,6 +389,11 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
+# The same data gives the same page (clip-path ids are otherwise random), and a class named "$x$" is text,
+# not mathtext (which refuses some names and would stop the report).
+_RC = {"svg.hashsalt": "beam_pipeline report", "text.parse_math": False}
+
+
 def _svg(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
@@ -399,17 +413,18 @@ def _svg_bars(names: Sequence[str], series: Mapping[str, Sequence[int]], title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1))
-    left = [0] * len(names)
-    for name, values in series.items():
-        ax.barh(range(len(names)), values, left=left, label=name)
-        left = [a + b for a, b in zip(left, values, strict=True)]
-    ax.set_yticks(range(len(names)), [n[:24] for n in names])
-    ax.invert_yaxis()
-    ax.set_title(title)
-    if len(series) > 1:
-        ax.legend()
-    return _svg(fig)
+    with matplotlib.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1))
+        left = [0] * len(names)
+        for name, values in series.items():
+            ax.barh(range(len(names)), values, left=left, label=name)
+            left = [a + b for a, b in zip(left, values, strict=True)]
+        ax.set_yticks(range(len(names)), [n[:24] for n in names])
+        ax.invert_yaxis()
+        ax.set_title(title)
+        if len(series) > 1:
+            ax.legend()
+        return _svg(fig)
 
 
 def _svg_hist(values: Iterable[float], title: str) -> str:
@@ -418,7 +433,8 @@ def _svg_hist(values: Iterable[float], title: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 2.4))
-    ax.hist(list(values), bins=20)
-    ax.set_title(title)
-    return _svg(fig)
+    with matplotlib.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(5, 2.4))
+        ax.hist(list(values), bins=20)
+        ax.set_title(title)
+        return _svg(fig)

@@ -23,7 +23,8 @@ fi
 if [[ "$mode" != fast ]] && ! command -v chromium >/dev/null 2>&1; then
   if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+    { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; } ||
+      echo "note: apt-get could not install chromium: tests/test_report.py's browser test will fail" >&2
   else
     echo "note: chromium is not installed (apt-get install chromium): tests/test_report.py's browser test will fail" >&2
   fi

@@ -109,15 +109,26 @@ def test_the_report_is_one_file_whose_numbers_are_dataset_json(dataset, tmp_path
     assert "<metadata>" not in page and "<dc:date>" not in page
     parsed = numbers(page)
     assert "script" not in parsed.tags and "link" not in parsed.tags
-    assert page.count("data:image/jpeg;base64,") >= 2 * 3  # pairs side by side and the strips
+    pairs = re.findall(r'<div class="pair"[^>]*>(.*?)</div>', page, re.S)
+    assert pairs and all(p.count("data:image/jpeg;base64,") == 2 for p in pairs)  # both sides drawn
+    strips = re.findall(r'<div class="strip"[^>]*>(.*?)</div>', page, re.S)
+    assert strips and all("data:image/jpeg;base64," in p for p in strips)
     assert parsed.tags.count("svg") >= 3  # the class chart, sizes and aspect ratios
     check_against_dataset_json(parsed, json.loads((dataset / "dataset.json").read_text()))
+    again = tmp_path / "again.html"
+    assert run_cli("inspect", str(dataset), "--report", str(again)).returncode == 0
+    assert again.read_bytes() == page_file.read_bytes()  # the same data, the same page
 
 
 @pytest.mark.e2e
 def test_chromium_loads_the_report_without_a_console_message_and_draws_it(dataset, tmp_path):
     page_file = tmp_path / "report.html"
     assert run_cli("inspect", str(dataset), "--report", str(page_file)).returncode == 0
+    # the check can fail: a page that logs an error shows up in Chromium's log
+    control = tmp_path / "control.html"
+    control.write_text("<!DOCTYPE html><html><body><script>console.error('control')</script></body></html>")
+    logged = chromium("--dump-dom", control.as_uri(), profile=tmp_path / "profile-control")
+    assert any("CONSOLE" in line and "control" in line for line in logged.stderr.splitlines()), logged.stderr[-2000:]
     url = page_file.as_uri()
     dom = chromium("--dump-dom", url, profile=tmp_path / "profile-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -148,3 +159,32 @@ def test_the_report_of_a_gs_output_is_written_to_gs(dataset, gcs, tmp_path):
     with FileSystems.open(f"{bucket_dir}/dataset.json") as fh:
         info = json.loads(fh.read())
     check_against_dataset_json(numbers(page), info)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "flags",
+    [("--compression", "gzip"), ("--labels-from", "none")],
+    ids=["gzip-shards-and-a-dollar-class", "unlabelled"],
+)
+def test_the_report_of_other_datasets(tmp_path, flags):
+    from .imagegen import encode, photo_like
+
+    for label in ("$x$", "<b>"):
+        (tmp_path / "in" / label).mkdir(parents=True)
+        for i in range(6):
+            (tmp_path / "in" / label / f"{i}.jpg").write_bytes(encode(photo_like(300 + i, 64, 48), "JPEG"))
+    out = tmp_path / "out"
+    r = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(out), *QUICK, *flags)
+    assert r.returncode == 0, r.stderr
+    page_file = tmp_path / "report.html"
+    r = run_cli("inspect", str(out), "--report", str(page_file))
+    assert r.returncode == 0, r.stderr
+    page = page_file.read_text()
+    assert page.count("<b>") == page.count("</b>")  # the class named "<b>" is text, never markup
+    if "--labels-from" not in flags:
+        assert "&lt;b&gt;" in page and "$x$" in page
+    info = json.loads((out / "dataset.json").read_text())
+    overview = next(e for e in numbers(page).elements if "data-bytes" in e)
+    assert int(overview["data-examples"]) == info["examples"] == 12
+    assert re.findall(r'<div class="strip"', page)
