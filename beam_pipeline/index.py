@@ -80,11 +80,13 @@ def part_line(
     label_id: int | list[int] | None,
     converted: str | None = None,
     phash: str | None = None,
+    size: tuple[int, int] | None = None,
 ) -> str:
     """One record's index line as the writer stores it (finalize adds the shard's final name in front).
     ``converted``: the source format the stored bytes were converted from, so a later run that reuses the
     record counts it in dataset.json's ``converted`` as this one did. ``phash``: the source's perceptual
-    hash (images/phash.py), which the near-duplicate join reads, and a later run that reuses the record keeps."""
+    hash (images/phash.py), which the near-duplicate join reads, and a later run that reuses the record keeps.
+    ``size``: the stored image's (width, height), which dataset.json's ``image_sizes`` counts, a reuse too."""
     entry: dict[str, Any] = {
         "path": ref.relpath,
         "size": ref.size,
@@ -104,6 +106,8 @@ def part_line(
         entry["converted"] = converted
     if phash:
         entry["phash"] = phash
+    if size:
+        entry["width"], entry["height"] = size
     return json.dumps(entry, ensure_ascii=False) + "\n"
 
 
@@ -198,6 +202,7 @@ class Previous(NamedTuple):
     extras: str
     converted: str | None = None  # the source format its stored bytes were converted from (index "converted")
     phash: str | None = None  # the source's perceptual hash (index "phash"), carried to tonight's index
+    size: tuple[int, int] | None = None  # the stored image's (width, height) (index "width", "height")
 
 
 @dataclass(frozen=True)
@@ -303,7 +308,15 @@ def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
         str(entry.get("extras", "")),
         entry.get("converted"),
         valid_hash(entry.get("phash")) or None,
+        _size(entry),
     )
+
+
+def _size(entry: Mapping[str, Any]) -> tuple[int, int] | None:
+    width, height = entry.get("width"), entry.get("height")
+    if isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0:
+        return width, height
+    return None  # an index of an older version, or a damaged line: counted as unknown
 
 
 def reusable_record(ref: Ref, label_ids: Mapping[str, int]) -> bool:

@@ -142,14 +142,25 @@ def _sizes(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
             continue
         sides.append(min(w, h))
         ratios.append(round(w / h, 2))
+    exact = (info.image_sizes or {}).get("shorter_side") or {}
+    buckets = "".join(
+        f'<tr data-bucket="{_e(k)}" data-count="{n}"><td class="name">{_e(k)}</td><td>{n:,}</td></tr>'
+        for k, n in exact.items()
+    )
+    table = (
+        '<p>every record, by shorter side (pixels):</p><table id="size-buckets"><tr><th class="name">shorter side'
+        f"</th><th>records</th></tr>{buckets}</table>"
+        if buckets
+        else ""
+    )
     if not sides:
-        return ""
+        return f'<section id="sizes"><h2>Image sizes</h2>{table}</section>' if table else ""
     note = _sampled(len(picks), info.examples)
     median = statistics.median(sides)
     chart = _svg_hist(sides, "shorter side (pixels)") + _svg_hist(ratios, "aspect ratio (width / height)")
     return (
         f'<section id="sizes"><h2>Image sizes</h2><p data-sampled="{len(picks)}">median shorter side '
-        f"{median:g} px, from {min(sides)} to {max(sides)} px; {note}</p>{chart}</section>"
+        f"{median:g} px, from {min(sides)} to {max(sides)} px; {note}</p>{chart}{table}</section>"
     )
 
 

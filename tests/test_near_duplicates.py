@@ -330,6 +330,9 @@ def test_convert_lists_every_copy_and_counts_the_leaks(tmp_path):
     across = [x for x in lines if x["split_a"] != x["split_b"]]
     assert block["across_splits"] == len(across) == sum(n for k, n in block["pairs"].items() if "/" in k)
     assert sum(block["pairs"].values()) == len(lines)
+    sizes = info["image_sizes"]["shorter_side"]
+    assert sum(sizes.values()) == len(index) and set(sizes) <= {"<64", "64-127", "128-255"}
+    assert all(isinstance(e["width"], int) and isinstance(e["height"], int) for e in index.values())
     assert "near-dups" in r.stdout and f"{len(lines)} pairs" in r.stdout
     shown = run_cli("inspect", str(out)).stdout
     assert f"near-duplicates: {len(lines)} pairs, {len(across)} across splits" in shown

@@ -117,3 +117,24 @@ def test_a_night_notes_a_class_that_shrank_and_max_class_drop_keeps_the_previous
 def test_max_class_drop_needs_a_previous_night(tmp_path):
     r = run_cli("convert", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--max-class-drop", "0.5")
     assert r.returncode == 2 and "--max-class-drop needs --incremental-from" in r.stderr
+
+
+@pytest.mark.unit
+def test_the_median_image_size_moving_is_a_note(tmp_path):
+    from beam_pipeline.vocab.records import size_bucket
+
+    assert [size_bucket(s) for s in ((63, 900), (64, 64), (640, 480), (4000, 3000), None)] == [
+        "<64",
+        "64-127",
+        "256-511",
+        ">=2048",
+        "unknown",
+    ]
+    before = {**info({"cats": 10}), "image_sizes": {"shorter_side": {"256-511": 10}}}
+    (tmp_path / "dataset.json").write_text(json.dumps(before))
+    now = DatasetInfo.from_json({**info({"cats": 10}), "image_sizes": {"shorter_side": {"<64": 7, "256-511": 3}}})
+    got = ch.night_changes(str(tmp_path), now, 0.2)
+    assert got["image_sizes"] == {"before": {"256-511": 10}, "now": {"<64": 7, "256-511": 3}}
+    assert "median shorter side 256-511 px -> <64 px" in got["notes"]
+    same = DatasetInfo.from_json(before)
+    assert "image_sizes" not in ch.night_changes(str(tmp_path), same, 0.2)

@@ -86,6 +86,8 @@ def check_against_dataset_json(found: Numbers, info: dict) -> None:
     assert pairs == info["near_duplicates"]["pairs"]
     across = next(e for e in by if "data-across" in e)
     assert int(across["data-across"]) == info["near_duplicates"]["across_splits"]
+    buckets = {e["data-bucket"]: int(e["data-count"]) for e in by if "data-bucket" in e}
+    assert buckets == info["image_sizes"]["shorter_side"]
 
 
 def _cells(elements: list[dict[str, str]]):

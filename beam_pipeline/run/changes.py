@@ -1,7 +1,8 @@
 """Night over night: what an ``--incremental-from`` run changed against the dataset it started from.
 
-Classes added or removed, class counts that moved by more than ``--change-share``, the reject rate and the
-reasons whose counts moved, and near-duplicate pairs that are new since then (the two sorted
+Classes added or removed, class counts that moved by more than ``--change-share``, the stored images' shorter
+sides (a note when the median's bucket moved), the reject rate and the reasons whose counts moved, and
+near-duplicate pairs that are new since then (the two sorted
 ``near_duplicates.jsonl`` files streamed side by side, one line of each in memory). They go into
 dataset.json's ``changes`` and the summary as notes; a change stops the publish only through
 ``--max-class-drop`` (docs/nightly.md#what-changed-since-the-previous-night).
@@ -19,6 +20,7 @@ from .. import metadata
 from ..near_duplicates import line_key, merged
 from ..storage import open_lines, read_json_object
 from ..vocab.dataset_info import DatasetInfo
+from ..vocab.records import SIZE_BUCKETS
 
 CLASS_DROPPED = "class_dropped"  # run.outcome: a class lost more than --max-class-drop of its images
 
@@ -76,6 +78,9 @@ def night_changes(
         "reject_rate": {"before": round(reject_rate(before), 6), "now": round(reject_rate(now), 6)},
         "rejects_by_reason": by_reason,
     }
+    sizes = {"before": _sides(before), "now": _sides(now)}
+    if sizes["before"] and sizes["now"] and sizes["before"] != sizes["now"]:
+        out["image_sizes"] = sizes
     before_file = FileSystems.join(previous_dir, metadata.NEAR_DUPLICATES_JSONL)
     if near_parts is not None and before.near_duplicates is not None and FileSystems.exists(before_file):
         try:  # a damaged previous file costs the note, not the run
@@ -84,6 +89,22 @@ def night_changes(
             pass
     out["notes"] = notes(out)
     return out
+
+
+def _sides(info: DatasetInfo) -> dict[str, int]:
+    return dict((info.image_sizes or {}).get("shorter_side") or {})
+
+
+def median_bucket(counts: Mapping[str, int]) -> str | None:
+    """The bucket of the median image (SIZE_BUCKETS order; unknown sizes left out)."""
+    known = [(b, counts.get(b, 0)) for b in SIZE_BUCKETS]
+    total = sum(n for _, n in known)
+    seen = 0
+    for bucket, n in known:
+        seen += n
+        if total and seen * 2 >= total:
+            return bucket
+    return None
 
 
 def _lines(path: str) -> Iterator[tuple[tuple[str, str], dict[str, Any]]]:
@@ -119,6 +140,11 @@ def notes(changes: Mapping[str, Any]) -> list[str]:
     rate = changes["reject_rate"]
     if abs(rate["now"] - rate["before"]) > max(0.005, changes["share"] * rate["before"]):
         out.append(f"reject rate {rate['before']:.1%} -> {rate['now']:.1%}")
+    sizes = changes.get("image_sizes")
+    if sizes:
+        before, now = median_bucket(sizes["before"]), median_bucket(sizes["now"])
+        if before != now:
+            out.append(f"median shorter side {before} px -> {now} px")
     near = changes.get("near_duplicates_new")
     if near and near["pairs"]:
         out.append(f"{near['pairs']} new near-duplicate pairs, {near['across_splits']} across splits")

@@ -34,7 +34,7 @@ from ..near_duplicates import merge_parts
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
 from ..vocab.reasons import NEAR_DUPLICATE_LEAK
-from ..vocab.records import ShardResult, choose_results
+from ..vocab.records import SIZE_BUCKETS, UNKNOWN_SIZE, ShardResult, choose_results
 from .changes import CLASS_DROPPED, dropped_class, night_changes
 from .files import delete_files, move_files
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
@@ -288,6 +288,10 @@ class FinalizeFn(beam.DoFn):
         )
         info = self._describe_objects(info, layout, categories, object_counts)
         info = info.with_(converted=merge_counts(r.converted for files in layout.values() for _, r in files))
+        sizes = merge_counts(r.sizes for files in layout.values() for _, r in files)
+        if sizes:  # the planned sink's writers count them
+            order = {name: i for i, name in enumerate((*SIZE_BUCKETS, UNKNOWN_SIZE))}
+            info = info.with_(image_sizes={"shorter_side": dict(sorted(sizes.items(), key=lambda kv: order[kv[0]]))})
         empty = sorted({split for split, _ in chosen} - set(layout))
         if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
             info = info.with_(empty_splits=tuple(empty))

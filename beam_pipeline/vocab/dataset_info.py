@@ -244,6 +244,7 @@ _ORDER = (
     "categories",
     "objects",
     "converted",
+    "image_sizes",
     "empty_splits",
     "idx_files",
     "near_duplicates",
@@ -286,6 +287,8 @@ class DatasetInfo:
     categories: tuple[Category, ...] | None = None  # a detection dataset's
     objects: ObjectsInfo | None = None  # a detection dataset's
     converted: Mapping[str, int] = field(default_factory=dict)  # images re-encoded, per source format
+    # {"shorter_side": {bucket: records}} of the stored images (vocab.records.size_bucket); planned sink only
+    image_sizes: Mapping[str, Any] | None = None
     empty_splits: tuple[str, ...] | None = None  # listed splits whose every file was rejected
     idx_files: str | None = None  # "idx/{file}.idx": each shard's record index
     # near_duplicates.summary_block: the hash, the distance, pair and group counts per split and across splits
@@ -357,6 +360,7 @@ class DatasetInfo:
             else tuple(Category.from_json(c) for c in _list(categories, "categories")),
             objects=None if data.get("objects") is None else ObjectsInfo.from_json(data["objects"]),
             converted=_object(data.get("converted", {}), "converted"),
+            image_sizes=_object_or_none(data.get("image_sizes"), "image_sizes"),
             empty_splits=None if empty is None else tuple(_list(empty, "empty_splits")),
             idx_files=data.get("idx_files"),
             near_duplicates=_object_or_none(data.get("near_duplicates"), "near_duplicates"),

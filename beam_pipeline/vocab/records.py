@@ -29,6 +29,7 @@ class ShardResult:
     idx_path: str | None = None  # its .idx file (uncompressed shards of the planned sink)
     labels: Mapping[str, int] = field(default_factory=dict)  # records per label
     converted: Mapping[str, int] = field(default_factory=dict)  # images converted, per source format
+    sizes: Mapping[str, int] = field(default_factory=dict)  # records per shorter-side bucket (size_bucket)
     objects: Mapping[str, int] = field(default_factory=dict)  # object counts of its records
     reused: int = 0  # records copied from the --incremental-from dataset
     reconverted: int = 0  # unchanged files whose previous record could not be reused
@@ -56,3 +57,19 @@ def choose_results(results: Iterable[ShardResult]) -> dict[tuple[str, int], Shar
     for result in sorted(results, key=lambda r: (r.split, r.shard, r.tmp_path)):
         chosen.setdefault((result.split, result.shard), result)
     return chosen
+
+
+# The stored images' shorter side, in buckets (dataset.json's image_sizes): powers of two from 64 to 2048.
+SIZE_BUCKETS = ("<64", "64-127", "128-255", "256-511", "512-1023", "1024-2047", ">=2048")
+UNKNOWN_SIZE = "unknown"  # a record reused from an index without sizes (an older version)
+
+
+def size_bucket(size: tuple[int, int] | None) -> str:
+    """The SIZE_BUCKETS name of an image's shorter side (``size``: width, height), or UNKNOWN_SIZE."""
+    if not size:
+        return UNKNOWN_SIZE
+    side = min(size)
+    for i, name in enumerate(SIZE_BUCKETS[:-1]):
+        if side < 64 << i:
+            return name
+    return SIZE_BUCKETS[-1]

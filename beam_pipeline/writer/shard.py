@@ -49,7 +49,7 @@ from ..annotations.join import CountingDoFn, record_counts
 from ..images.options import ImageOptions, Prepared, Rejected
 from ..sources.rules import REJECTS, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
-from ..vocab.records import ShardResult
+from ..vocab.records import ShardResult, size_bucket
 from ..vocab.refs import Ref
 from .budget import budgets, decode_threads, process_pool
 from .readahead import read_then_convert
@@ -278,6 +278,7 @@ class ShardWrite:
         self.retried = False  # a reject that says nothing of the file's bytes: no marker (resume.py)
         self.label_counts: collections.Counter[str] = collections.Counter()
         self.converted: collections.Counter[str] = collections.Counter()
+        self.sizes: collections.Counter[str] = collections.Counter()  # records per shorter-side bucket
         self.objects: collections.Counter[str] = collections.Counter()  # objects kept, image counters (detection)
         self.reconverted: list[str] = []  # unchanged files whose previous record was gone or damaged (read threads)
         self._rejects_out: Any = None  # made at the first reject: most shards have none
@@ -366,10 +367,12 @@ class ShardWrite:
         if isinstance(result, Reused):
             previous = ref.previous
             record, sha, converted, phash = result.record, previous.sha256, previous.converted, previous.phash
+            size = previous.size
             self.reused += 1
         else:
             record, prepared, sha = result
             converted, phash = prepared.converted_from, prepared.phash
+            size = (prepared.info.width, prepared.info.height)
         failpoints.hit("writer.record")
         head, tail = frame_record(record)
         out = self._out
@@ -377,7 +380,8 @@ class ShardWrite:
         out.write(record)
         out.write(tail)
         label_id, _ = class_values(ref.label, self._label_ids)
-        line = index.part_line(ref, self.records, self.offset, len(record), sha, label_id, converted, phash)
+        line = index.part_line(ref, self.records, self.offset, len(record), sha, label_id, converted, phash, size)
+        self.sizes[size_bucket(size)] += 1
         self._index_out.write(line.encode("utf-8"))
         if self._idx_out is not None:
             self._idx_out.write(index.idx_line(self.offset, len(record)))
@@ -436,6 +440,7 @@ class ShardWrite:
             bytes=size,
             labels=dict(sorted(self.label_counts.items())),
             converted=dict(sorted(self.converted.items())),
+            sizes=dict(sorted(self.sizes.items())),
             objects=dict(sorted(self.objects.items())),
             reused=self.reused,
             reconverted=len(self.reconverted),
