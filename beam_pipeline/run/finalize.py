@@ -291,7 +291,8 @@ class FinalizeFn(beam.DoFn):
         sizes = merge_counts(r.sizes for files in layout.values() for _, r in files)
         if sizes:  # the planned sink's writers count them
             order = {name: i for i, name in enumerate((*SIZE_BUCKETS, UNKNOWN_SIZE))}
-            info = info.with_(image_sizes={"shorter_side": dict(sorted(sizes.items(), key=lambda kv: order[kv[0]]))})
+            ordered = sorted(sizes.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+            info = info.with_(image_sizes={"shorter_side": dict(ordered)})
         empty = sorted({split for split, _ in chosen} - set(layout))
         if empty:  # listed files, every one rejected: no shard, so no split, and a reader asking for it fails
             info = info.with_(empty_splits=tuple(empty))
