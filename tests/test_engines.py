@@ -84,6 +84,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _wait_gone(pid: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"pid {pid} still runs {timeout} s after SIGKILL"
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def shared() -> Iterator[Path]:
     """A folder the launcher and the cluster's workers both see (outside /tmp)."""
@@ -189,17 +196,26 @@ def killed_mid_run(engine: str, role: str, job_running: Any, options: list[str],
     old = load_info(out)
     args = ["--input", str(new_src), "--output", str(out), *SPLITS, "--overwrite", *options]
     run = _converting(args)
-    deadline = time.monotonic() + 300
-    while not job_running():
-        assert run.poll() is None, run.communicate()
-        assert time.monotonic() < deadline, "the job never ran"
-        time.sleep(0.5)
-    victim = roles(engine)[role]
-    os.kill(victim, signal.SIGKILL)
-    started = cluster("start", engine)
-    assert started.returncode == 0 and f"starting {engine} {role}" in started.stderr, started.stderr
-    assert roles(engine)[role] != victim
-    _, err = run.communicate(timeout=900)
+    try:
+        deadline = time.monotonic() + 300
+        while not job_running():
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.5)
+        victim = roles(engine)[role]
+        os.kill(victim, signal.SIGKILL)
+        # SIGKILL is asynchronous: a JVM with a heap of gigabytes can take seconds to exit on a busy machine, and a
+        # `start` that still sees it running starts nothing (CI met exactly that: the later tests had no worker).
+        _wait_gone(victim)
+        started = cluster("start", engine)
+        assert started.returncode == 0 and f"starting {engine} {role}" in started.stderr, started.stderr
+        assert roles(engine)[role] != victim
+        _, err = run.communicate(timeout=900)
+    finally:  # whatever failed, the next test gets a whole cluster and no leftover job
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        cluster("start", engine)
 
     info = load_info(out)
     if run.returncode != 0:  # the engine gave up: the old dataset is intact, and the same command finishes it
