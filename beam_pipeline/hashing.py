@@ -46,3 +46,9 @@ def shuffle_key(relpath: str, seed: int) -> int:
 def bucket_of(key: int) -> int:
     """The fine hash bucket (top bits of the shuffle key) used for shard planning."""
     return key >> (64 - BUCKET_BITS)
+
+
+def part_of(path: str, parts: int) -> int:
+    """Which of ``parts`` part files a line about ``path`` goes to: a hash of the path, the same on every
+    attempt and worker (rejects.jsonl's parts, near_duplicates.jsonl's)."""
+    return int.from_bytes(hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()[:4], "big") % parts

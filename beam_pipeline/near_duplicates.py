@@ -33,7 +33,9 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from . import failpoints
+from .hashing import part_of
 from .images.phash import HASH_NAME, valid_hash
+from .index import read_index
 from .metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
 from .storage import open_lines, write_text
 from .vocab.records import ShardResult, choose_results
@@ -88,11 +90,8 @@ def chosen_index_parts(results: Sequence[ShardResult]) -> list[str]:
 
 def read_hashes(part: str) -> Iterator[tuple[str, tuple[str, str]]]:
     """(phash, (path, split)) of each record of an index part; ("", …) for a record without a hash."""
-    with open_lines(part) as fh:
-        for raw in fh:
-            if raw.strip():
-                entry = json.loads(raw)
-                yield valid_hash(entry.get("phash")), (entry["path"], entry["split"])
+    for entry in read_index(part):
+        yield valid_hash(entry.get("phash")), (entry["path"], entry["split"])
 
 
 class HashMembers(beam.CombineFn):  # type: ignore[misc]
@@ -297,10 +296,7 @@ def line_key(line: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def part_bucket(line: Mapping[str, Any]) -> int:
-    import hashlib
-
-    first = line_key(line)[0]
-    return int.from_bytes(hashlib.sha256(first.encode("utf-8", "surrogatepass")).digest()[:4], "big") % PART_BUCKETS
+    return part_of(line_key(line)[0], PART_BUCKETS)
 
 
 class WritePartFn(beam.DoFn):  # type: ignore[misc]

@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from . import examples, metadata
 from .annotations import objects
 from .contact_sheet import sample
+from .index import INDEX_JSONL, read_index
 from .inspection import _read_at
 from .storage import open_lines
 from .vocab.dataset_info import DatasetInfo
@@ -354,16 +355,14 @@ def _changes(info: DatasetInfo) -> str:
 def _thumbs_by_path(output: str, wanted: set[str]) -> dict[str, str]:
     """Thumbnails (data URLs) of the records of ``wanted`` paths: index.jsonl read until it has them all."""
     found: dict[str, tuple[str, int]] = {}
-    path = FileSystems.join(output, "index.jsonl")
+    path = FileSystems.join(output, INDEX_JSONL)
     if not wanted or not FileSystems.exists(path):
         return {}
-    with open_lines(path) as fh:
-        for raw in fh:
-            entry = json.loads(raw)
-            if entry.get("path") in wanted and entry["path"] not in found:
-                found[entry["path"]] = (entry["shard"], int(entry["record"]))
-                if len(found) == len(wanted):
-                    break
+    for entry in read_index(path):
+        if entry.get("path") in wanted and entry["path"] not in found:
+            found[entry["path"]] = (entry["shard"], int(entry["record"]))
+            if len(found) == len(wanted):
+                break
     by_shard: dict[str, dict[int, str]] = collections.defaultdict(dict)
     for p, (shard, i) in found.items():
         by_shard[shard][i] = p

@@ -11,14 +11,14 @@ dataset.json's ``changes`` and the summary as notes; a change stops the publish 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
 from .. import metadata
-from ..near_duplicates import line_key, merged
-from ..storage import open_lines, read_json_object
+from ..near_duplicates import merged
+from ..storage import read_json_object
 from ..vocab.dataset_info import DatasetInfo
 from ..vocab.records import SIZE_BUCKETS
 
@@ -107,18 +107,10 @@ def median_bucket(counts: Mapping[str, int]) -> str | None:
     return None
 
 
-def _lines(path: str) -> Iterator[tuple[tuple[str, str], dict[str, Any]]]:
-    with open_lines(path) as fh:
-        for raw in fh:
-            if raw.strip():
-                line = json.loads(raw)
-                yield line_key(line), line
-
-
 def new_pairs(before: str, now: Iterable[tuple[tuple[str, str], dict[str, Any]]]) -> dict[str, int]:
     """Pairs of ``now`` (sorted (line_key, line)) that the sorted file ``before`` does not list, and how many of
     those are across splits; crowds are left out."""
-    old = _lines(before)
+    old = ((key, json.loads(raw)) for key, raw in merged([before]))
     pairs = across = 0
     current = next(old, None)
     for key, line in now:

@@ -16,7 +16,6 @@ folder and one of the output, not one request per file.
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -29,6 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from .. import failpoints, index, lease, metadata, resume
 from ..annotations import masks, objects
 from ..config import ConvertConfig, Layout, settings_for
+from ..hashing import part_of
 from ..metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
 from ..near_duplicates import merge_parts
 from ..storage import files_under, write_text
@@ -75,7 +75,7 @@ def merge_counts(dicts: Iterable[Mapping[str, int]]) -> dict[str, int]:
 
 def reject_bucket(path: str) -> int:
     """Which rejects part a reject goes to (a hash of its path: the same on every attempt)."""
-    return int.from_bytes(hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()[:4], "big") % REJECT_BUCKETS
+    return part_of(path, REJECT_BUCKETS)
 
 
 class WriteRejectPartFn(beam.DoFn):
