@@ -100,6 +100,7 @@ class ConvertConfig:
     # images rejected before planning (leaks.py); off: no hash either
     near_duplicates: str = "report"
     near_duplicate_distance: int = 10  # bits of the 64-bit pHash (near_duplicates.DEFAULT_DISTANCE)
+    report: bool = False  # report.html (report.py) written into the staged dataset and published with it
     # --incremental-from: a class count that moved by more than this share is a note (run/changes.py)
     change_share: float = 0.2
     max_class_drop: float | None = None  # --incremental-from: a class that lost more than this share stops the publish

@@ -347,6 +347,13 @@ CONVERT = Command(
                     show_default=True,
                 ),
                 Flag(
+                    "--report",
+                    "also write report.html into --output, published with the dataset: the page of inspect "
+                    "--report (splits, sizes, rejects, near-duplicate pairs side by side, a strip per class), from "
+                    "400 sampled records (default: off)",
+                    switch=True,
+                ),
+                Flag(
                     "--decode-threads",
                     "decode threads per shard writer (default: 0 = one per core)",
                     metavar="N",

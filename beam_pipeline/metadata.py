@@ -24,6 +24,7 @@ DATASET_JSON = "dataset.json"
 LABELS_TXT = "labels.txt"
 REJECTS_JSONL = "rejects.jsonl"
 NEAR_DUPLICATES_JSONL = "near_duplicates.jsonl"  # near_duplicates.py
+REPORT_HTML = "report.html"  # convert --report: report.py's page, published with the dataset
 # The staging folder's part files of rejects.jsonl (and, in subfolders, of object_rejects.jsonl and
 # near_duplicates.jsonl): never published.
 REJECT_PARTS = "_rejects"

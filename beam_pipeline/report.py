@@ -48,20 +48,26 @@ th{background:#f4f4f4}td.name,th.name{text-align:left}.note{color:#666;font-size
 """
 
 
-def write_report(output: str, info: DatasetInfo, dest: str, *, n: int = SAMPLE, seed: int = 0) -> dict[str, int]:
-    """Writes the page to ``dest`` (local or gs://); returns what it holds: sampled records, pairs shown."""
-    page, counts = build_report(output, info, n=n, seed=seed)
+def write_report(
+    output: str, info: DatasetInfo, dest: str, *, n: int = SAMPLE, seed: int = 0, shown_as: str | None = None
+) -> dict[str, int]:
+    """Writes the page to ``dest`` (local or gs://); returns what it holds: sampled records, pairs shown.
+    ``shown_as``: the folder the page names, when ``output`` is where the dataset is read now (a run's staging
+    folder, before it is published there)."""
+    page, counts = build_report(output, info, n=n, seed=seed, shown_as=shown_as)
     with FileSystems.create(dest, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
         fh.write(page.encode("utf-8"))
     return counts
 
 
-def build_report(output: str, info: DatasetInfo, *, n: int = SAMPLE, seed: int = 0) -> tuple[str, dict[str, int]]:
+def build_report(
+    output: str, info: DatasetInfo, *, n: int = SAMPLE, seed: int = 0, shown_as: str | None = None
+) -> tuple[str, dict[str, int]]:
     picks = sample(output, info, n, seed, None) if info.examples else []
     pairs = _pairs(output, info)
     parts = [
         f"<h1>{_e(info.name)}</h1>",
-        _overview(output, info),
+        _overview(shown_as or output, info),
         _splits(info),
         _sizes(picks, info),
         _formats(picks, info),

@@ -6,6 +6,7 @@ an incremental or resumed run took over, and the post-steps' notes.
 
 from __future__ import annotations
 
+from .metadata import REPORT_HTML
 from .vocab.dataset_info import DatasetInfo
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
@@ -45,7 +46,8 @@ def _input_lines(info: DatasetInfo) -> list[str]:
         lines.append(f"  skipped      {skipped.total:>8} ({reasons})")
     if info.labels is not None:
         lines.append(f"  labels       {len(info.labels):>8} -> labels.txt")
-    return lines + _object_lines(info) + _near_duplicate_lines(info)
+    report = [f"  report       {'':>8} -> {REPORT_HTML}"] if info.config.get("report") else []
+    return lines + _object_lines(info) + _near_duplicate_lines(info) + report
 
 
 def _near_duplicate_lines(info: DatasetInfo) -> list[str]:

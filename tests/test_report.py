@@ -148,18 +148,43 @@ def test_chromium_loads_the_report_without_a_console_message_and_draws_it(datase
 
 
 @pytest.mark.e2e
-def test_the_report_of_a_gs_output_is_written_to_gs(dataset, gcs, tmp_path):
-    bucket_dir = f"gs://{BUCKET}/report-test"
-    r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", bucket_dir, *QUICK)
+def test_convert_report_publishes_the_page_with_the_dataset_and_a_later_run_without_it_removes_it(dataset, tmp_path):
+    out = tmp_path / "out"
+    r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", str(out), *QUICK, "--report")
     assert r.returncode == 0, r.stderr
-    r = run_cli("inspect", bucket_dir, "--report", f"{bucket_dir}/report.html")
+    assert ["report", "->", "report.html"] in [line.split() for line in r.stdout.splitlines()], r.stdout
+    page = (out / "report.html").read_bytes()
+    info = json.loads((out / "dataset.json").read_text())
+    check_against_dataset_json(numbers(page.decode()), info)
+    # the page read from the staging folder is the one inspect draws of the published dataset (it names the output)
+    again = tmp_path / "inspected.html"
+    assert run_cli("inspect", str(out), "--report", str(again), "--seed", str(info["seed"])).returncode == 0
+    assert again.read_bytes() == page
+    assert run_cli("inspect", str(out), "--verify").returncode == 0
+    # report.html is the tool's own file: --overwrite replaces the dataset, and a run without --report removes the
+    # page, which would describe the old data
+    r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", str(out), *QUICK, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "report.html").exists() and (out / "_SUCCESS").exists()
+
+
+@pytest.mark.e2e
+def test_the_report_of_a_gs_output_is_written_to_gs(dataset, gcs, tmp_path):
+    """inspect --report into the bucket, and convert --report's page, published there with the dataset."""
+    bucket_dir = f"gs://{BUCKET}/report-test"
+    r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", bucket_dir, *QUICK, "--report")
     assert r.returncode == 0, r.stderr
     from apache_beam.io.filesystems import FileSystems
 
-    with FileSystems.open(f"{bucket_dir}/report.html") as fh:
-        page = fh.read().decode("utf-8")
     with FileSystems.open(f"{bucket_dir}/dataset.json") as fh:
         info = json.loads(fh.read())
+    r = run_cli("inspect", bucket_dir, "--report", f"{bucket_dir}/inspected.html", "--seed", str(info["seed"]))
+    assert r.returncode == 0, r.stderr
+    with FileSystems.open(f"{bucket_dir}/inspected.html") as fh:
+        page = fh.read().decode("utf-8")
+    with FileSystems.open(f"{bucket_dir}/report.html") as fh:
+        published = fh.read().decode("utf-8")
+    assert published == page
     check_against_dataset_json(numbers(page), info)
 
 

@@ -148,6 +148,7 @@ class FinalizeSettings:
     needs_post_steps: bool
     change_share: float
     max_class_drop: float | None
+    report: bool
     config: Mapping[str, Any]
 
     @classmethod
@@ -236,6 +237,8 @@ class FinalizeFn(beam.DoFn):
             failpoints.hit("finalize.write")
             merge_parts(near_parts, FileSystems.join(staging, NEAR_DUPLICATES_JSONL))
         self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)
+        if self._settings.report:  # the page of the staged dataset (dataset.json is written): published with it
+            self._write_report(info)
         self._publish_or_hold(info)
         yield info
 
@@ -340,6 +343,14 @@ class FinalizeFn(beam.DoFn):
             write_detection_files(staging, categories, object_parts)
         failpoints.hit("finalize.write")
         write_text(FileSystems.join(staging, metadata.DATASET_JSON), info.to_text())
+
+    def _write_report(self, info: DatasetInfo) -> None:
+        from ..report import write_report  # matplotlib: only for a run that asks for the page
+
+        staging = self._layout.tmp_dir
+        failpoints.hit("finalize.write")
+        page = FileSystems.join(staging, metadata.REPORT_HTML)
+        write_report(staging, info, page, seed=self._settings.seed, shown_as=self._settings.output)
 
     def _publish_or_hold(self, info: DatasetInfo) -> None:
         """Publishes a run without post-steps; a run that may not publish goes into an empty output without

@@ -104,6 +104,7 @@ PUBLISHED_FILES = (
     objects.LABEL_MAP_PBTXT,  # a detection dataset's (annotations)
     objects.OBJECT_REJECTS_JSONL,
     metadata.NEAR_DUPLICATES_JSONL,
+    metadata.REPORT_HTML,  # a run without --report removes an earlier run's page: it would describe the old data
 )
 
 
