@@ -59,6 +59,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "no_resume": (True, {}),
     "dedupe": (True, {}),
     "near_duplicates": ("off", {}),
+    "report": (True, {}),
     "near_duplicate_distance": (6, {}),
     "run_date": ("2026-01-02", {"output": "out/{date}"}),
     "decode_threads": (2, {}),
