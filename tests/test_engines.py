@@ -161,9 +161,12 @@ def test_a_coco_dataset_matches_the_local_runner(flink: list[str], shared: Path)
     path = shared / "instances.json"
     path.write_text(json.dumps(make_coco(root)))
     args = ("--input", str(root), "--coco", str(path), "--max-reject-fraction", "1")
-    convert(*args, "--output", str(shared / "local" / "ds"))
-    convert(*args, "--output", str(shared / "flink" / "ds"), *flink)
+    convert(*args, "--output", str(shared / "local" / "ds"), "--report")
+    convert(*args, "--output", str(shared / "flink" / "ds"), *flink, "--report")
     assert_same_dataset(shared / "local" / "ds", shared / "flink" / "ds")
+    # drawn on a TaskManager from the staged dataset: the local runner's page but for the folder it names
+    pages = [(shared / side / "ds" / "report.html").read_text() for side in ("local", "flink")]
+    assert pages[0].replace(str(shared / "local"), "") == pages[1].replace(str(shared / "flink"), "")
 
 
 def _flink_job_running() -> bool:
