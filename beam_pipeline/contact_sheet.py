@@ -11,6 +11,7 @@ import io
 import itertools
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -26,9 +27,13 @@ from .vocab.dataset_info import DatasetInfo
 WIDTH = 80
 
 
-def sample(output: str, info: DatasetInfo, n: int, seed: int, split: str | None) -> list[dict[str, list[Any]]]:
-    """n records chosen at random (seeded) over the split(s); a shard is read up to the last record chosen in it,
-    the others' bytes skipped by seeking (``inspection._read_at``).
+def sample(
+    output: str, info: DatasetInfo, n: int, seed: int, split: str | None, keep: Callable[[dict], Any] | None = None
+) -> list[Any]:
+    """n records chosen at random (seeded) over the split(s), parsed (or what ``keep`` makes of each parsed
+    record, as it is read: a caller that needs a thumbnail and a few features holds those, never n images); a
+    shard is read up to the last record chosen in it, the others' bytes skipped by seeking
+    (``inspection._read_at``).
 
     The records are numbered across the shards and n numbers drawn from that range (no list of every record:
     10 M records would take ~1 GB before anything is drawn), each found in its shard by the shards' counts.
@@ -45,8 +50,9 @@ def sample(output: str, info: DatasetInfo, n: int, seed: int, split: str | None)
         by_shard.setdefault(shard.file, set()).add(i)
     records = {}
     for file, indexes in sorted(by_shard.items()):
-        for i, record in _read_at(FileSystems.join(output, file), indexes).items():
-            records[(file, i)] = parse_example(record)
+        for i, record in _read_at(FileSystems.join(output, file), indexes):
+            parsed = parse_example(record)
+            records[(file, i)] = keep(parsed) if keep else parsed
     return [records[(shard.file, i)] for shard, i in chosen if (shard.file, i) in records]
 
 

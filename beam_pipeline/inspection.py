@@ -572,10 +572,11 @@ class _IdxLines:
             raise VerifyError(f"{self._rel}: {count + rest} lines, the shard has {count} records")
 
 
-def _read_at(path: str, wanted: set[int]) -> dict[int, bytes]:
-    """Records at the given indexes of one shard; the others are skipped by their length headers, seeking past
-    their bytes (on GCS a seek is a new ranged read, not a download; a gzip shard decompresses past them)."""
-    out: dict[int, bytes] = {}
+def _read_at(path: str, wanted: set[int]) -> Iterator[tuple[int, bytes]]:
+    """(index, record) of the given indexes of one shard, in file order, one at a time (a caller that keeps
+    only what it needs of each holds one record, not all); the others are skipped by their length headers,
+    seeking past their bytes (on GCS a seek is a new ranged read, not a download; a gzip shard decompresses
+    past them)."""
     last = max(wanted)
     with FileSystems.open(path) as fh:
         for index in range(last + 1):
@@ -584,8 +585,8 @@ def _read_at(path: str, wanted: set[int]) -> dict[int, bytes]:
                 break
             (length,) = struct.unpack("<Q", header[:8])
             if index in wanted:
-                out[index] = fh.read(length)
+                record = fh.read(length)
                 fh.read(4)
+                yield index, record
             else:
                 fh.seek(length + 4, os.SEEK_CUR)
-    return out

@@ -63,7 +63,7 @@ def write_report(
 def build_report(
     output: str, info: DatasetInfo, *, n: int = SAMPLE, seed: int = 0, shown_as: str | None = None
 ) -> tuple[str, dict[str, int]]:
-    picks = sample(output, info, n, seed, None) if info.examples else []
+    picks = sample(output, info, n, seed, None, keep=_digest) if info.examples else []
     pairs = _pairs(output, info)
     parts = [
         f"<h1>{_e(info.name)}</h1>",
@@ -85,6 +85,47 @@ def build_report(
         f"<body>\n{body}\n</body></html>\n"
     )
     return page, {"sampled": len(picks), "pairs": len(pairs)}
+
+
+def _digest(ex: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """What the page needs of one sampled record, kept in its place as it is read (400 records of 20 MB images
+    would be 8 GB): the image's size and stored format, its labels, a thumbnail, boxes and their classes, and
+    its mask's pixels per class id."""
+    from PIL import Image
+
+    data = ex[examples.ENCODED][0]
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            size: tuple[int, int] | None = img.size
+    except Exception:  # noqa: BLE001 - a record whose image Pillow cannot open is left out of the size charts
+        size = None
+    digest: dict[str, Any] = {
+        "size": size,
+        "format": bytes((ex.get(examples.FORMAT) or [b"?"])[0]).decode("ascii", "replace"),
+        "labels": [b.decode("utf-8", "replace") for b in ex.get(examples.LABEL_TEXT, [])],
+        "thumb": _thumb(data),
+        "mask": _mask_counts(ex),
+    }
+    for key in (objects.XMIN, objects.XMAX, objects.YMIN, objects.YMAX, objects.CLASS_TEXT):
+        if key in ex:
+            digest[key] = list(ex[key])
+    return digest
+
+
+def _mask_counts(ex: Mapping[str, list[Any]]) -> dict[int, int] | None:
+    """A record's mask: pixels per class id; None without one, {} for one Pillow cannot read."""
+    from .annotations.masks import SEGMENTATION_ENCODED
+
+    if not ex.get(SEGMENTATION_ENCODED):
+        return None
+    import numpy as np
+    from PIL import Image
+
+    try:
+        values, n = np.unique(np.asarray(Image.open(io.BytesIO(ex[SEGMENTATION_ENCODED][0]))), return_counts=True)
+    except Exception:  # noqa: BLE001 - a mask Pillow cannot read is left out of the shares
+        return {}
+    return dict(zip(values.tolist(), n.tolist(), strict=True))
 
 
 # ---- sections -----------------------------------------------------------------------------------------
@@ -138,15 +179,12 @@ def _splits(info: DatasetInfo) -> str:
     return f'<section id="splits"><h2>Splits and classes</h2>{table}{chart}{more}</section>'
 
 
-def _sizes(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
-    from PIL import Image
-
+def _sizes(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
     sides, ratios = [], []
     for ex in picks:
-        try:
-            w, h = Image.open(io.BytesIO(ex[examples.ENCODED][0])).size
-        except Exception:  # noqa: BLE001 - a record whose image Pillow cannot open is left out of the chart
+        if not ex["size"]:
             continue
+        w, h = ex["size"]
         sides.append(min(w, h))
         ratios.append(round(w / h, 2))
     exact = (info.image_sizes or {}).get("shorter_side") or {}
@@ -171,8 +209,8 @@ def _sizes(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
     )
 
 
-def _formats(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
-    seen = collections.Counter(bytes((ex.get(examples.FORMAT) or [b"?"])[0]).decode("ascii", "replace") for ex in picks)
+def _formats(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
+    seen = collections.Counter(ex["format"] for ex in picks)
     rows = "".join(f'<tr><td class="name">{_e(k)}</td><td>{v:,}</td></tr>' for k, v in seen.most_common())
     conv = "".join(
         f'<tr data-converted="{_e(k)}"><td class="name">{_e(k)}</td><td>{v:,}</td></tr>'
@@ -273,26 +311,23 @@ def _near(output: str, info: DatasetInfo, pairs: Sequence[Mapping[str, Any]]) ->
     )
 
 
-def _strips(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
-    by_class: dict[str, list[bytes]] = collections.defaultdict(list)
+def _strips(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
+    by_class: dict[str, list[str]] = collections.defaultdict(list)
     for ex in picks:
-        names = [b.decode("utf-8", "replace") for b in ex.get(examples.LABEL_TEXT, [])] or ["(no label)"]
-        for name in names:
+        for name in ex["labels"] or ["(no label)"]:
             if len(by_class[name]) < STRIP:
-                by_class[name].append(ex[examples.ENCODED][0])
+                by_class[name].append(ex["thumb"])
     if not by_class:
         return ""
     rows = "".join(
-        f'<div class="strip" data-label="{_e(k)}"><b>{_e(k)}</b><br>'
-        + "".join(_img(_thumb(b), k) for b in v)
-        + "</div>"
+        f'<div class="strip" data-label="{_e(k)}"><b>{_e(k)}</b><br>' + "".join(_img(url, k) for url in v) + "</div>"
         for k, v in sorted(by_class.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:CLASSES]
     )
     note = _sampled(len(picks), info.examples)
     return f'<section id="strips"><h2>A strip per class</h2><p class="note">{note}</p>{rows}</section>'
 
 
-def _objects(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str:
+def _objects(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
     if info.categories is None or info.objects is None:
         return ""
     per_image = [len(ex.get(objects.XMIN, [])) for ex in picks]
@@ -323,23 +358,14 @@ def _objects(picks: Sequence[Mapping[str, list[Any]]], info: DatasetInfo) -> str
     )
 
 
-def _masks(picks: Sequence[Mapping[str, list[Any]]]) -> str:
-    from .annotations.masks import SEGMENTATION_ENCODED
-
-    encoded = [ex[SEGMENTATION_ENCODED][0] for ex in picks if ex.get(SEGMENTATION_ENCODED)]
+def _masks(picks: Sequence[Mapping[str, Any]]) -> str:
+    encoded = [ex["mask"] for ex in picks if ex["mask"] is not None]
     if not encoded:
         return ""
-    import numpy as np
-    from PIL import Image
-
     counts: collections.Counter[int] = collections.Counter()
-    for data in encoded:
-        try:
-            values, n = np.unique(np.asarray(Image.open(io.BytesIO(data))), return_counts=True)
-        except Exception:  # noqa: BLE001 - a mask Pillow cannot read is left out of the shares
-            continue
-        counts.update(dict(zip(values.tolist(), n.tolist(), strict=True)))
-    total = sum(counts.values())
+    for found in encoded:
+        counts.update(found)
+    total = sum(counts.values()) or 1  # every sampled mask unreadable: an empty table
     rows = "".join(f"<tr><td>{k}</td><td>{100 * v / total:.1f} %</td></tr>" for k, v in sorted(counts.items()))
     return (
         f'<section id="masks"><h2>Mask pixels per class</h2><table><tr><th>class id</th><th>pixels</th></tr>{rows}'
@@ -374,7 +400,7 @@ def _thumbs_by_path(output: str, wanted: set[str]) -> dict[str, str]:
         by_shard[shard][i] = p
     out = {}
     for shard, wanted_here in by_shard.items():
-        for i, record in _read_at(FileSystems.join(output, shard), set(wanted_here)).items():
+        for i, record in _read_at(FileSystems.join(output, shard), set(wanted_here)):
             out[wanted_here[i]] = _thumb(examples.parse_example(record)[examples.ENCODED][0])
     return out
 
@@ -385,6 +411,7 @@ def _thumb(data: bytes) -> str:
     try:
         img = Image.open(io.BytesIO(data))
         img.seek(0)
+        img.draft("RGB", (THUMB, THUMB))  # a JPEG decoded at the smallest DCT scale still THUMB a side or more
         small = ImageOps.contain(img.convert("RGB"), (THUMB, THUMB))
     except Exception:  # noqa: BLE001 - a record Pillow cannot draw shows no thumbnail
         return ""

@@ -6,7 +6,6 @@ an incremental or resumed run took over, and the post-steps' notes.
 
 from __future__ import annotations
 
-from .metadata import REPORT_HTML
 from .vocab.dataset_info import DatasetInfo
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
@@ -46,8 +45,19 @@ def _input_lines(info: DatasetInfo) -> list[str]:
         lines.append(f"  skipped      {skipped.total:>8} ({reasons})")
     if info.labels is not None:
         lines.append(f"  labels       {len(info.labels):>8} -> labels.txt")
-    report = [f"  report       {'':>8} -> {REPORT_HTML}"] if info.config.get("report") else []
-    return lines + _object_lines(info) + _near_duplicate_lines(info) + report
+    return lines + _object_lines(info) + _near_duplicate_lines(info) + _report_lines(info)
+
+
+def _report_lines(info: DatasetInfo) -> list[str]:
+    """convert --report: the page, or why there is none."""
+    page = info.report
+    if not page:
+        return []
+    if page.get("file"):
+        shown = f"{page.get('sampled', 0)} sampled records, {page.get('pairs', 0)} pairs shown"
+        return [f"  report       {shown} -> {page['file']}"]
+    why = page.get("error")
+    return [f"  report       not written ({why}): inspect OUTPUT --report FILE draws it; the dataset is complete"]
 
 
 def _near_duplicate_lines(info: DatasetInfo) -> list[str]:

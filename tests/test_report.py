@@ -152,9 +152,10 @@ def test_convert_report_publishes_the_page_with_the_dataset_and_a_later_run_with
     out = tmp_path / "out"
     r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", str(out), *QUICK, "--report")
     assert r.returncode == 0, r.stderr
-    assert ["report", "->", "report.html"] in [line.split() for line in r.stdout.splitlines()], r.stdout
     page = (out / "report.html").read_bytes()
     info = json.loads((out / "dataset.json").read_text())
+    assert info["report"] == {"file": "report.html", "sampled": info["examples"], "pairs": 6}
+    assert f"report       {info['examples']} sampled records, 6 pairs shown -> report.html" in r.stdout
     check_against_dataset_json(numbers(page.decode()), info)
     # the page read from the staging folder is the one inspect draws of the published dataset (it names the output)
     again = tmp_path / "inspected.html"
@@ -165,6 +166,29 @@ def test_convert_report_publishes_the_page_with_the_dataset_and_a_later_run_with
     # page, which would describe the old data
     r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", str(out), *QUICK, "--overwrite")
     assert r.returncode == 0, r.stderr
+    assert not (out / "report.html").exists() and (out / "_SUCCESS").exists()
+
+
+@pytest.mark.e2e
+def test_a_page_that_cannot_be_drawn_is_named_and_the_dataset_publishes(dataset, tmp_path, monkeypatch):
+    """The page is a view of the dataset, not part of it: its failure is said, and an earlier run's page (of
+    other data) goes."""
+    from beam_pipeline import report
+
+    out = tmp_path / "out"
+    args = ("convert", "--input", str(dataset.parent / "in"), "--output", str(out), *QUICK, "--report")
+    assert run_cli(*args).returncode == 0
+    assert (out / "report.html").exists()
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("a chart it cannot draw")
+
+    monkeypatch.setattr(report, "build_report", broken)
+    r = run_cli(*args, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert "report       not written (ValueError: a chart it cannot draw)" in r.stdout
+    info = json.loads((out / "dataset.json").read_text())
+    assert info["report"] == {"file": None, "error": "ValueError: a chart it cannot draw"}
     assert not (out / "report.html").exists() and (out / "_SUCCESS").exists()
 
 

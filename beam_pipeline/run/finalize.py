@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 from .. import failpoints, index, lease, metadata, resume
 from ..annotations import masks, objects
 from ..config import ConvertConfig, Layout, settings_for
+from ..errors import one_line
 from ..hashing import part_of
 from ..metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
 from ..near_duplicates import merge_parts
@@ -39,6 +41,8 @@ from .changes import CLASS_DROPPED, dropped_class, night_changes
 from .files import delete_files, move_files
 from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
 from .publish import publish, published_run
+
+_LOG = logging.getLogger(__name__)
 
 # The rejects part files (run.publish.REJECT_PARTS): one per hash bucket of the path.
 REJECT_BUCKETS = 256
@@ -236,9 +240,7 @@ class FinalizeFn(beam.DoFn):
         if near_parts is not None:  # after name_shards (which clears the staging folder), before dataset.json
             failpoints.hit("finalize.write")
             merge_parts(near_parts, FileSystems.join(staging, NEAR_DUPLICATES_JSONL))
-        self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)
-        if self._settings.report:  # the page of the staged dataset (dataset.json is written): published with it
-            self._write_report(info)
+        info = self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)
         self._publish_or_hold(info)
         yield info
 
@@ -330,8 +332,9 @@ class FinalizeFn(beam.DoFn):
         labels: Sequence[str] | None,
         categories: Sequence[tuple[int, str]] | None,
         object_parts: Sequence[str],
-    ) -> None:
-        """The index, rejects.jsonl, labels.txt, the detection files, and dataset.json last."""
+    ) -> DatasetInfo:
+        """The index, rejects.jsonl, labels.txt, the detection files, report.html (--report), and dataset.json
+        last; returns ``info`` as dataset.json holds it."""
         staging = self._layout.tmp_dir
         write_dataset_index(layout, staging)
         failpoints.hit("finalize.write")
@@ -341,16 +344,27 @@ class FinalizeFn(beam.DoFn):
             write_text(FileSystems.join(staging, metadata.LABELS_TXT), "".join(f"{label}\n" for label in labels))
         if categories is not None:
             write_detection_files(staging, categories, object_parts)
+        if self._settings.report:  # the page of the staged dataset, published with it
+            info = info.with_(report=self._write_report(info))
         failpoints.hit("finalize.write")
         write_text(FileSystems.join(staging, metadata.DATASET_JSON), info.to_text())
+        return info
 
-    def _write_report(self, info: DatasetInfo) -> None:
-        from ..report import write_report  # matplotlib: only for a run that asks for the page
-
+    def _write_report(self, info: DatasetInfo) -> dict[str, Any]:
+        """Draws report.html from the staged files (all but dataset.json, whose ``info`` it is given); returns
+        dataset.json's ``report``. The page is a view of the dataset, not part of it: a page that cannot be drawn
+        (a bug, a record its code cannot read) is named there and in the summary, and the dataset publishes."""
         staging = self._layout.tmp_dir
         failpoints.hit("finalize.write")
-        page = FileSystems.join(staging, metadata.REPORT_HTML)
-        write_report(staging, info, page, seed=self._settings.seed, shown_as=self._settings.output)
+        try:
+            from ..report import write_report  # matplotlib: only for a run that asks for the page
+
+            page = FileSystems.join(staging, metadata.REPORT_HTML)
+            counts = write_report(staging, info, page, seed=self._settings.seed, shown_as=self._settings.output)
+        except Exception as e:  # noqa: BLE001 - any failure of the page: said in dataset.json, never a lost dataset
+            _LOG.warning("report.html not written: %s", e, exc_info=True)
+            return {"file": None, "error": f"{type(e).__name__}: {one_line(e)}"}
+        return {"file": metadata.REPORT_HTML, **counts}
 
     def _publish_or_hold(self, info: DatasetInfo) -> None:
         """Publishes a run without post-steps; a run that may not publish goes into an empty output without

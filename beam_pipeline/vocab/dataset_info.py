@@ -250,6 +250,7 @@ _ORDER = (
     "near_duplicates",
     "incremental",
     "changes",
+    "report",
     "resumed",
     "status",
     "run_id",
@@ -296,6 +297,9 @@ class DatasetInfo:
     incremental: IncrementalInfo | None = None
     # run/changes.night_changes: what moved since the --incremental-from dataset, and the notes saying so
     changes: Mapping[str, Any] | None = None
+    # convert --report: {"file": "report.html", "sampled", "pairs"}, or {"file": null, "error"} for a page that
+    # could not be drawn (the dataset published without it)
+    report: Mapping[str, Any] | None = None
     resumed: ResumedInfo | None = None
     status: str = OK  # run.outcome: ok, or why the run did not publish
     run_id: str | None = None
@@ -366,6 +370,7 @@ class DatasetInfo:
             near_duplicates=_object_or_none(data.get("near_duplicates"), "near_duplicates"),
             incremental=None if data.get("incremental") is None else IncrementalInfo.from_json(data["incremental"]),
             changes=_object_or_none(data.get("changes"), "changes"),
+            report=_object_or_none(data.get("report"), "report"),
             resumed=None if data.get("resumed") is None else ResumedInfo.from_json(data["resumed"]),
             status=data.get("status", OK),
             run_id=data.get("run_id"),
