@@ -49,6 +49,8 @@ EXAMPLES = {
     "reject_allowance": "10",
     "overwrite": "true",
     "dedupe": "false",
+    "near_duplicates": "drop-leaks",
+    "report": "true",
     "image_size": "224",
 }
 
@@ -85,6 +87,7 @@ def test_template_parameters_reach_convert():
     assert cfg.incremental_from == "latest" and cfg.output_template == "gs://b/datasets/photos/{date}"
     assert cfg.run_date == "2026-11-22"
     assert cfg.keep_last == 7 and cfg.allow_split_names is False
+    assert cfg.near_duplicates == "drop-leaks" and cfg.report is True
 
 
 @pytest.mark.parametrize(
