@@ -459,6 +459,24 @@ def test_drop_leaks_rejects_the_copies_in_other_splits_and_writes_what_a_run_wit
 
 
 @pytest.mark.e2e
+def test_too_many_rejects_counts_and_names_only_what_counts(tmp_path):
+    """Leaks dropped on request are not bad input: the one line that stops a run says how many bad inputs
+    there are and sets the leaks aside."""
+    from .conftest import run_cli
+
+    src = tmp_path / "in"
+    leaky_folder(src)
+    (src / "cats" / "broken.jpg").write_bytes(b"not an image")
+    flags = (*QUICK, "--reject-allowance", "0", "--max-reject-fraction", "0.01", "--near-duplicates", "drop-leaks")
+    r = run_cli("convert", "--input", str(src), "--output", str(tmp_path / "out"), *flags)
+    assert r.returncode == 3
+    info = json.loads((tmp_path / "out" / "dataset.json").read_text())
+    leaks = info["rejects"]["by_reason"]["near_duplicate_leak"]
+    assert leaks and f"; {leaks} near-duplicate leaks dropped on request are not counted)" in r.stderr, r.stderr
+    assert r.stderr.startswith(f"error: 1 of {info['examples'] + 1} inputs rejected (not_an_image 1; "), r.stderr
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("point", ["writer.result:1:kill", "near_duplicates.write:1:kill"])
 def test_drop_leaks_killed_half_way_resumes_to_the_same_bytes(tmp_path, monkeypatch, point):
     from .conftest import run_cli

@@ -11,7 +11,7 @@ from ..annotations import coco, objects
 from ..config import ConvertConfig, Layout
 from ..errors import RejectsError, UsageError
 from ..vocab.dataset_info import OK, Category, DatasetInfo, IncrementalInfo, ObjectsInfo, ResumedInfo, Tally
-from ..vocab.reasons import NO_LABEL
+from ..vocab.reasons import NEAR_DUPLICATE_LEAK, NO_LABEL
 from ..vocab.records import ShardResult
 from .changes import CLASS_DROPPED, dropped_class
 from .preflight import flat_folder_hint
@@ -35,9 +35,14 @@ def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: DatasetIn
     kept_where = f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
     if status == TOO_MANY_REJECTS:
         where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
+        # leaks dropped on request (--near-duplicates drop-leaks) do not count toward the limit: not named as if
+        counted = {k: v for k, v in info.rejects.by_reason.items() if k != NEAR_DUPLICATE_LEAK}
+        leaks = total - sum(counted.values())
+        reasons = ", ".join(f"{k} {v}" for k, v in list(counted.items())[:3])
+        aside = f"; {leaks} near-duplicate leaks dropped on request are not counted" if leaks else ""
         raise RejectsError(
-            f"{total} of {listed} inputs rejected ({reasons}): more than --max-reject-fraction "
-            f"{cfg.max_reject_fraction:g} of them and {_past_allowance(total, cfg.reject_allowance)}; "
+            f"{total - leaks} of {listed - leaks} inputs rejected ({reasons}{aside}): more than --max-reject-fraction "
+            f"{cfg.max_reject_fraction:g} of them and {_past_allowance(total - leaks, cfg.reject_allowance)}; "
             f"{where}"
         )
     if status == NO_OBJECT_KEPT:
