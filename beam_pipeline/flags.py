@@ -592,7 +592,8 @@ INSPECT = Command(
                 Flag(
                     "--report",
                     "write one self-contained HTML page about the dataset (splits x classes, sizes, formats, "
-                    "rejects, near-duplicates side by side, a strip per class, objects, changes; local or gs://)",
+                    "rejects, near-duplicates side by side, a strip per class, objects, changes; local or gs://); "
+                    "always of the whole dataset (--split and --n do not apply) from 400 records sampled by --seed",
                     metavar="FILE.html",
                 ),
                 Flag("--n", "examples on the contact sheet (64)", type=int, default=64),
