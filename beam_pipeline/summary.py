@@ -54,7 +54,7 @@ def _report_lines(info: DatasetInfo) -> list[str]:
     if not page:
         return []
     if page.get("file"):
-        shown = f"{page.get('sampled', 0)} sampled records, {page.get('pairs', 0)} pairs shown"
+        shown = f"{page.get('sampled', 0):>8} sampled records, {page.get('pairs', 0)} pairs shown"
         return [f"  report       {shown} -> {page['file']}"]
     why = page.get("error")
     return [f"  report       not written ({why}): inspect OUTPUT --report FILE draws it; the dataset is complete"]

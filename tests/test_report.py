@@ -155,7 +155,7 @@ def test_convert_report_publishes_the_page_with_the_dataset_and_a_later_run_with
     page = (out / "report.html").read_bytes()
     info = json.loads((out / "dataset.json").read_text())
     assert info["report"] == {"file": "report.html", "sampled": info["examples"], "pairs": 6}
-    assert f"report       {info['examples']} sampled records, 6 pairs shown -> report.html" in r.stdout
+    assert f"report       {info['examples']:>8} sampled records, 6 pairs shown -> report.html" in r.stdout
     check_against_dataset_json(numbers(page.decode()), info)
     # the page read from the staging folder is the one inspect draws of the published dataset (it names the output)
     again = tmp_path / "inspected.html"
