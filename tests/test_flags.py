@@ -172,7 +172,7 @@ def test_template_parameters_are_settings_of_the_right_kind():
             if flag.type is int:
                 assert not re.match(regex, "1.5"), flag.name
         if flag.choices:
-            alternatives = re.fullmatch(r"\^\(([\w|]+)\)\$", regex)
+            alternatives = re.fullmatch(r"\^\(([\w|-]+)\)\$", regex)
             assert alternatives, regex
             assert set(alternatives.group(1).split("|")) <= set(flag.choices), flag.name
 
