@@ -180,15 +180,16 @@ def test_a_page_that_cannot_be_drawn_is_named_and_the_dataset_publishes(dataset,
     assert run_cli(*args).returncode == 0
     assert (out / "report.html").exists()
 
-    def broken(*_args, **_kwargs):
-        raise ValueError("a chart it cannot draw")
+    def cut_short(_output, _info, dest, **_kwargs):  # half a page written, then the disk is full
+        Path(dest).write_text("<!DOCTYPE html><html><body>half")
+        raise OSError("no space left on device")
 
-    monkeypatch.setattr(report, "build_report", broken)
+    monkeypatch.setattr(report, "write_report", cut_short)
     r = run_cli(*args, "--overwrite")
     assert r.returncode == 0, r.stderr
-    assert "report       not written (ValueError: a chart it cannot draw)" in r.stdout
+    assert "report       not written (OSError: no space left on device)" in r.stdout
     info = json.loads((out / "dataset.json").read_text())
-    assert info["report"] == {"file": None, "error": "ValueError: a chart it cannot draw"}
+    assert info["report"] == {"file": None, "error": "OSError: no space left on device"}
     assert not (out / "report.html").exists() and (out / "_SUCCESS").exists()
 
 

@@ -356,13 +356,14 @@ class FinalizeFn(beam.DoFn):
         (a bug, a record its code cannot read) is named there and in the summary, and the dataset publishes."""
         staging = self._layout.tmp_dir
         failpoints.hit("finalize.write")
+        page = FileSystems.join(staging, metadata.REPORT_HTML)
         try:
             from ..report import write_report  # matplotlib: only for a run that asks for the page
 
-            page = FileSystems.join(staging, metadata.REPORT_HTML)
             counts = write_report(staging, info, page, seed=self._settings.seed, shown_as=self._settings.output)
         except Exception as e:  # noqa: BLE001 - any failure of the page: said in dataset.json, never a lost dataset
             _LOG.warning("report.html not written: %s", e, exc_info=True)
+            delete_files([page])  # a write cut short: no half page is published
             return {"file": None, "error": f"{type(e).__name__}: {one_line(e)}"}
         return {"file": metadata.REPORT_HTML, **counts}
 
