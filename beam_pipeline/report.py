@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import collections
+import hashlib
 import html
 import io
 import json
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -447,7 +449,20 @@ def _svg(fig: Any) -> str:
     )
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg") :]  # the XML declaration and DOCTYPE do not belong inside HTML
+    return _own_ids(text[text.index("<svg") :])  # the XML declaration and DOCTYPE do not belong inside HTML
+
+
+_ID = re.compile(r'\bid="([^"]+)"')
+_REF = re.compile(r'(url\(#|href="#)([^)"]+)')
+
+
+def _own_ids(svg: str) -> str:
+    """The chart's element ids (figure_1, patch_1, glyph and clip-path ids: the same in every chart matplotlib
+    draws) prefixed with a hash of the chart, and every reference to them: ids unique in the page, as HTML
+    wants, and a chart's clip path or glyph is never another chart's of the same name."""
+    prefix = "c" + hashlib.sha256(svg.encode("utf-8")).hexdigest()[:8] + "-"
+    svg = _ID.sub(lambda m: f'id="{prefix}{m.group(1)}"', svg)
+    return _REF.sub(lambda m: f"{m.group(1)}{prefix}{m.group(2)}", svg)
 
 
 def _svg_bars(names: Sequence[str], series: Mapping[str, Sequence[int]], title: str) -> str:

@@ -116,6 +116,9 @@ def test_the_report_is_one_file_whose_numbers_are_dataset_json(dataset, tmp_path
     strips = re.findall(r'<div class="strip"[^>]*>(.*?)</div>', page, re.S)
     assert strips and all("data:image/jpeg;base64," in p for p in strips)
     assert parsed.tags.count("svg") >= 3  # the class chart, sizes and aspect ratios
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))  # unique in the page, as HTML wants: each chart's own
+    assert set(re.findall(r'(?:url\(#|href="#)([^)"]+)', page)) <= set(ids)  # every reference finds its element
     check_against_dataset_json(parsed, json.loads((dataset / "dataset.json").read_text()))
     again = tmp_path / "again.html"
     assert run_cli("inspect", str(dataset), "--report", str(again)).returncode == 0
