@@ -39,6 +39,7 @@ STRIP = 8  # thumbnails per class
 CLASSES = 30  # classes in the strips and the chart
 EXAMPLES = 3  # example names per reject reason
 THUMB = 112
+NO_LABEL = "(no label)"  # an unlabelled record's strip
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
@@ -65,7 +66,7 @@ def write_report(
 def build_report(
     output: str, info: DatasetInfo, *, n: int = SAMPLE, seed: int = 0, shown_as: str | None = None
 ) -> tuple[str, dict[str, int]]:
-    picks = sample(output, info, n, seed, None, keep=_digest) if info.examples else []
+    picks = sample(output, info, n, seed, None, keep=_Digests()) if info.examples else []
     pairs = _pairs(output, info)
     parts = [
         f"<h1>{_e(info.name)}</h1>",
@@ -89,29 +90,38 @@ def build_report(
     return page, {"sampled": len(picks), "pairs": len(pairs)}
 
 
-def _digest(ex: Mapping[str, list[Any]]) -> dict[str, Any]:
-    """What the page needs of one sampled record, kept in its place as it is read (400 records of 20 MB images
-    would be 8 GB): the image's size and stored format, its labels, a thumbnail, boxes and their classes, and
-    its mask's pixels per class id."""
-    from PIL import Image
+class _Digests:
+    """What the page needs of each sampled record, kept in its place as it is read (400 records of 20 MB images
+    would be 8 GB): the image's size and stored format, its labels, boxes and their classes, its mask's pixels
+    per class id, and a thumbnail while one of its classes has fewer than STRIP (decoding 400 large images for
+    three strips of 8 would be most of the page's time)."""
 
-    data = ex[examples.ENCODED][0]
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            size: tuple[int, int] | None = img.size
-    except Exception:  # noqa: BLE001 - a record whose image Pillow cannot open is left out of the size charts
-        size = None
-    digest: dict[str, Any] = {
-        "size": size,
-        "format": bytes((ex.get(examples.FORMAT) or [b"?"])[0]).decode("ascii", "replace"),
-        "labels": [b.decode("utf-8", "replace") for b in ex.get(examples.LABEL_TEXT, [])],
-        "thumb": _thumb(data),
-        "mask": _mask_counts(ex),
-    }
-    for key in (objects.XMIN, objects.XMAX, objects.YMIN, objects.YMAX, objects.CLASS_TEXT):
-        if key in ex:
-            digest[key] = list(ex[key])
-    return digest
+    def __init__(self) -> None:
+        self._thumbs: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, ex: Mapping[str, list[Any]]) -> dict[str, Any]:
+        from PIL import Image
+
+        data = ex[examples.ENCODED][0]
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                size: tuple[int, int] | None = img.size
+        except Exception:  # noqa: BLE001 - a record whose image Pillow cannot open is left out of the size charts
+            size = None
+        labels = [b.decode("utf-8", "replace") for b in ex.get(examples.LABEL_TEXT, [])]
+        wanted = [name for name in labels or [NO_LABEL] if self._thumbs[name] < STRIP]
+        self._thumbs.update(wanted)
+        digest: dict[str, Any] = {
+            "size": size,
+            "format": bytes((ex.get(examples.FORMAT) or [b"?"])[0]).decode("ascii", "replace"),
+            "labels": labels,
+            "thumb": _thumb(data) if wanted else None,  # "" for an image Pillow cannot draw
+            "mask": _mask_counts(ex),
+        }
+        for key in (objects.XMIN, objects.XMAX, objects.YMIN, objects.YMAX, objects.CLASS_TEXT):
+            if key in ex:
+                digest[key] = list(ex[key])
+        return digest
 
 
 def _mask_counts(ex: Mapping[str, list[Any]]) -> dict[int, int] | None:
@@ -316,8 +326,8 @@ def _near(output: str, info: DatasetInfo, pairs: Sequence[Mapping[str, Any]]) ->
 def _strips(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
     by_class: dict[str, list[str]] = collections.defaultdict(list)
     for ex in picks:
-        for name in ex["labels"] or ["(no label)"]:
-            if len(by_class[name]) < STRIP:
+        for name in ex["labels"] or [NO_LABEL]:
+            if len(by_class[name]) < STRIP and ex["thumb"] is not None:
                 by_class[name].append(ex["thumb"])
     if not by_class:
         return ""

@@ -176,6 +176,17 @@ def _flink_job_running() -> bool:
     return any(job["state"] == "RUNNING" and job["tasks"].get("running", 0) for job in jobs)
 
 
+def _cancel_flink_jobs() -> None:
+    """Cancels every job the Flink cluster still runs (its REST API), so none holds the next test's slots."""
+    base = f"http://127.0.0.1:{os.environ.get('FLINK_REST_PORT', '8081')}"
+    with urllib.request.urlopen(f"{base}/jobs/overview", timeout=5) as response:
+        jobs = json.loads(response.read())["jobs"]
+    for job in jobs:
+        if job["state"] in ("CREATED", "RUNNING", "RESTARTING"):
+            cancel = urllib.request.Request(f"{base}/jobs/{job['jid']}?mode=cancel", method="PATCH")
+            urllib.request.urlopen(cancel, timeout=5).close()
+
+
 def _converting(args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "beam_pipeline", "convert", *args, "--no-transform", "--no-tfds-metadata"]
@@ -216,8 +227,10 @@ def killed_mid_run(engine: str, role: str, job_running: Any, options: list[str],
         _, err = run.communicate(timeout=900)
     finally:  # whatever failed, the next test gets a whole cluster and no leftover job
         if run.poll() is None:
-            run.kill()
+            run.kill()  # the launcher; the job it submitted runs on in the job server unless cancelled
             run.communicate()
+            if engine == "flink":
+                _cancel_flink_jobs()
         cluster("start", engine)
 
     info = load_info(out)
