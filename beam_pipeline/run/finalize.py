@@ -363,7 +363,9 @@ class FinalizeFn(beam.DoFn):
             counts = write_report(staging, info, page, seed=self._settings.seed, shown_as=self._settings.output)
         except Exception as e:  # noqa: BLE001 - any failure of the page: said in dataset.json, never a lost dataset
             _LOG.warning("report.html not written: %s", e, exc_info=True)
-            delete_files([page])  # a write cut short: no half page is published
+            # A write cut short: no half page is published. A delete that fails fails the step, as any of
+            # finalize's writes does, and its retry draws the page again.
+            delete_files([page])
             return {"file": None, "error": f"{type(e).__name__}: {one_line(e)}"}
         return {"file": metadata.REPORT_HTML, **counts}
 
