@@ -224,8 +224,8 @@ class CompareBucket(beam.DoFn):  # type: ignore[misc]
         sizes = np.diff(np.concatenate((starts, [len(values)])))
         # most candidates are buckets of two: their distances at once
         firsts = starts[sizes == 2]
-        a = np.minimum(values[firsts], values[firsts + 1])
-        b = np.maximum(values[firsts], values[firsts + 1])
+        x, y = values[firsts], values[firsts + 1]
+        a, b = np.minimum(x, y), np.maximum(x, y)
         dist = _bit_counts(a ^ b)
         close = np.flatnonzero(dist <= self._max)
         yield from zip(a[close].tolist(), b[close].tolist(), dist[close].tolist(), strict=True)

@@ -371,17 +371,17 @@ def _objects(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
 
 
 def _masks(picks: Sequence[Mapping[str, Any]]) -> str:
-    encoded = [ex["mask"] for ex in picks if ex["mask"] is not None]
-    if not encoded:
+    masks = [ex["mask"] for ex in picks if ex["mask"] is not None]
+    if not masks:
         return ""
     counts: collections.Counter[int] = collections.Counter()
-    for found in encoded:
+    for found in masks:
         counts.update(found)
     total = sum(counts.values()) or 1  # every sampled mask unreadable: an empty table
     rows = "".join(f"<tr><td>{k}</td><td>{100 * v / total:.1f} %</td></tr>" for k, v in sorted(counts.items()))
     return (
         f'<section id="masks"><h2>Mask pixels per class</h2><table><tr><th>class id</th><th>pixels</th></tr>{rows}'
-        f'</table><p class="note">from {len(encoded)} sampled masks</p></section>'
+        f'</table><p class="note">from {len(masks)} sampled masks</p></section>'
     )
 
 

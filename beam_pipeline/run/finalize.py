@@ -35,11 +35,10 @@ from ..metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
 from ..near_duplicates import merge_parts
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
-from ..vocab.reasons import NEAR_DUPLICATE_LEAK
 from ..vocab.records import SIZE_BUCKETS, UNKNOWN_SIZE, ShardResult, choose_results
 from .changes import CLASS_DROPPED, dropped_class, night_changes
 from .files import delete_files, move_files
-from .outcome import OK, detection_summary, incremental_summary, outcome, resumed_summary
+from .outcome import OK, counted_rejects, detection_summary, incremental_summary, outcome, resumed_summary
 from .publish import publish, published_run
 
 _LOG = logging.getLogger(__name__)
@@ -224,8 +223,7 @@ class FinalizeFn(beam.DoFn):
                 changes=night_changes(self._layout.previous, info, cfg.change_share, near_parts, cfg.max_class_drop)
             )
         info = info.with_(resumed=resumed_summary(layout, staging))
-        # leaks dropped on request (--near-duplicates drop-leaks) are the user's choice, not bad input
-        total_rejects = sum(n for reason, n in info.rejects.by_reason.items() if reason != NEAR_DUPLICATE_LEAK)
+        total_rejects = sum(counted_rejects(info.rejects.by_reason).values())
         status = outcome(
             info.examples,
             total_rejects,

@@ -22,6 +22,12 @@ def _past_allowance(rejects: int, allowance: int) -> str:
     return f"more than --reject-allowance {allowance}" if rejects > allowance else "more than half of them"
 
 
+def counted_rejects(by_reason: Mapping[str, int]) -> dict[str, int]:
+    """The rejects that count toward --max-reject-fraction and --reject-allowance, by reason: all but the leaks
+    dropped on request (--near-duplicates drop-leaks), which are the user's choice, not bad input."""
+    return {reason: n for reason, n in by_reason.items() if reason != NEAR_DUPLICATE_LEAK}
+
+
 def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: DatasetInfo, kept_old: bool) -> None:
     """The one line a run that may not publish ends with (RejectsError, exit 3; UsageError when nothing was
     listed at all); nothing for a run whose status is OK. ``kept_old``: an older dataset stays in the output."""
@@ -35,8 +41,7 @@ def raise_unless_publishable(cfg: ConvertConfig, layout: Layout, info: DatasetIn
     kept_where = f"the dataset already in {cfg.output} is untouched, this run is in {layout.tmp_dir}"
     if status == TOO_MANY_REJECTS:
         where = kept_where if kept_old else f"shards written without _SUCCESS, see {rejects_at}/rejects.jsonl"
-        # leaks dropped on request (--near-duplicates drop-leaks) do not count toward the limit: not named as if
-        counted = {k: v for k, v in info.rejects.by_reason.items() if k != NEAR_DUPLICATE_LEAK}
+        counted = counted_rejects(info.rejects.by_reason)  # leaks are set aside, by number
         leaks = total - sum(counted.values())
         reasons = ", ".join(f"{k} {v}" for k, v in list(counted.items())[:3])
         aside = f"; {leaks} near-duplicate leaks dropped on request are not counted" if leaks else ""
