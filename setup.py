@@ -69,6 +69,7 @@ setup(
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["beam_pipeline", "beam_pipeline.*"]),
+    package_dir={"": "."},
     python_requires=">=3.10,<3.14",
     install_requires=READER,
     extras_require={

@@ -24,7 +24,17 @@ from . import __version__
 from .config import DATE_FIELD, ConvertConfig, dataset_name_from_output, is_date, parse_split_ratios, validate
 from .config_file import yaml_settings
 from .errors import MissingExtraError, PipelineError, RejectsError, UsageError, one_line
-from .flags import CONVERT, INSPECT, NEGATIONS, TILE_SIZES, Parser, build_parser, clean_command
+from .flags import (
+    CONVERT,
+    INSPECT,
+    NEGATIONS,
+    TILE_SIZES,
+    Command,
+    Parser,
+    build_parser,
+    check_locations,
+    clean_command,
+)
 from .summary import summary
 from .vocab.dataset_info import DatasetInfo
 
@@ -104,6 +114,7 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
     args, rest = parser.parse_known_args(list(argv))
     given = vars(args)
     verbose = bool(given.pop("verbose", False))
+    check_locations(CONVERT, given)
     settings: dict[str, Any] = {}
     beam_flags: list[str] = []
     if "config" in given:
@@ -116,6 +127,7 @@ def parse_convert(argv: Sequence[str]) -> tuple[ConvertConfig, list[str], bool]:
         )
     beam_flags.extend(rest)
     check_beam_flags(beam_flags)
+    check_locations(CONVERT, settings)  # a --config file's paths too
 
     output = settings.get("output")
     if not output:
@@ -240,6 +252,7 @@ def run_inspect(argv: Sequence[str]) -> int:
 
     use_anonymous_gcs_for_emulator()
     args = _inspect_parser().parse_args(list(argv))
+    check_locations(INSPECT, vars(args))
     inspection.check_access(args.output)
     try:
         info = inspection.read_info(args.output)
@@ -280,10 +293,14 @@ def run_inspect(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def _clean_parser() -> Parser:
+def _clean_command() -> Command:
     from .run.files import STALE_TMP_AGE_S
 
-    return build_parser(clean_command(STALE_TMP_AGE_S / 86400))
+    return clean_command(STALE_TMP_AGE_S / 86400)
+
+
+def _clean_parser() -> Parser:
+    return build_parser(_clean_command())
 
 
 def run_clean(argv: Sequence[str]) -> int:
@@ -292,6 +309,7 @@ def run_clean(argv: Sequence[str]) -> int:
 
     use_anonymous_gcs_for_emulator()
     args = _clean_parser().parse_args(list(argv))
+    check_locations(_clean_command(), vars(args))
     inspection.check_access(args.output)
     older_than = scratch.parse_age(args.older_than)
     results = scratch.clean(args.output, older_than, args.force, args.dry_run)

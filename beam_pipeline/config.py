@@ -45,6 +45,11 @@ MAX_NEAR_DUPLICATE_DISTANCE = 12
 POST_STEPS = ("auto", "launcher", "job")  # --post-steps
 # --incremental-from latest: the newest complete dataset among the earlier dates of a dated --output.
 LATEST = "latest"
+
+# Where a path may be: on this machine or in a GCS bucket. Other stores Beam can reach (s3://, az://, hdfs://) need
+# their own clients and credentials on every worker, which this tool neither installs nor tests.
+SUPPORTED_LOCATIONS = "a local path or a gs:// URL"
+URL_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 DATE_FIELD = "{date}"
 
 MB = 1_000_000
@@ -521,3 +526,10 @@ def settings_for(record: type[_Settings], cfg: ConvertConfig, **computed: Any) -
     """A worker's settings record (a dataclass of the few settings a step needs) filled from the run's config:
     each field is the config's attribute of the same name, unless ``computed`` gives it. Built on the launcher."""
     return record(**{f.name: computed[f.name] if f.name in computed else getattr(cfg, f.name) for f in fields(record)})
+
+
+def unsupported_scheme(path: str) -> str | None:
+    """The URL scheme of ``path`` (``s3``, ``https``) when it is a URL of a store other than GCS; None for a
+    ``gs://`` URL or a local path."""
+    match = URL_SCHEME_RE.match(path)
+    return match.group(1) if match and match.group(1) != "gs" else None

@@ -23,6 +23,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations
 
 from .sources.rules import REJECTS
 from .vocab.reasons import DUPLICATE
@@ -73,6 +74,7 @@ def split_duplicates(element: tuple[str, Iterable[Ref]]) -> Iterator[Any]:
 class DropDuplicates(beam.PTransform):
     """refs → (kept refs, duplicate rejects)."""
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         out = (
             refs

@@ -30,8 +30,10 @@ from .config import (
     NEAR_DUPLICATE_MODES,
     POST_STEPS,
     SINKS,
+    SUPPORTED_LOCATIONS,
     UNSUPPORTED_POLICIES,
     ConvertConfig,
+    unsupported_scheme,
 )
 from .errors import UsageError
 
@@ -56,6 +58,7 @@ class Flag:
     show_default: bool | str = False
     setting: bool = True  # a --config key (and a possible Flex Template parameter); False for --config, -v
     negates: str | None = None  # --no-resume: resume=False; a config file may say either
+    location: bool = False  # a path, local or gs://: any other URL scheme (s3://, hdfs://, https://) is refused
 
     @property
     def key(self) -> str:
@@ -179,9 +182,17 @@ CONVERT = Command(
                     "--input",
                     "folder (listed recursively) or quoted glob of images; or --manifest",
                     metavar="FOLDER|GLOB",
+                    location=True,
                 ),
-                Flag("--manifest", "CSV (header row) or JSONL with a 'path' column; or --input", metavar="FILE"),
-                Flag("--output", "output folder, local or gs://; {date} becomes --run-date", metavar="DIR"),
+                Flag(
+                    "--manifest",
+                    "CSV (header row) or JSONL with a 'path' column; or --input",
+                    metavar="FILE",
+                    location=True,
+                ),
+                Flag(
+                    "--output", "output folder, local or gs://; {date} becomes --run-date", metavar="DIR", location=True
+                ),
             ),
         ),
         Group(
@@ -192,6 +203,7 @@ CONVERT = Command(
                     "COCO instances JSON (local or gs://) whose images are under --input: boxes, category ids, "
                     "crowd flags and areas become the TF Object Detection API keys (see docs/detection.md)",
                     metavar="FILE",
+                    location=True,
                 ),
                 Flag(
                     "--coco-category-offset",
@@ -207,6 +219,7 @@ CONVERT = Command(
                     "--input: boxes, class names (ids 1…N by name), difficult, truncated and pose "
                     "(see docs/detection.md)",
                     metavar="DIR",
+                    location=True,
                 ),
                 Flag(
                     "--manifest-objects",
@@ -228,6 +241,7 @@ CONVERT = Command(
                     "folder (local or gs://) of label-map PNGs mirroring --input (a/b.jpg <-> DIR/a/b.png): "
                     "pixel value = class id, stored as image/segmentation/class/encoded (see docs/detection.md)",
                     metavar="DIR",
+                    location=True,
                 ),
             ),
         ),
@@ -245,6 +259,7 @@ CONVERT = Command(
                     "--labels-file",
                     "fixed label order, one per line (line k = id k; objects of --voc/--manifest-objects: ids 1…N)",
                     metavar="FILE",
+                    location=True,
                 ),
                 Flag(
                     "--label-separator",
@@ -371,6 +386,7 @@ CONVERT = Command(
                     f"{LATEST} (needs {DATE_FIELD} in --output): the newest complete dataset of an earlier date, "
                     "or a full run if there is none",
                     metavar=f"OUTPUT|{LATEST}",
+                    location=True,
                 ),
                 Flag(
                     "--change-share",
@@ -544,6 +560,7 @@ CONVERT = Command(
                     "settings: long flag names with _ for -, plus pipeline_options:",
                     metavar="FILE.yaml",
                     setting=False,
+                    location=True,
                 ),
                 Flag(
                     "--verbose",
@@ -581,20 +598,21 @@ INSPECT = Command(
         Group(
             None,
             (
-                Flag("output", "a converted dataset folder (local or gs://)"),
+                Flag("output", "a converted dataset folder (local or gs://)", location=True),
                 Flag("--split", "only this split"),
                 Flag(
                     "--verify",
                     "read every record: CRCs, parse, sha256, decode, counts, index.jsonl, idx/",
                     switch=True,
                 ),
-                Flag("--contact-sheet", "write a PNG grid of random examples"),
+                Flag("--contact-sheet", "write a PNG grid of random examples", location=True),
                 Flag(
                     "--report",
                     "write one self-contained HTML page about the dataset (splits x classes, sizes, formats, "
                     "rejects, near-duplicates side by side, a strip per class, objects, changes; local or gs://); "
                     "always of the whole dataset (--split and --n do not apply) from 400 records sampled by --seed",
                     metavar="FILE.html",
+                    location=True,
                 ),
                 Flag("--n", "examples on the contact sheet (64)", type=int, default=64),
                 Flag(
@@ -623,7 +641,7 @@ def clean_command(stale_days: float) -> Command:
             Group(
                 None,
                 (
-                    Flag("output", "a dataset folder (local or gs://)"),
+                    Flag("output", "a dataset folder (local or gs://)", location=True),
                     Flag(
                         "--older-than",
                         "where nothing tells whether a run is live (GCS, no lock), remove folders older than this "
@@ -638,3 +656,14 @@ def clean_command(stale_days: float) -> Command:
             ),
         ),
     )
+
+
+def check_locations(command: Command, values: dict[str, Any]) -> None:
+    """UsageError for a path flag whose value is a URL of a store other than GCS (``--input s3://b/photos``):
+    before anything is listed, read or written."""
+    for flag in command.flags:
+        value = values.get(flag.key)
+        scheme = unsupported_scheme(value) if flag.location and isinstance(value, str) else None
+        if scheme:
+            name = flag.name if flag.name.startswith("-") else flag.name.upper()
+            raise UsageError(f"{name} {value}: {scheme}:// is not supported; give {SUPPORTED_LOCATIONS}")

@@ -39,6 +39,7 @@ import apache_beam as beam
 from apache_beam.coders import BytesCoder
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
+from apache_beam.typehints.decorators import no_annotations
 
 from . import examples
 from .annotations.objects import digest as annotations_digest
@@ -475,6 +476,7 @@ class JoinPrevious(beam.PTransform):
         self._output = output
         self._root = root  # this run's input root: previous rejects join on their path relative to it
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         index_path = FileSystems.join(self._output, INDEX_JSONL)
         unreadable: list[beam.PCollection] = []

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.typehints.decorators import no_annotations
 
 from .images.options import ImageOptions, Rejected
 from .near_duplicates import NearDuplicateLines
@@ -114,6 +115,7 @@ class DropLeaks(beam.PTransform):  # type: ignore[misc]
         self._max = max_distance
         self._reuse = reuse  # the previous night's records may be reused (its hashes too)
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         hashed = refs | "HashImages" >> beam.ParDo(HashRefFn(self._options, self._reuse))
         found = hashed | "Join" >> NearDuplicateLines(self._max)

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import __version__, examples
 from .vocab.dataset_info import DatasetInfo, SplitInfo, Tally
+from .vocab.refs import RejectRow
 
 FORMAT_VERSION = 1
 DATASET_JSON = "dataset.json"
@@ -146,7 +147,7 @@ def count_by(items: Iterable[str]) -> dict[str, int]:
 REJECT_FIELDS = ("size", "mtime", "extras", "annotation_id", "object", "polygon")
 
 
-def rejects_jsonl(rejects: Iterable[Mapping[str, str]]) -> str:
+def rejects_jsonl(rejects: Iterable[RejectRow]) -> str:
     rows = sorted(rejects, key=lambda r: (r["path"], r["reason"], r.get("detail", "")))
     # path: relative to the input root (as image/filename); source: the full path, when known
     keys = ("path", "reason", "detail")

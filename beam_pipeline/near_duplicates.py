@@ -31,6 +31,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations
 
 from . import failpoints
 from .hashing import part_of
@@ -402,6 +403,7 @@ class NearDuplicateLines(beam.PTransform):  # type: ignore[misc]
         super().__init__()
         self._max = max_distance
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, hashed: beam.PCollection) -> dict[str, beam.PCollection]:
         per_hash = (
             hashed
@@ -445,6 +447,7 @@ class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
         self._staging = staging
         self._max = max_distance
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, results: beam.PCollection) -> dict[str, beam.PCollection]:
         p = results.pipeline
         records = (

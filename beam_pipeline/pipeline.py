@@ -16,6 +16,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.typehints.decorators import no_annotations
 
 from . import index, metadata
 from .annotations.coco import COUNTS, OBJECT_REJECTS, JoinCoco
@@ -89,8 +90,9 @@ def stable_labels(found: list[str], prior: tuple[str, ...] = ()) -> list[str]:
     return [*prior, *sorted(label for label in set(found) if label not in known)]
 
 
-def _split_label_counts(pairs: list[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
+def _split_label_counts(pairs: list[tuple[tuple[str, str | None], int]]) -> dict[str, dict[str | None, int]]:
+    """[((split, label), n)] → {split: {label: n}}; label None counts a split's unlabelled records."""
+    out: dict[str, dict[str | None, int]] = {}
     for (split, label), count in sorted(pairs):
         out.setdefault(split, {})[label] = count
     return out
@@ -160,7 +162,7 @@ class Listed(NamedTuple):
 def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> Listed:
     """List, drop duplicates (``--dedupe``), attach annotations (``--coco``, ``--masks``), join the previous run
     (``--incremental-from``)."""
-    group_rows = GroupObjectRows(cfg.manifest_objects) if cfg.manifest_objects else None
+    group_rows = GroupObjectRows(cfg.manifest_objects).group if cfg.manifest_objects else None
     listed = p | "List" >> ListInputs(ListSettings.of(cfg), layout, group_rows)
     refs, rejects, skipped = listed["refs"], listed[REJECTS], listed[SKIPPED]
     if cfg.dedupe:
@@ -259,6 +261,7 @@ class WritePlannedShards(beam.PTransform):
         self._cfg, self._layout, self._previous = cfg, layout, previous
         self._labels, self._extra_types = labels, extra_types
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         cfg, layout = self._cfg, self._layout
         plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
@@ -357,6 +360,7 @@ class RejectParts(beam.PTransform):
         self._layout = layout
         self._folder = folder  # a subfolder of the parts: "objects" for object_rejects.jsonl
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, rejects_in: tuple[beam.PCollection, ...]) -> dict[str, beam.PCollection]:
         rejects = (
             rejects_in

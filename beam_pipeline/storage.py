@@ -47,7 +47,7 @@ from .backends.failures import causes as causes
 from .backends.gcs import BATCH as BATCH
 from .backends.gcs import ChangesTooOften as ChangesTooOften
 from .backends.local import NO_HARD_LINKS as NO_HARD_LINKS
-from .errors import last_line
+from .errors import UsageError, last_line
 from .images.check import check_header
 from .images.options import ImageOptions, Rejected
 from .vocab.reasons import MISSING, TOO_LARGE, UNREADABLE
@@ -458,6 +458,36 @@ def kind(path: str) -> str | None:
 def is_folder(path: str) -> bool:
     """Whether ``path`` may be listed as a folder: a local folder that exists; any bucket prefix."""
     return backend_for(path).is_folder(path)
+
+
+def not_on_this_worker(flag: str, path: str, what: str = "folder") -> str:
+    """The launcher found ``path`` (its pre-flight checks passed) but the worker reading it does not: a local
+    path on a cluster whose workers do not share this machine's disk. Said as such, not as an empty input or a
+    worker's traceback."""
+    import socket
+
+    verb = "lists" if what == "folder" else "reads"
+    return (
+        f"{flag} {path}: no such {what} on the worker that {verb} it (host {socket.gethostname()}), though "
+        "the machine that started the run has it: on a cluster every worker must see the input, on a shared "
+        "file system mounted at the same path or in gs://"
+    )
+
+
+def open_on_worker(flag: str, path: str) -> Any:
+    """``FileSystems.open(path)`` (uncompressed) on a worker: UsageError ``not_on_this_worker`` when the file is not
+    there. For files the launcher checked before the job started (--coco, --manifest)."""
+    try:
+        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    except FileNotFoundError:
+        raise UsageError(not_on_this_worker(flag, path, "file")) from None
+
+
+def check_folder_on_worker(flag: str, path: str) -> str:
+    """``path`` when this worker sees it as a folder; UsageError ``not_on_this_worker`` otherwise."""
+    if not is_folder(path):
+        raise UsageError(not_on_this_worker(flag, path))
+    return path
 
 
 def is_file(path: str) -> bool:

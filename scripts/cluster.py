@@ -723,8 +723,11 @@ def status(engine: str) -> int:
     alive = [(role, running(engine, role)) for role in ROLES[engine]]
     for role, pid in alive:
         if pid:
-            print(f"{role} {pid}")
-    return 0 if any(pid for _, pid in alive) else 1
+            print(f"{role} {pid}")  # stdout: one "role pid" line each (the tests and benchmarks read them)
+    if not any(pid for _, pid in alive):
+        say(f"cluster {engine}: nothing running")
+        return 1
+    return 0
 
 
 def stop(engine: str) -> None:

@@ -109,6 +109,34 @@ def test_mistakes_are_one_line_exit_2(small_input, tmp_path, args, needles):
     _one_line_error(run_cli("convert", *args), *needles)
 
 
+OTHER_STORES = ("s3://bucket/photos", "az://container/photos", "hdfs://host/photos", "https://example.com/photos")
+
+
+@pytest.mark.e2e
+@pytest.mark.smoke
+def test_a_path_in_another_store_is_one_line_naming_what_is_supported(small_input, tmp_path):
+    """Every path flag of every command: a URL of a store other than GCS is refused before anything is read or
+    written (it used to be taken for GCS: 'cannot reach Google Cloud Storage'), from a --config file too."""
+    base = ["--input", str(small_input), "--output", str(tmp_path / "out")]
+    cases = [("inspect", [url], "OUTPUT") for url in OTHER_STORES] + [("clean", [OTHER_STORES[0]], "OUTPUT")]
+    cases += [
+        ("inspect", [str(tmp_path), flag, f"{OTHER_STORES[0]}/x"], flag) for flag in ("--report", "--contact-sheet")
+    ]
+    for url in OTHER_STORES:
+        cases += [("convert", ["--input", url, "--output", str(tmp_path / "out")], "--input")]
+        cases += [("plan", ["--manifest", f"{url}/m.csv", "--output", str(tmp_path / "out")], "--manifest")]
+    for flag in ("--output", "--coco", "--voc", "--masks", "--labels-file", "--incremental-from", "--config"):
+        cases += [("convert", [*base[:2], "--output", str(tmp_path / "out"), flag, f"{OTHER_STORES[0]}/x"], flag)]
+    config = tmp_path / "c.yaml"
+    config.write_text(f"input: {OTHER_STORES[1]}\n")
+    cases += [("convert", ["--config", str(config), "--output", str(tmp_path / "out")], "--input")]
+    for command, args, flag in cases:
+        result = run_cli(command, *args)
+        _one_line_error(result, f"{flag} ", "is not supported; give a local path or a gs:// URL")
+        assert "Google Cloud Storage" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     ("text", "needle"),

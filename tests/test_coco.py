@@ -282,6 +282,7 @@ def test_masks_from_polygons_and_both_rles_are_pngs_at_image_size(converted, coc
     assert masks("sub/b.png") == []
 
 
+@pytest.mark.smoke
 def test_every_validation_reason_with_its_path(converted):
     out, _ = converted
     rejects = {(r["path"], r["reason"]) for r in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
@@ -722,6 +723,7 @@ def test_a_polygon_under_3_points_is_left_out_of_its_objects_mask_and_the_object
     assert objs["rejects"] == {"total": 1, "by_reason": {reasons.BAD_MASK: 1}}
 
 
+@pytest.mark.smoke
 def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
     """Merged COCO files repeat entries: an image id given twice for the same file, or two broken entries naming
     it, still make one reject of the listed file, so records + rejects + skipped add up to the files listed."""
@@ -738,6 +740,9 @@ def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
             {"id": 4, "file_name": "c.jpg", **entry},  # a good entry and a broken one
             {"id": 5, "file_name": "c.jpg", "height": 20},
             {"id": 6, "file_name": "ok.jpg", **entry},
+            # another store than GCS: its own reason (s3:// was taken for a gs:// path)
+            {"id": 7, "file_name": "s3://bucket/d.jpg", **entry},
+            {"id": 8, "file_name": "https://example.com/e.jpg", **entry},
         ],
         "annotations": [],
         "categories": CATEGORIES,
@@ -746,10 +751,12 @@ def test_a_file_named_by_several_bad_entries_is_one_reject(tmp_path):
     path.write_text(json.dumps(doc))
     out = tmp_path / "out"
     convert("--input", str(root), "--coco", str(path), "--output", str(out), "--max-reject-fraction", "1")
-    paths = [json.loads(line)["path"] for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert sorted(paths) == ["a.jpg", "b.jpg", "c.jpg"]
+    rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(r["path"] for r in rows if r["reason"] != reasons.UNSUPPORTED_LOCATION) == ["a.jpg", "b.jpg", "c.jpg"]
+    other = sorted(r["path"] for r in rows if r["reason"] == reasons.UNSUPPORTED_LOCATION)
+    assert other == ["https://example.com/e.jpg", "s3://bucket/d.jpg"], rows
     info = load_info(out)
-    assert info["rejects"]["total"] == 3 and info["examples"] == 1, info["rejects"]
+    assert info["rejects"]["total"] == 5 and info["examples"] == 1, info["rejects"]
 
 
 @pytest.mark.unit

@@ -66,6 +66,7 @@ def converted(folder, tmp_path_factory):
     return out, good, result
 
 
+@pytest.mark.smoke
 def test_every_good_image_is_one_record_and_every_bad_one_a_reject(converted, folder):
     out, good, result = converted
     root, _ = folder
@@ -210,6 +211,7 @@ def test_shard_sizes_hold_for_many_small_and_few_large_images(tmp_path):
     assert _sizes_ok(out_large, 1e6)["splits"]["train"]["num_shards"] >= 8
 
 
+@pytest.mark.smoke
 def test_manifest_with_labels_splits_and_extra_columns(folder, tmp_path):
     root, good = folder
     rel = sorted(good)[:12]

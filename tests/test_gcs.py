@@ -18,6 +18,7 @@ from .imagegen import broken_bytes, image_bytes, write
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.smoke
 def test_gs_input_and_output_match_a_local_run(gcs, tmp_path):
     root = tmp_path / "photos"
     for i in range(12):

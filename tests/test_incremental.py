@@ -147,6 +147,7 @@ def shard_bytes(out: Path) -> dict[str, bytes]:
     return {s["file"]: (out / s["file"]).read_bytes() for split in info["splits"].values() for s in split["shards"]}
 
 
+@pytest.mark.smoke
 def test_incremental_run_equals_a_full_run_and_decodes_only_new_files(tmp_path):
     src, first, inc, full = tmp_path / "src", tmp_path / "first", tmp_path / "inc", tmp_path / "full"
     make_images(src, {"cat": 12, "dog": 12})

@@ -374,14 +374,19 @@ def test_manifest_paths_with_glob_characters_are_stat_literally(tmp_path):
     for name, size in [("a[1].jpg", 3), ("a1.jpg", 5), ("b*.jpg", 7), ("bb.jpg", 11), ("c?.jpg", 13), ("cc.jpg", 17)]:
         write(str(root / name), b"x" * size)
     manifest = root / "list.csv"
-    manifest.write_text("path,label\na[1].jpg,x\nb*.jpg,x\nc?.jpg,x\nd[2].jpg,x\n")
+    # and rows in stores other than GCS: their own reject (they were taken for gs:// paths)
+    manifest.write_text("path,label\na[1].jpg,x\nb*.jpg,x\nc?.jpg,x\nd[2].jpg,x\ns3://b/e.jpg,x\nhttps://h/f.jpg,x\n")
     lay = Layout(root=str(root), pattern=None, manifest=str(manifest), manifest_format="csv", label_source="manifest")
     with local_pipeline() as p:
         listed = p | ListInputs(ListSettings.of(CFG), lay)
         sizes = listed["refs"] | "Sizes" >> beam.Map(lambda r: (r.relpath, r.size))
         assert_that(sizes, equal_to([("a[1].jpg", 3), ("b*.jpg", 7), ("c?.jpg", 13)]), label="Refs")
-        reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (r["path"], r["reason"], r["detail"]))
-        expected = [(str(root / "d[2].jpg"), "missing", "file does not exist")]
+        reasons = listed["rejects"] | "Reasons" >> beam.Map(lambda r: (r["path"], r["reason"], r["detail"][:17]))
+        expected = [
+            (str(root / "d[2].jpg"), "missing", "file does not exi"),
+            ("s3://b/e.jpg", "unsupported_location", "s3:// is not read"),
+            ("https://h/f.jpg", "unsupported_location", "https:// is not r"),
+        ]
         assert_that(reasons, equal_to(expected), label="Rejects")
 
 
@@ -565,3 +570,28 @@ def test_value_type_counts_digits_without_leading_zeros_and_never_calls_int_on_t
     from beam_pipeline.sources.manifest import value_type
 
     assert value_type(text) == want
+
+
+def test_a_file_or_folder_a_worker_does_not_see_is_one_line_naming_its_flag(tmp_path):
+    """A cluster's worker without the launcher's disk: the COCO file, manifest, VOC or mask folder it cannot see
+    is named with its flag, as an input folder is (a COCO file was a worker's FileNotFoundError traceback)."""
+    from beam_pipeline import storage
+    from beam_pipeline.errors import UsageError
+
+    gone = str(tmp_path / "gone")
+    for flag in ("--coco", "--manifest"):
+        with pytest.raises(UsageError, match=f"^{flag} {gone}: no such file on the worker that reads it"):
+            storage.open_on_worker(flag, gone)
+    with pytest.raises(UsageError, match=f"^--voc {gone}: no such folder on the worker that lists it .*every worker"):
+        storage.check_folder_on_worker("--voc", gone)
+    assert storage.check_folder_on_worker("--voc", str(tmp_path)) == str(tmp_path)
+
+
+@pytest.mark.pipeline
+def test_a_mask_folder_a_worker_does_not_see_names_masks_not_input(tmp_path):
+    from beam_pipeline.errors import UsageError
+    from beam_pipeline.sources.folders import ListFolder
+
+    with pytest.raises(UsageError, match="^--masks .*: no such folder on the worker that lists it"):
+        with local_pipeline() as p:
+            _ = p | ListFolder(str(tmp_path / "gone"), flag="--masks")

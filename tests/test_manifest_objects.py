@@ -143,6 +143,7 @@ def test_rows_in_pixels_read_back_with_ids_one_to_n_sorted_by_name(converted, tf
     ]
 
 
+@pytest.mark.smoke
 def test_every_reason_with_its_path(converted):
     out, _ = converted
     rejects = sorted((r["path"], r["reason"]) for r in jsonl_lines(out / "rejects.jsonl"))
@@ -409,7 +410,7 @@ def test_rows_of_one_file_group_the_same_whatever_their_order():
         }
 
     rows = [row("a.jpg", "1,1,5,5", "b"), row("./a.jpg", "0,0,2,2", "a"), row("a.jpg", ",,,", "")]
-    group = table.GroupObjectRows("rows")
+    group = table.GroupObjectRows("rows").group
     [one] = list(group(("/m/a.jpg", rows)))
     assert list(group(("/m/a.jpg", rows[::-1]))) == [one]
     path, image, raw = one

@@ -142,6 +142,7 @@ def test_label_maps_read_back_exactly_with_tensorflow(converted, mask_set):
     assert tf.io.decode_png((mdir / "sub" / "b.png").read_bytes()).shape[-1] == 3
 
 
+@pytest.mark.smoke
 def test_each_bad_mask_is_a_reject_with_its_reason(converted):
     out, _ = converted
     rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]

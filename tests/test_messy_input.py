@@ -83,6 +83,7 @@ def test_every_listed_file_is_accounted_for_and_every_record_decodes(tmp_path, t
     assert "rejected" in result.stdout and "too_many_pixels" in result.stdout
 
 
+@pytest.mark.smoke
 def test_dedupe_keeps_the_first_path_across_splits(tmp_path):
     root = tmp_path / "dups"
     same = image_bytes("jpeg", seed=42)

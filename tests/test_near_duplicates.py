@@ -416,6 +416,7 @@ def shard_bytes(out) -> dict[str, bytes]:
 
 
 @pytest.mark.e2e
+@pytest.mark.smoke
 def test_drop_leaks_rejects_the_copies_in_other_splits_and_writes_what_a_run_without_them_writes(tmp_path):
     from .conftest import run_cli
 

@@ -151,6 +151,7 @@ def test_chromium_loads_the_report_without_a_console_message_and_draws_it(datase
 
 
 @pytest.mark.e2e
+@pytest.mark.smoke
 def test_convert_report_publishes_the_page_with_the_dataset_and_a_later_run_without_it_removes_it(dataset, tmp_path):
     out = tmp_path / "out"
     r = run_cli("convert", "--input", str(dataset.parent / "in"), "--output", str(out), *QUICK, "--report")

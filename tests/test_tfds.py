@@ -16,6 +16,7 @@ from .imagegen import image_bytes, write
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.smoke
 def test_tfds_loads_every_split_with_counts_and_pixels(tmp_path):
     import io
 

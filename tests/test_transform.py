@@ -120,6 +120,7 @@ def test_vocabulary_is_labels_txt_including_validation_only_labels(dataset):
     assert (dataset / "_SUCCESS").exists() and (dataset / "transformed_metadata").is_dir()
 
 
+@pytest.mark.smoke
 def test_transformed_batches_carry_label_ids_and_resized_images(dataset, tf):
     labels = (dataset / "labels.txt").read_text().splitlines()
     raw = list(reader.load(str(dataset), "validation", shuffle_files=False))

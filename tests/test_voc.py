@@ -202,6 +202,7 @@ def test_boxes_classes_flags_and_poses_read_back_as_the_xml_says(converted, tf):
     assert ten["image/source_id"].decode() == "000010.tiff"
 
 
+@pytest.mark.smoke
 def test_every_validation_reason_with_its_path(converted):
     out, _ = converted
     rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]

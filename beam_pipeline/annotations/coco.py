@@ -33,15 +33,23 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations
 
 from .. import storage
-from ..config import MAX_CATEGORY_ID
+from ..config import MAX_CATEGORY_ID, SUPPORTED_LOCATIONS, unsupported_scheme
 from ..errors import UsageError, message_lines
 from ..metadata import line_break_problem
 from ..sources.manifest import MAX_JSON_DEPTH
 from ..sources.rules import REJECTS, SKIPPED
 from ..vocab import reasons
-from ..vocab.reasons import BAD_IMAGE_ENTRY, DUPLICATE_FILE_NAME, DUPLICATE_IMAGE_ID, MISSING_IMAGE, UNKNOWN_IMAGE_ID
+from ..vocab.reasons import (
+    BAD_IMAGE_ENTRY,
+    DUPLICATE_FILE_NAME,
+    DUPLICATE_IMAGE_ID,
+    MISSING_IMAGE,
+    UNKNOWN_IMAGE_ID,
+    UNSUPPORTED_LOCATION,
+)
 from ..vocab.refs import reject
 from . import objects
 from .join import (
@@ -73,9 +81,13 @@ NOT_IN_COCO = "not_in_coco"  # skip reason
 _BOM = b"\xef\xbb\xbf"
 
 
-def _open(path: str) -> Any:
-    """The file, past a UTF-8 byte order mark if it starts with one (files saved on Windows do)."""
-    fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+def _open(path: str, *, on_worker: bool = False) -> Any:
+    """The file, past a UTF-8 byte order mark if it starts with one (files saved on Windows do). ``on_worker``: read
+    in the job, where a worker that does not see the launcher's file says so in one line (UsageError)."""
+    if on_worker:
+        fh = storage.open_on_worker("--coco", path)
+    else:
+        fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     if fh.read(len(_BOM)) != _BOM:
         fh.seek(0)
     return fh
@@ -299,7 +311,7 @@ class _ReadSection(beam.DoFn):
         import ijson
 
         section, path = element
-        with _open(path) as fh:
+        with _open(path, on_worker=True) as fh:
             items = ijson.items(fh, f"{section}.item", use_float=True)
             if section == IMAGES:
                 for entry in items:
@@ -427,6 +439,14 @@ class _JoinImageObjects(CountingDoFn):
                 yield (self._file_key(name) if isinstance(name, str) else "", (COCO, row))
             return
         entry = entries[0]
+        name = entry.get("file_name") if isinstance(entry, dict) else None
+        scheme = unsupported_scheme(name) if isinstance(name, str) else None
+        if scheme:  # never listed under --input: no file key to join on
+            detail = (
+                f"image id {key}: {scheme}:// is not read; a file_name is relative to --input or {SUPPORTED_LOCATIONS}"
+            )
+            yield ("", (COCO, reject(name, UNSUPPORTED_LOCATION, detail)))
+            return
         problem = _entry_problem(entry)
         if problem:
             name = entry.get("file_name") if isinstance(entry, dict) else None
@@ -536,6 +556,7 @@ class JoinCoco(beam.PTransform):
         self._categories = tuple(categories)
         self._offset = offset
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         p = refs.pipeline
         sections = (

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.typehints.decorators import no_annotations
 
 from ..images.headers import png_problem
 from ..images.options import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
@@ -158,8 +159,9 @@ class JoinMasks(beam.PTransform):
         super().__init__()
         self._dir = mask_dir
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
-        listed = refs.pipeline | "ListMasks" >> ListFolder(self._dir)
+        listed = refs.pipeline | "ListMasks" >> ListFolder(self._dir, flag="--masks")
         masks = listed[FILES] | "KeyMasks" >> beam.ParDo(_KeyMasks(self._dir)).with_outputs(SKIPPED, main="masks")
         keyed = refs | "RefByStem" >> beam.ParDo(_KeyRefs(self._dir)).with_outputs(SKIPPED, main="refs")
         paired = (

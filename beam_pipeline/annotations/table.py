@@ -18,7 +18,7 @@ are in (the ``width``/``height`` columns, else the image file's header: the
 size the writer decodes), checks every object and attaches ``Annotations``
 with names only (ids: the run's label list, annotations.objects.name_labels).
 
-    listed = p | ListInputs(ListSettings.of(cfg), layout, group_rows=GroupObjectRows(cfg.manifest_objects))
+    listed = p | ListInputs(ListSettings.of(cfg), layout, group_rows=GroupObjectRows(cfg.manifest_objects).group)
     joined = listed["refs"] | CheckManifestObjects(cfg.box_units)   # the dict shape of coco.JoinCoco
 """
 
@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations
 
 from ..config import BOX_UNITS, MANIFEST_OBJECTS
 from ..sources.manifest import MAX_JSON_DEPTH, canonical_row, is_transient, nested_deeper, value_type
@@ -121,7 +122,9 @@ class GroupObjectRows:
     def __init__(self, form: str) -> None:
         self._form = form
 
-    def __call__(self, element: tuple[str, Iterable[tuple[str, dict[str, Any]]]]) -> Iterator[Any]:
+    # A method, not __call__: Beam's runtime type check reads the __name__ of what a FlatMap maps (an instance has
+    # none), so listing maps ``GroupObjectRows(form).group``.
+    def group(self, element: tuple[str, Iterable[tuple[str, dict[str, Any]]]]) -> Iterator[Any]:
         _, grouped = element
         rows = sorted(grouped, key=lambda pr: canonical_row(pr[1]))
         path = rows[0][0]
@@ -294,6 +297,7 @@ class CheckManifestObjects(beam.PTransform):
         self._units = units
         self._known = known  # a --labels-file's classes: other names are unknown_category
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         checked = refs | "CheckObjects" >> beam.ParDo(_CheckObjects(self._units, self._known)).with_outputs(
             REJECTS, OBJECT_REJECTS, COUNTS, main="refs"

@@ -38,7 +38,9 @@ import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations
 
+from .. import storage
 from ..sources.manifest import is_transient
 from ..sources.rules import REJECTS, SKIPPED
 from ..vocab import reasons
@@ -274,10 +276,15 @@ class JoinVoc(beam.PTransform):
         self._root = root
         self._known = known  # a --labels-file's classes: other names are unknown_category
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         parsed = (
             refs.pipeline
-            | "MatchXml" >> fileio.MatchFiles(FileSystems.join(self._dir, "**.xml"))
+            | "VocFolder" >> beam.Create([self._dir])
+            # a worker that does not see the folder would match no file: every image without annotations
+            | "SeenHere" >> beam.Map(storage.check_folder_on_worker, "--voc")
+            | "XmlPattern" >> beam.Map(lambda folder: FileSystems.join(folder, "**.xml"))
+            | "MatchXml" >> fileio.MatchAll()
             | "SpreadXml" >> beam.Reshuffle()  # one file per element, parsed on every worker
             | "ParseXml" >> beam.ParDo(_ParseXml(self._dir)).with_outputs(REJECTS, main="files")
         )

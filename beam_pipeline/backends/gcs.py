@@ -25,7 +25,8 @@ BATCH = 100
 
 
 def owns(path: str) -> bool:
-    return "://" in path
+    """Whether ``path`` is a GCS URL; other schemes never reach here (config.unsupported_scheme refuses them)."""
+    return path.startswith(SCHEME)
 
 
 # ---- clients ----------------------------------------------------------------------------------

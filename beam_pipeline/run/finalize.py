@@ -36,6 +36,7 @@ from ..near_duplicates import merge_parts
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
 from ..vocab.records import SIZE_BUCKETS, UNKNOWN_SIZE, ShardResult, choose_results
+from ..vocab.refs import RejectRow
 from .changes import CLASS_DROPPED, dropped_class, night_changes
 from .files import delete_files, move_files
 from .outcome import OK, counted_rejects, detection_summary, incremental_summary, outcome, resumed_summary
@@ -93,7 +94,7 @@ class WriteRejectPartFn(beam.DoFn):
         self._staging = staging
         self._folder = folder  # "objects": parts of object_rejects.jsonl
 
-    def process(self, element: tuple[int, Iterable[Mapping[str, str]]]) -> Iterator[str]:
+    def process(self, element: tuple[int, Iterable[RejectRow]]) -> Iterator[str]:
         bucket, rejects = element
         path = FileSystems.join(self._staging, REJECT_PARTS, *filter(None, [self._folder]), f"part-{bucket:05d}.jsonl")
         failpoints.hit("rejects.write")

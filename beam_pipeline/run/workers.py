@@ -99,10 +99,13 @@ def _settle_gcs_credentials(cfg: ConvertConfig, options: PipelineOptions) -> Non
 
 
 def worker_requirements(extra: str) -> list[str]:
-    """What setup.py's ``extra`` adds to the base install, from this installed package's metadata, less Beam.
+    """What a ``--setup_file`` worker installs beside Beam: setup.py's base requirement and ``extra``'s, each at the
+    version installed here (``pillow==12.3.0``), from this installed package's metadata, less Beam.
 
-    One source for the launcher and ``pip install``; Beam is left out because a
-    worker image's Beam is the launcher's already.
+    Without the pins a worker resolves setup.py's ranges when it starts and may get newer releases than the
+    launcher that built and checked the job (a newer Beam release changed how every run with a reject coded its
+    rows). A requirement not installed here keeps its range. Beam is left out because the worker image's Beam
+    is the launcher's already. Their own dependencies are resolved on the worker within these pins.
     """
     from importlib import metadata as importlib_metadata
 
@@ -118,12 +121,24 @@ def worker_requirements(extra: str) -> list[str]:
     wanted = []
     for line in lines:
         requirement = Requirement(line)
-        if requirement.marker is None or not requirement.marker.evaluate({"extra": extra}):
-            continue  # the base install (setup.py gives it) or another extra
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+            continue  # another extra
         if requirement.name != "apache-beam":
             requirement.marker = None
-            wanted.append(str(requirement))
+            wanted.append(_as_installed(requirement, importlib_metadata))
     return wanted
+
+
+def _as_installed(requirement: Any, importlib_metadata: Any) -> str:
+    """``name==version`` of the installed distribution when it meets ``requirement``; the requirement otherwise."""
+    try:
+        version = importlib_metadata.version(requirement.name)
+    except importlib_metadata.PackageNotFoundError:
+        return str(requirement)
+    if not requirement.specifier.contains(version, prereleases=True):
+        return str(requirement)
+    extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+    return f"{requirement.name}{extras}=={version}"
 
 
 def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folder: str) -> list[str]:

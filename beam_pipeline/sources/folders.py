@@ -13,6 +13,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.typehints.decorators import no_annotations
 
 from .. import storage
 from ..config import Layout
@@ -20,7 +21,7 @@ from ..errors import UsageError
 from ..vocab.reasons import (
     UNREADABLE,
 )
-from ..vocab.refs import reject
+from ..vocab.refs import RejectRow, reject
 from .rules import REJECTS, SKIPPED, ListSettings, make_ref, relative_path, skip_reason
 
 
@@ -65,7 +66,7 @@ class _OddLocalEntries(beam.DoFn):
     def __init__(self, layout: Layout) -> None:
         self._layout = layout
 
-    def process(self, pattern: str) -> Iterator[dict[str, str]]:
+    def process(self, pattern: str) -> Iterator[RejectRow]:
         import os
 
         from apache_beam.io.filesystem import FileSystem
@@ -82,13 +83,13 @@ class _OddLocalEntries(beam.DoFn):
                     yield from _odd_file(path, self._layout.root)
 
 
-def _odd_directory(path: str, root: str) -> Iterator[dict[str, str]]:
+def _odd_directory(path: str, root: str) -> Iterator[RejectRow]:
     """A local directory (or symlink to one) that a listing passes: a reject if it is named like an input."""
     if not skip_reason(relative_path(path, root), check_extension=True):
         yield reject(path, UNREADABLE, "is a directory")
 
 
-def _odd_file(path: str, root: str) -> Iterator[dict[str, str]]:
+def _odd_file(path: str, root: str) -> Iterator[RejectRow]:
     """A local non-directory entry Beam's listing drops (it cannot be stat'ed): a dangling symlink."""
     import os
 
@@ -110,23 +111,12 @@ def lists_whole_folder(layout: Layout) -> bool:
     return bool(layout.pattern) and layout.pattern == FileSystems.join(layout.root, "**")
 
 
-def not_on_this_worker(folder: str) -> str:
-    """The launcher found ``folder`` (its pre-flight checks passed) but the worker listing it does not: a local
-    path on a cluster whose workers do not share this machine's disk. Said as such, not as an empty input."""
-    import socket
-
-    return (
-        f"--input {folder}: no such folder on the worker that lists it (host {socket.gethostname()}), though "
-        "the machine that started the run has it: on a cluster every worker must see the input, on a shared "
-        "file system mounted at the same path or in gs://"
-    )
-
-
 class _Lister:
     """Direct-entry and recursive listings of a local folder or a gs:// prefix (storage's backend for it)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, flag: str) -> None:
         self._root = root
+        self._flag = flag  # the flag that named root, for a worker that does not see it
         self._backend = storage.backend_for(root)
 
     def one_level(self, folder: str) -> Iterator[Any]:
@@ -136,7 +126,7 @@ class _Lister:
 
         tagged = beam.pvalue.TaggedOutput
         if folder == self._root and not self._backend.is_folder(folder):
-            raise UsageError(not_on_this_worker(folder))
+            raise UsageError(storage.not_on_this_worker(self._flag, folder))
         for entry in self._backend.one_level(folder, self._odd):
             if isinstance(entry, str):
                 yield entry
@@ -170,11 +160,12 @@ def _folder_text(folder: bytes) -> str:
 class _ListOneLevel(beam.DoFn):
     """folder (bytes) → its subfolders (main, bytes), its files (FILES), odd local entries (REJECTS)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, flag: str) -> None:
         self._root = root
+        self._flag = flag
 
     def setup(self) -> None:
-        self._lister = _Lister(self._root)
+        self._lister = _Lister(self._root, self._flag)
 
     def process(self, folder: bytes) -> Iterator[Any]:
         for out in self._lister.one_level(_folder_text(folder)):
@@ -188,7 +179,7 @@ class _ListTree(beam.DoFn):
         self._root = root
 
     def setup(self) -> None:
-        self._lister = _Lister(self._root)
+        self._lister = _Lister(self._root, "")  # only below a root _ListOneLevel found
 
     def process(self, folder: bytes) -> Iterator[Any]:
         yield from self._lister.tree(_folder_text(folder))
@@ -197,16 +188,18 @@ class _ListTree(beam.DoFn):
 class ListFolder(beam.PTransform):
     """pbegin → {FILES: FileMetadata of every file under ``root``, REJECTS: odd local entries}."""
 
-    def __init__(self, root: str, depth: int = FANOUT_DEPTH) -> None:
+    def __init__(self, root: str, depth: int = FANOUT_DEPTH, flag: str = "--input") -> None:
         super().__init__()
         self._root = root
         self._depth = depth
+        self._flag = flag  # the flag that named root: a worker that does not see it says so
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         folders = pbegin | "Root" >> beam.Create([_folder_bytes(self._root)])
         files, odd = [], []
         for level in range(self._depth):
-            out = folders | f"ListLevel{level}" >> beam.ParDo(_ListOneLevel(self._root)).with_outputs(
+            out = folders | f"ListLevel{level}" >> beam.ParDo(_ListOneLevel(self._root, self._flag)).with_outputs(
                 FILES, REJECTS, main="folders"
             )
             files.append(out[FILES])

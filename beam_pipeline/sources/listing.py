@@ -24,6 +24,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io import fileio
+from apache_beam.typehints.decorators import no_annotations
 
 from .. import storage
 from ..config import Layout
@@ -72,9 +73,10 @@ class ListInputs(beam.PTransform):
         self._settings = settings  # what the workers see of the run's settings (built by ListSettings.of)
         self._layout = layout
         # A manifest file's rows → what StatRows takes ((path, row), or (path, row, annotations)): first_row,
-        # or an annotation source's grouping of an image's object rows (annotations.table.GroupObjectRows).
+        # or an annotation source's grouping of an image's object rows (annotations.table.GroupObjectRows.group).
         self._group_rows = group_rows or first_row
 
+    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         layout = self._layout
         if layout.manifest:

@@ -20,11 +20,12 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from .. import storage
-from ..config import Layout
+from ..config import SUPPORTED_LOCATIONS, Layout, unsupported_scheme
 from ..errors import UsageError
 from ..vocab.reasons import (
     DUPLICATE_ROW,
     MISSING,
+    UNSUPPORTED_LOCATION,
 )
 from ..vocab.refs import Ref, reject
 from .rules import (
@@ -116,9 +117,13 @@ def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[st
         yield {k.strip(): (v if v is not None else "") for k, v in row.items() if k is not None}
 
 
-def open_text(path: str) -> io.TextIOWrapper:
-    """Opens a text file through Beam FileSystems (local or gs://), BOM-tolerant."""
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+def open_text(path: str, *, on_worker: bool = False) -> io.TextIOWrapper:
+    """Opens a text file through Beam FileSystems (local or gs://), BOM-tolerant. ``on_worker``: the manifest the
+    launcher found, read in the job: a worker that does not see it says so in one line (UsageError)."""
+    if on_worker:
+        raw = storage.open_on_worker("--manifest", path)
+    else:
+        raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
 
 
@@ -136,7 +141,7 @@ class _ReadManifest(beam.DoFn):
         self._layout = layout
 
     def process(self, manifest: str) -> Iterator[dict[str, Any]]:
-        with open_text(manifest) as stream:
+        with open_text(manifest, on_worker=True) as stream:
             yield from read_manifest_rows(stream, self._layout.manifest_format or "csv")
 
 
@@ -218,6 +223,11 @@ class _KeyRowByPath(beam.DoFn):
         raw = str(row.get(PATH_COLUMN) or "").strip()
         if not raw:
             yield beam.pvalue.TaggedOutput(REJECTS, reject("", MISSING, f"row without a path: {row}"))
+            return
+        scheme = unsupported_scheme(raw)
+        if scheme:
+            detail = f"{scheme}:// is not read; a row's path is {SUPPORTED_LOCATIONS} (or one relative to the manifest)"
+            yield beam.pvalue.TaggedOutput(REJECTS, reject(raw, UNSUPPORTED_LOCATION, detail))
             return
         path = manifest_path_of(raw, self._layout, self._join)
         yield _path_key(path), (path, row)

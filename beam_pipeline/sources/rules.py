@@ -34,7 +34,7 @@ from ..vocab.reasons import (
     NO_SPLIT,
     UNKNOWN_LABEL,
 )
-from ..vocab.refs import Ref, printable_path, reject
+from ..vocab.refs import Ref, RejectRow, printable_path, reject
 
 REJECTS = "rejects"
 
@@ -92,7 +92,7 @@ PATH_COLUMN, LABEL_COLUMN, SPLIT_COLUMN = "path", "label", "split"
 RESERVED_COLUMNS = frozenset({PATH_COLUMN, LABEL_COLUMN, SPLIT_COLUMN})
 
 
-def with_relative_path(row: dict[str, str], root: str) -> dict[str, str]:
+def with_relative_path(row: RejectRow, root: str) -> RejectRow:
     """A reject as rejects.jsonl stores it: ``path`` relative to the input root, as records' image/filename is.
 
     ``source`` keeps the full path (local or gs://) to find the file; a path
@@ -101,8 +101,8 @@ def with_relative_path(row: dict[str, str], root: str) -> dict[str, str]:
     source = row["path"]
     prefix = printable_path(root.rstrip("/")) + "/"
     rel = source[len(prefix) :] if root and source.startswith(prefix) else source
-    out = {"path": rel, "reason": row["reason"], "detail": row["detail"], "source": source}
-    out.update((k, row[k]) for k in REJECT_FIELDS if k in row)
+    out: RejectRow = {"path": rel, "reason": row["reason"], "detail": row["detail"], "source": source}
+    out.update((k, row[k]) for k in REJECT_FIELDS if k in row)  # type: ignore[misc]
     return out
 
 
@@ -218,7 +218,7 @@ def make_ref(
     split_value: str | None = None,
     extras: tuple[tuple[str, Any], ...] = (),
     mtime: float = 0.0,
-) -> Ref | dict[str, str]:
+) -> Ref | RejectRow:
     """A Ref for a listed file, or a reject dict saying why it cannot be one."""
     if printable_path(relpath) != relpath:
         return reject(path, BAD_FILENAME, "the file name is not valid UTF-8 (records store it as text)")

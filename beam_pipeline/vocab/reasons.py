@@ -61,6 +61,7 @@ BAD_SPLIT = "bad_split"  # a manifest split value outside the usual names (or no
 BAD_LABEL = "bad_label"  # a label that cannot be a line of labels.txt (it holds a line break)
 BAD_VALUE = "bad_value"
 BAD_FILENAME = "bad_filename"
+UNSUPPORTED_LOCATION = "unsupported_location"  # a manifest path or COCO file_name that is a URL of another store
 
 # Image rejects of an annotation source (docs/detection.md).
 MISSING_IMAGE = "missing_image"
@@ -193,6 +194,12 @@ REASONS: tuple[Reason, ...] = (
         "a file name that is not valid UTF-8 (records store names as text); its path in `rejects.jsonl` shows "
         "the odd bytes as `\\xNN`",
         (LISTING,),
+    ),
+    Reason(
+        UNSUPPORTED_LOCATION,
+        "a manifest row's path or a COCO `file_name` that is a URL of a store other than GCS (`s3://`, `az://`, "
+        "`hdfs://`, `https://`): only local paths and `gs://` URLs are read ([Input](input.md#local-paths-and-gs))",
+        (LISTING, ANNOTATIONS),
     ),
     # Annotation sources: docs/detection.md has each source's own table.
     Reason(MISSING_IMAGE, "an annotation names a file that is not under `--input`", (ANNOTATIONS,)),

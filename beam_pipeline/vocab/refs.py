@@ -7,7 +7,7 @@ reject(ref.path, reasons.MISSING, "gone before it was read")
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,31 @@ def printable_path(path: str) -> str:
         return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def reject(path: str, reason: str, detail: str = "") -> dict[str, str]:
+class _RejectText(TypedDict):
+    path: str  # the input's printable path; relative to the input root once rules.with_relative_path ran
+    reason: str  # a code of vocab.reasons
+    detail: str  # for people
+
+
+class RejectRow(_RejectText, total=False):
+    """A reject as stages pass it on and ``rejects.jsonl`` / ``object_rejects.jsonl`` store it: three text fields
+    always, the others where they apply (metadata.REJECT_FIELDS says what each is for). Its values are not all
+    text: Beam (2.78 on) reads this hint as ``Dict[str, Any]`` and codes the values by their own types."""
+
+    source: str  # the full path (local or gs://), set with the relative path
+    size: int
+    mtime: float
+    extras: str  # the digest of a manifest row's extra columns
+    annotation_id: Any  # an object reject's annotation: a COCO "id" as the file has it (any JSON value), a VOC file
+    object: int  # the object's place among its image's
+    polygon: int  # the place of a polygon left out of a written object's mask
+
+
+def reject(path: str, reason: str, detail: str = "") -> RejectRow:
     """A reject row: the input's printable path, a reason code (``vocab.reasons``) and a detail for people."""
     return {"path": printable_path(path), "reason": reason, "detail": detail}
 
 
-def file_reject(ref: Ref, reason: str, detail: str = "") -> dict[str, Any]:
+def file_reject(ref: Ref, reason: str, detail: str = "") -> RejectRow:
     """A reject of a listed file, with its listed size and mtime: an incremental run keeps it while they stay."""
     return {**reject(ref.path, reason, detail), "size": ref.size, "mtime": ref.mtime}
