@@ -35,19 +35,21 @@ TFDS = ["tensorflow-datasets>=4.9.9,<5"]
 # pick it. 1.17.3 imports with protobuf 4.25 to 7.x. tensorflow-transform needs >= 1.21 (and protobuf 6),
 # so the cap is only in the [tfds] extra.
 TFDS_METADATA = ["tensorflow-metadata>=1.17.3,<1.18"]
+# The converter's lower bounds are the releases requirements/constraints.txt pins (scripts/test.sh tests them);
+# the newest the ranges admit is what .ci/run's newest lane installs and tests (scripts/test_newest.sh). Nothing
+# between or below is claimed: docs/versions.md. A cap goes here only below a release known to break the tool.
 CONVERTER = [
     "apache-beam[gcp]>=2.77.0,<3",
-    "google-cloud-storage>=2.18,<4",
-    "pillow>=10.4",
-    "pyyaml>=6.0",
-    "numpy>=1.26",
-    "ijson>=3.3,<4",  # --coco: the COCO JSON streamed (a multi-GB file is never loaded whole)
-    "pycocotools>=2.0.8",  # --coco: instance masks from polygons and RLE
+    "google-cloud-storage>=3.17.1,<4",
+    "pillow>=12.3",
+    "pyyaml>=6.0.3",
+    "numpy>=2.4.6",
+    "ijson>=3.6,<4",  # --coco: the COCO JSON streamed (a multi-GB file is never loaded whole)
+    "pycocotools>=2.0.11",  # --coco: instance masks from polygons and RLE
     # the perceptual hash of every image (near-duplicates, docs/leakage.md): imagehash's pHash
-    # (it brings SciPy for the DCT and PyWavelets); 4.3 is the release the tests pin
-    "imagehash>=4.3,<5",
-    # inspect --report: the charts as inline SVG; 3.8 is the oldest with the axes calls report.py makes
-    "matplotlib>=3.8,<4",
+    # (it brings SciPy for the DCT and PyWavelets)
+    "imagehash>=4.3.2,<5",
+    "matplotlib>=3.11.2,<4",  # inspect --report: the charts as inline SVG
 ]
 TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
 # tfrecord: a reader of the output's .idx files (DALI's format), checked by the tests;

@@ -483,8 +483,9 @@ def open_on_worker(flag: str, path: str) -> Any:
         raise UsageError(not_on_this_worker(flag, path, "file")) from None
 
 
-def check_folder_on_worker(flag: str, path: str) -> str:
-    """``path`` when this worker sees it as a folder; UsageError ``not_on_this_worker`` otherwise."""
+def check_folder_on_worker(path: str, flag: str) -> str:
+    """``path`` when this worker sees it as a folder; UsageError ``not_on_this_worker`` naming ``flag`` otherwise
+    (path first: a ``beam.Map`` step's element)."""
     if not is_folder(path):
         raise UsageError(not_on_this_worker(flag, path))
     return path

@@ -602,7 +602,9 @@ def _start_pool(engine: str) -> None:
     own_cwd = run_dir(engine) / "pool-cwd"
     for folder in (own_tmp, own_cwd):
         folder.mkdir(parents=True, exist_ok=True)
-    python = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+    # The workers' Beam SDK: .venv's (the pins); BEAM_CLUSTER_PYTHON names another (the newest lane's, by hand)
+    venv_python = ROOT / ".venv" / "bin" / "python"
+    python = os.environ.get("BEAM_CLUSTER_PYTHON") or (str(venv_python) if venv_python.exists() else sys.executable)
     pool = [python, str(ROOT / "scripts" / "worker_pool.py"), "--port", str(pool_port)]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -100,12 +100,14 @@ TYPE_CHECK_ENV = "BEAM_PIPELINE_TEST_TYPE_CHECK"
 def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 300, process: bool = False) -> CliResult:
     """``python -m beam_pipeline ARGS``: in this process through ``cli.main`` (no 2 s of imports per run),
     or in a fresh one with ``process=True`` or while a failpoint is armed (``PROCESS_ENV``).
-    ``timeout`` only bounds a subprocess. With ``TYPE_CHECK_ENV`` set, a conversion runs Beam's type check."""
+    ``timeout`` only bounds a subprocess. With ``TYPE_CHECK_ENV`` set, a conversion or plan runs Beam's type
+    check."""
     # Not where another library's steps fail the check: the TFT analysis (tensorflow-transform's ApplySavedModel
     # yields TF tensors where its hint says numpy arrays) and --sink write_to_tfrecord (Beam's own FinalizeWrite
     # yields TimestampedValues where its hint says str).
     other = "write_to_tfrecord" in args or "--sink=write_to_tfrecord" in args
-    if os.environ.get(TYPE_CHECK_ENV) and args[:1] == ("convert",) and "--no-transform" in args and not other:
+    runs_ours = args[:1] == ("plan",) or (args[:1] == ("convert",) and "--no-transform" in args and not other)
+    if os.environ.get(TYPE_CHECK_ENV) and runs_ours and "--help" not in args:
         args = (*args, "--runtime_type_check")
     if process or any(os.environ.get(name) for name in PROCESS_ENV):
         return run_cli_process(*args, cwd=cwd, timeout=timeout)

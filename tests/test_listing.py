@@ -583,8 +583,8 @@ def test_a_file_or_folder_a_worker_does_not_see_is_one_line_naming_its_flag(tmp_
         with pytest.raises(UsageError, match=f"^{flag} {gone}: no such file on the worker that reads it"):
             storage.open_on_worker(flag, gone)
     with pytest.raises(UsageError, match=f"^--voc {gone}: no such folder on the worker that lists it .*every worker"):
-        storage.check_folder_on_worker("--voc", gone)
-    assert storage.check_folder_on_worker("--voc", str(tmp_path)) == str(tmp_path)
+        storage.check_folder_on_worker(gone, "--voc")
+    assert storage.check_folder_on_worker(str(tmp_path), "--voc") == str(tmp_path)
 
 
 @pytest.mark.pipeline

@@ -57,6 +57,7 @@ def make_messy(root):
     return sorted(good), rejects, 4
 
 
+@pytest.mark.smoke
 def test_every_listed_file_is_accounted_for_and_every_record_decodes(tmp_path, tf):
     root = tmp_path / "messy"
     expected, rejects, skipped = make_messy(root)

@@ -304,6 +304,7 @@ def test_a_single_label_run_reuses_nothing_of_a_multi_label_one(tmp_path):
     assert load_info(second)["features"]["image/class/label"]["shape"] == []
 
 
+@pytest.mark.smoke
 def test_write_to_tfrecord_sink_and_plan_count_examples_once_and_labels_each(tmp_path, tf):
     """The WriteToTFRecord sink counts labels from its records, `plan` from the listing: both the same way."""
     manifest = _csv_manifest(tmp_path)

@@ -132,6 +132,7 @@ def test_keep_last_without_a_dated_output_is_a_usage_error(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "{date}" in result.stderr
 
 
+@pytest.mark.smoke
 def test_keep_last_as_the_jobs_last_step(tmp_path):
     """--post-steps job (a Flex Template's --detach run): the job itself deletes, after it published."""
     src, out = tmp_path / "src", tmp_path / "out"

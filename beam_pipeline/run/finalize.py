@@ -185,7 +185,7 @@ class FinalizeFn(beam.DoFn):
         skipped_counts: Sequence[tuple[str, int]],
         labels: Sequence[str],
         extra_types: Mapping[str, str],
-        split_label_counts: Mapping[str, Mapping[str, int]],
+        split_label_counts: Mapping[str, Mapping[str | None, int]],  # label None: unlabelled records
         changes: Mapping[str, int] | None = None,
         labelled: bool | None = None,  # whether the run is labelled, when the pipeline decided it (JSONL rows)
         object_parts: Sequence[str] = (),  # a detection dataset's object rejects parts
@@ -258,7 +258,7 @@ class FinalizeFn(beam.DoFn):
         labelled: bool,
         labels: Sequence[str],
         extra_types: Mapping[str, str],
-        split_label_counts: Mapping[str, Mapping[str, int]],
+        split_label_counts: Mapping[str, Mapping[str | None, int]],  # label None: unlabelled records
         reject_counts: Sequence[tuple[str, int]],
         skipped_counts: Sequence[tuple[str, int]],
         categories: Sequence[tuple[int, str]] | None,

@@ -114,7 +114,7 @@ def lists_whole_folder(layout: Layout) -> bool:
 class _Lister:
     """Direct-entry and recursive listings of a local folder or a gs:// prefix (storage's backend for it)."""
 
-    def __init__(self, root: str, flag: str) -> None:
+    def __init__(self, root: str, flag: str = "--input") -> None:
         self._root = root
         self._flag = flag  # the flag that named root, for a worker that does not see it
         self._backend = storage.backend_for(root)
@@ -179,7 +179,7 @@ class _ListTree(beam.DoFn):
         self._root = root
 
     def setup(self) -> None:
-        self._lister = _Lister(self._root, "")  # only below a root _ListOneLevel found
+        self._lister = _Lister(self._root)  # only below a root _ListOneLevel found
 
     def process(self, folder: bytes) -> Iterator[Any]:
         yield from self._lister.tree(_folder_text(folder))
