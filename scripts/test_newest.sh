@@ -18,7 +18,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 newest_python() {  # the newest supported CPython here: on PATH, or installed by pyenv but not its global one
   local v candidate
   for v in 3.13 3.12 3.11 3.10; do
-    for candidate in "python$v" "$(pyenv prefix "$v" 2>/dev/null)/bin/python$v"; do
+    for candidate in "python$v" "${PYENV_ROOT:-$HOME/.pyenv}/versions/$v"*/bin/"python$v"; do
       if "$candidate" -c "" >/dev/null 2>&1; then
         command -v "$candidate"
         return
