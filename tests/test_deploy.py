@@ -227,7 +227,7 @@ def test_the_wheel_installs_by_role(tmp_path):
         return {r.split(";")[0].strip() for r in requires if f'extra == "{name}"' in r}
 
     assert extra("tfds") == {"tensorflow-datasets<5,>=4.9.9", "tensorflow-metadata<1.18,>=1.17.3"}
-    assert {"apache-beam[gcp]<3,>=2.77.0", "google-cloud-storage<4,>=2.18", "pillow>=10.4"} <= extra("convert")
+    assert {"apache-beam[gcp]<3,>=2.77.0", "google-cloud-storage<4,>=3.17.1", "pillow>=12.3"} <= extra("convert")
     assert not any(r.startswith("tensorflow") for r in extra("convert"))
     assert extra("transform") == extra("convert") | {"tensorflow<2.22,>=2.21", "tensorflow-transform<1.22,>=1.21"}
     assert extra("test") >= extra("transform") | {"tensorflow-datasets<5,>=4.9.9", "pytest>=8"}
