@@ -474,13 +474,15 @@ def not_on_this_worker(flag: str, path: str, what: str = "folder") -> str:
     )
 
 
-def open_on_worker(flag: str, path: str) -> Any:
-    """``FileSystems.open(path)`` (uncompressed) on a worker: UsageError ``not_on_this_worker`` when the file is not
-    there. For files the launcher checked before the job started (--coco, --manifest)."""
+def open_input(path: str, worker_flag: str | None = None) -> Any:
+    """``FileSystems.open(path)``, uncompressed. ``worker_flag``: the file is read in the job, after the launcher
+    found it (--coco, --manifest): a worker that does not see it raises UsageError ``not_on_this_worker``."""
     try:
         return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     except FileNotFoundError:
-        raise UsageError(not_on_this_worker(flag, path, "file")) from None
+        if worker_flag is None:
+            raise
+        raise UsageError(not_on_this_worker(worker_flag, path, "file")) from None
 
 
 def check_folder_on_worker(path: str, flag: str) -> str:

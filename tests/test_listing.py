@@ -581,7 +581,7 @@ def test_a_file_or_folder_a_worker_does_not_see_is_one_line_naming_its_flag(tmp_
     gone = str(tmp_path / "gone")
     for flag in ("--coco", "--manifest"):
         with pytest.raises(UsageError, match=f"^{flag} {gone}: no such file on the worker that reads it"):
-            storage.open_on_worker(flag, gone)
+            storage.open_input(gone, flag)
     with pytest.raises(UsageError, match=f"^--voc {gone}: no such folder on the worker that lists it .*every worker"):
         storage.check_folder_on_worker(gone, "--voc")
     assert storage.check_folder_on_worker(str(tmp_path), "--voc") == str(tmp_path)

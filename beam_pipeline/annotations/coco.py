@@ -31,7 +31,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.typehints.decorators import no_annotations
 
@@ -84,10 +83,7 @@ _BOM = b"\xef\xbb\xbf"
 def _open(path: str, *, on_worker: bool = False) -> Any:
     """The file, past a UTF-8 byte order mark if it starts with one (files saved on Windows do). ``on_worker``: read
     in the job, where a worker that does not see the launcher's file says so in one line (UsageError)."""
-    if on_worker:
-        fh = storage.open_on_worker("--coco", path)
-    else:
-        fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    fh = storage.open_input(path, "--coco" if on_worker else None)
     if fh.read(len(_BOM)) != _BOM:
         fh.seek(0)
     return fh

@@ -17,7 +17,6 @@ from apache_beam.typehints.decorators import no_annotations
 
 from .. import storage
 from ..config import Layout
-from ..errors import UsageError
 from ..vocab.reasons import (
     UNREADABLE,
 )
@@ -125,8 +124,8 @@ class _Lister:
         from apache_beam.io.filesystem import FileMetadata
 
         tagged = beam.pvalue.TaggedOutput
-        if folder == self._root and not self._backend.is_folder(folder):
-            raise UsageError(storage.not_on_this_worker(self._flag, folder))
+        if folder == self._root:
+            storage.check_folder_on_worker(folder, self._flag)
         for entry in self._backend.one_level(folder, self._odd):
             if isinstance(entry, str):
                 yield entry

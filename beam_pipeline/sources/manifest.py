@@ -16,7 +16,6 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from .. import storage
@@ -120,10 +119,7 @@ def read_manifest_rows(text_stream: io.TextIOBase, fmt: str) -> Iterator[dict[st
 def open_text(path: str, *, on_worker: bool = False) -> io.TextIOWrapper:
     """Opens a text file through Beam FileSystems (local or gs://), BOM-tolerant. ``on_worker``: the manifest the
     launcher found, read in the job: a worker that does not see it says so in one line (UsageError)."""
-    if on_worker:
-        raw = storage.open_on_worker("--manifest", path)
-    else:
-        raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    raw = storage.open_input(path, "--manifest" if on_worker else None)
     return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
 
 
