@@ -282,7 +282,7 @@ def run_inspect(argv: Sequence[str]) -> int:
         from . import report
 
         counts = report.write_report(args.output, info, args.report, seed=args.seed)
-        print(f"report: {counts['sampled']} sampled records, {counts['pairs']} near-duplicate pairs -> {args.report}")
+        print(f"report: {counts['sampled']} sampled records, {counts['groups']} near-duplicate groups -> {args.report}")
     if args.verify:
         try:
             done = inspection.verify(args.output, info, args.split)

@@ -43,7 +43,7 @@ from apache_beam.typehints.decorators import no_annotations
 
 from . import examples
 from .annotations.objects import digest as annotations_digest
-from .images.phash import valid_hash
+from .images.phash import HEX, entry_hash
 from .metadata import REJECTS_JSONL
 from .sources.rules import class_values
 from .storage import open_lines
@@ -106,7 +106,9 @@ def part_line(
     if converted:
         entry["converted"] = converted
     if phash:
-        entry["phash"] = phash
+        entry["phash"] = phash[:HEX]
+        if phash[HEX:]:
+            entry["confirm"] = phash[HEX:]  # the second measure (images/phash.py)
     if size:
         entry["width"], entry["height"] = size
     return json.dumps(entry, ensure_ascii=False) + "\n"
@@ -202,7 +204,7 @@ class Previous(NamedTuple):
     label_id: int | list[int] | None
     extras: str
     converted: str | None = None  # the source format its stored bytes were converted from (index "converted")
-    phash: str | None = None  # the source's perceptual hash (index "phash"), carried to tonight's index
+    phash: str | None = None  # the source's hashes (index "phash" + "confirm"), carried to tonight's index
     size: tuple[int, int] | None = None  # the stored image's (width, height) (index "width", "height")
 
 
@@ -308,7 +310,7 @@ def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
         entry.get("label_id"),
         str(entry.get("extras", "")),
         entry.get("converted"),
-        valid_hash(entry.get("phash")) or None,
+        entry_hash(entry) or None,
         _size(entry),
     )
 

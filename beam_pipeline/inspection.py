@@ -118,6 +118,7 @@ def summary(output: str, info: DatasetInfo, split: str | None = None) -> str:
         lines.append(f"converted: {converted[0]:,} {converted[1]}")
     lines += near_duplicate_lines(info.near_duplicates)
     lines += incremental_lines(info.incremental)
+    lines += change_lines(info.changes)
     resumed = info.resumed
     if resumed:
         runs = len(resumed.from_runs) or 1
@@ -142,20 +143,15 @@ def summary(output: str, info: DatasetInfo, split: str | None = None) -> str:
 
 
 def near_duplicate_lines(near: Mapping[str, Any] | None) -> list[str]:
-    """dataset.json's near_duplicates: pairs in all, those across splits (leakage) one line each, crowds."""
+    """dataset.json's near_duplicates: groups (or an older run's pairs), those across splits (leakage) one line
+    each."""
+    from .near_duplicates import block_lines
+
     if not near:
         return []
-    pairs = near.get("pairs") or {}
-    across = {k: n for k, n in pairs.items() if "/" in k}
-    lines = [
-        f"near-duplicates: {sum(pairs.values()):,} pairs, {sum(across.values()):,} across splits "
-        f"(<= {near.get('max_distance')} bits, {near.get('file')})"
-    ]
-    lines += [f"  {key:<20} {n:>9,}" for key, n in across.items()]
-    crowds = sum((near.get("groups") or {}).values())
-    if crowds:
-        lines.append(f"  crowds of 100+ copies of one hash: {crowds:,}")
-    return lines
+    text, across = block_lines(near)
+    lines = [f"near-duplicates: {text} (<= {near.get('max_distance')} bits, {near.get('file')})"]
+    return lines + [f"  {key:<20} {n:>9,}" for key, n in across]
 
 
 def converted_count(info: DatasetInfo) -> tuple[int, str] | None:
@@ -201,6 +197,24 @@ def incremental_lines(inc: IncrementalInfo | None) -> list[str]:
         ),
         f"  from: {inc.source}",
     ]
+
+
+NOTES = 20  # change notes shown; the rest are in dataset.json's changes
+
+
+def change_lines(changes: Mapping[str, Any] | None) -> list[str]:
+    """What moved since the --incremental-from dataset: the notes run/changes.notes wrote into dataset.json's
+    ``changes``, the lines the run's summary printed."""
+    if not changes:
+        return []
+    notes = list(changes.get("notes") or [])
+    lines = ["since the previous night:"] + [f"  {note}" for note in notes[:NOTES]]
+    if len(notes) > NOTES:
+        lines.append(f"  ... {len(notes) - NOTES} more in dataset.json's changes")
+    if not notes:
+        share = changes.get("share")
+        lines.append("  nothing moved past " + (f"--change-share {share:g}" if share is not None else "the share"))
+    return lines
 
 
 def _shard_path(output: str, shard: ShardEntry) -> str:

@@ -1,13 +1,13 @@
-"""``--near-duplicates drop-leaks``: every validation or test image within ``--near-duplicate-distance`` bits of a
-training image becomes a ``near_duplicate_leak`` reject before the shards are planned (docs/leakage.md).
+"""``--near-duplicates drop-leaks``: in every near-duplicate group that spans splits, the images outside the
+group's first split (train, then validation, then test) become ``near_duplicate_leak`` rejects before the
+shards are planned (docs/leakage.md).
 
 Shards are planned on the refs' bytes, so the leaks must be known first: each listed image is read and
 checked once more here, at the check's 1/8 scale for a JPEG, and hashed (an unchanged file of an
-``--incremental-from`` night keeps its previous hash unread). The hashes go through the same join as the
-report (``near_duplicates.NearDuplicateLines``); a leak is the non-train side of a pair across train and
-another split, or a non-train image whose hash a crowd shares with train images. Only refs and hashes cross
-the shuffles. The kept refs are exactly those of a run over the input without the leaked files, so its
-shards are the same bytes, whatever the order or the engine.
+``--incremental-from`` night keeps its previous hashes unread). The hashes go through the same search as the
+report (``near_duplicates.search``), so the groups are the report's. Only refs and hashes cross the shuffles.
+The kept refs are exactly those of a run over the input without the leaked files, so its shards are the
+same bytes, whatever the order or the engine.
 
     kept, rejects = refs | DropLeaks(image_options, max_distance)
 """
@@ -21,7 +21,8 @@ import apache_beam as beam
 from apache_beam.typehints.decorators import no_annotations
 
 from .images.options import ImageOptions, Rejected
-from .near_duplicates import NearDuplicateLines
+from .images.phash import FULL
+from .near_duplicates import GroupIndex, first_split, with_members
 from .sources.rules import REJECTS
 from .vocab.reasons import NEAR_DUPLICATE_LEAK
 from .vocab.refs import Ref, reject
@@ -44,9 +45,10 @@ class HashRefFn(beam.DoFn):  # type: ignore[misc]
         previous = ref.previous if self._reuse else None
         if isinstance(previous, PreviousReject):
             return  # rejected again unread by the writer: never a record, so never a leak's other side
-        phash = previous.phash if isinstance(previous, Previous) and previous.phash else self._hash(ref)
-        if phash:
-            yield phash, (ref.relpath, ref.split)
+        reused = previous.phash if isinstance(previous, Previous) and previous.phash else None
+        full = reused if reused and len(reused) == FULL else self._hash(ref)
+        if full and len(full) == FULL:
+            yield full, (ref.relpath, ref.split)
 
     def _hash(self, ref: Ref) -> str | None:
         from .images.check import _decode, _open, _quietly
@@ -74,25 +76,53 @@ class HashRefFn(beam.DoFn):  # type: ignore[misc]
             return None
 
 
-def leaks_of(line: Mapping[str, Any]) -> Iterator[tuple[str, tuple[int, str, str]]]:
-    """(leaked path, (distance, training image, the reject's detail)) of a pair across train and another split."""
-    if "group" in line:
-        return
-    for mine, theirs in (("b", "a"), ("a", "b")):
-        if line[f"split_{theirs}"] == TRAIN and line[f"split_{mine}"] != TRAIN:
-            other, d = line[theirs], line["distance"]
-            yield line[mine], (d, other, f"near-duplicate of {other} (train), {d} bits apart")
+def grouped_image(element: tuple[str, tuple[str, str]], index: GroupIndex) -> Iterator[tuple[int, tuple[str, str]]]:
+    """(hashes, (relpath, split)) → (its group, (split, relpath)) for an image in a near-duplicate group."""
+    full, (path, split) = element
+    found = index.group_of(full)
+    if found is not None:
+        yield found[0], (split, path)
 
 
-def crowd_leaks(
-    element: tuple[str, tuple[str, str]], crowds: Mapping[str, Mapping[str, int]]
+class GroupSplits(beam.CombineFn):  # type: ignore[misc]
+    """(split, relpath) of a group's images → {split: (images, its smallest path)}."""
+
+    def create_accumulator(self) -> dict[str, tuple[int, str]]:
+        return {}
+
+    def add_input(self, acc: dict[str, tuple[int, str]], member: tuple[str, str]) -> dict[str, tuple[int, str]]:
+        split, path = member
+        n, first = acc.get(split, (0, path))
+        acc[split] = (n + 1, min(first, path))
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict[str, tuple[int, str]]]) -> dict[str, tuple[int, str]]:
+        out: dict[str, tuple[int, str]] = {}
+        for acc in accs:
+            for split, (n, first) in acc.items():
+                m, other = out.get(split, (0, first))
+                out[split] = (m + n, min(first, other))
+        return out
+
+    def extract_output(self, acc: dict[str, tuple[int, str]]) -> dict[str, tuple[int, str]]:
+        return dict(sorted(acc.items()))
+
+
+def leak_of(
+    element: tuple[int, tuple[str, str]], spanning: Mapping[int, Mapping[str, tuple[int, str]]]
 ) -> Iterator[tuple[str, tuple[int, str, str]]]:
-    """A non-train image whose hash a crowd (over 100 images of one hash) shares with train images."""
-    phash, (path, split) = element
-    splits = crowds.get(phash)
-    if splits and split != TRAIN and splits.get(TRAIN):
-        detail = f"one of {sum(splits.values())} images of one perceptual hash, {splits[TRAIN]} of them in train"
-        yield path, (0, "", detail)
+    """An image of a group that spans splits, outside the group's first split (train, validation, test) →
+    (relpath, (0, the kept split's first image, the reject's detail))."""
+    group, (split, path) = element
+    splits = spanning.get(group)
+    if not splits:
+        return
+    keep = first_split(splits)
+    if split != keep:
+        n, example = splits[keep]
+        total = sum(m for m, _ in splits.values())
+        detail = f"near-duplicate group of {total} images, {n} of them in {keep} (first: {example})"
+        yield path, (0, example, detail)
 
 
 def keep_or_reject(element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
@@ -118,15 +148,17 @@ class DropLeaks(beam.PTransform):  # type: ignore[misc]
     @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         hashed = refs | "HashImages" >> beam.ParDo(HashRefFn(self._options, self._reuse))
-        found = hashed | "Join" >> NearDuplicateLines(self._max)
-        crowds = beam.pvalue.AsDict(found["crowd_hashes"])
+        index = with_members(hashed | "Looks" >> beam.Map(lambda kv: kv[0]), self._max)
+        grouped = hashed | "GroupedImages" >> beam.FlatMap(grouped_image, index)
+        spanning = (
+            grouped
+            | "SplitsPerGroup" >> beam.CombinePerKey(GroupSplits())
+            | "SpanningGroups" >> beam.Filter(lambda kv: len(kv[1]) > 1)
+        )
         leaks = (
-            (
-                found["lines"] | "PairLeaks" >> beam.FlatMap(leaks_of),
-                hashed | "CrowdLeaks" >> beam.FlatMap(crowd_leaks, crowds),
-            )
-            | "AllLeaks" >> beam.Flatten()
-            | "ClosestTrainImage" >> beam.CombinePerKey(min)
+            grouped
+            | "Leaks" >> beam.FlatMap(leak_of, beam.pvalue.AsDict(spanning))
+            | "OneLeakPerImage" >> beam.CombinePerKey(min)
         )
         by_path = refs | "RefsByPath" >> beam.Map(lambda ref: (ref.relpath, ref))
         out = (

@@ -1,24 +1,26 @@
-"""Near-duplicate images: pairs of records whose perceptual hashes (images/phash.py) differ in at most
-``--near-duplicate-distance`` bits, found inside the job, by a banded join (docs/leakage.md).
+"""Near-duplicate images, as groups: images tied by pairs whose perceptual hashes (images/phash.py) differ in
+at most ``--near-duplicate-distance`` bits *and* whose second measure agrees (docs/leakage.md).
 
-    shard results ──► index parts' (phash, path, split) ──► images per hash (bounded) ──┬─► groups
-                                                                                      └─► band buckets
-    band buckets ──► hash pairs within the distance ──► (side input) path pairs ──► sorted parts ──► finalize
+    index parts ──► each image's hashes ──► distinct hashes (one worker) ──► search ──► groups (side input)
+    index parts ──► the images of groups, per part ──► per group (bounded) ──► group lines ──► sorted parts
 
-- **One hash, many images.** Images are first gathered per hash value by a combiner that keeps at most
-  ``GROUP_SIZE`` + 1 of them (the smallest paths) and counts the rest: 10,000 copies of a blank frame never
-  meet in one place. A hash shared by more than ``GROUP_SIZE`` images is one *group* line, listing its
-  first ``GROUP_SIZE`` paths, and takes no further part in the join.
-- **Bands.** Each other hash is keyed by ``BANDS`` bands, each a fixed random choice of ``BAND_BITS`` of
-  its 64 bits. Two hashes ``d`` bits apart agree on a band with probability C(64 - d, 20) / C(64, 20), so
-  on at least one of 128 with probability 0.9999 at d = 6, 0.995 at d = 8, 0.88 at d = 10 and 0.56 at
-  d = 12; two random hashes meet in some band with probability ~1.2e-4 (128 / 2^20), so n images make
-  ~6e-5 n² candidates. Candidates are checked by their exact distance: nothing farther than the
-  threshold is reported. Band entries travel as numpy batches (``BandBatches``), not one element each.
-- **Crowded buckets.** A band value shared by more than ``BUCKET_CAP`` distinct hashes is not compared
-  (its pairs are usually found through another band); dataset.json counts such buckets.
-- **Deterministic.** Bands, buckets, pairs and groups depend on the hashes only, and the file is sorted,
-  whatever order the engine runs things in.
+- **Groups, not pairs.** A group is a connected set of images: k frames of one scene are one line, not
+  k(k - 1)/2 pairs. A line lists up to ``GROUP_SIZE`` of its images and the ties that join them (a tree:
+  one tie per image but the first, the closest ties first); the rest are counted. Output, memory and time
+  grow with the images, not with the pairs.
+- **The search** runs on one worker over the distinct hashes (32 bytes each: 32 MB for a million images,
+  nothing per pair): ``BANDS`` bands, each a fixed random choice of ``BAND_BITS`` of the pHash's 64 bits.
+  Two hashes ``d`` bits apart agree on a band with probability C(64 - d, 20) / C(64, 20), so on at least
+  one of 128 with probability 0.9999 at d = 6, 0.995 at 8, 0.88 at 10. Hashes that share a band value are
+  compared all with all while they are at most ``EXHAUSTIVE`` (the usual case); a larger run of one value
+  (near-identical frames, blank tiles) is compared against its first hash and each hash's neighbour in
+  order, so its cost stays linear: the images that tie are already one group.
+- **Confirmed.** A candidate within the distance is a tie only when the second measure agrees too
+  (``confirm``): the dHash within ``DHASH_MAX`` bits, and the colour of the four quarters within
+  ``COLOUR_MAX`` (a grey picture and a coloured one only when both hashes are close). Each tie and group
+  says how sure it is: ``exact`` (the same hashes), ``sure`` (both measures well inside), ``likely``.
+- **Deterministic.** Hashes are sorted, ties ordered by (distance, dHash bits, colour, hashes), the tree is
+  the minimum one in that order, and the file is sorted: the same bytes whatever the engine's order.
 """
 
 from __future__ import annotations
@@ -30,27 +32,33 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.typehints.decorators import no_annotations
 
 from . import failpoints
 from .hashing import part_of
-from .images.phash import HASH_NAME, valid_hash
+from .images.phash import CONFIRM_NAME, FULL, GREY_SHARE, HASH_NAME, HEX, entry_hash
 from .index import read_index
 from .metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
 from .storage import open_lines, write_text
 from .vocab.records import ShardResult, choose_results
 
+FORMAT = 2  # near_duplicates.jsonl's version (its first line); 1: pairs and crowds, without that line
 DEFAULT_DISTANCE = 10  # bits of 64: imagededup's default for pHash too (docs/leakage.md has the measurements)
-GROUP_SIZE = 100  # images sharing one hash beyond which they are one group line (its first GROUP_SIZE paths)
+GROUP_SIZE = 100  # images a group line lists (the rest are counted)
 BANDS = 128
 BAND_BITS = 20
-BUCKET_CAP = 5_000  # distinct hashes one band value may hold and still be compared (~12.5 M distances)
-COARSE_BITS = 3  # 8 groups of band values per band the engine shuffles (BandBatches): 1,024 keys in all
-FLUSH_HASHES = 50_000  # hashes a BandBatches bundle holds before it sends their band entries on
+EXHAUSTIVE = 64  # hashes of one band value compared all with all; more: against the first and a neighbour
+DHASH_MAX = 16  # dHash bits a tie may differ in (copies: at most 9 measured; distinct photos: 21 or more)
+DHASH_SURE = 8
+COLOUR_MAX = 12  # of 255: a quarter's red or green share (copies: at most 7; distinct photos: 15 or more)
+GREY_SPREAD = 4  # a picture whose shares are all within this of GREY_SHARE has no colour to compare
 PART_BUCKETS = 64  # part files of near_duplicates.jsonl, merged in order by finalize
 PARTS_FOLDER = "near_duplicates"  # under the staging folder's rejects parts (never published)
 SPLIT_ORDER = ("train", "validation", "test")
+LEVELS = ("likely", "sure", "exact")  # how sure a tie or group is, least first
+KEY = np.dtype([("ph", "<u8"), ("dh", "<u8"), ("col", "<u8")])  # one distinct image look: its three hashes
 
 
 def band_masks() -> tuple[int, ...]:
@@ -69,16 +77,189 @@ def band_masks() -> tuple[int, ...]:
 MASKS = band_masks()
 
 
-def split_key(a: str, b: str) -> str:
-    """ "train" for a pair inside one split, "train/test" across two: train, validation, test first."""
-    if a == b:
-        return a
-    x, y = sorted((a, b), key=_split_rank)
-    return f"{x}/{y}"
-
-
-def _split_rank(split: str) -> tuple[int, str]:
+def split_rank(split: str) -> tuple[int, str]:
     return (SPLIT_ORDER.index(split) if split in SPLIT_ORDER else len(SPLIT_ORDER), split)
+
+
+def splits_key(splits: Iterable[str]) -> str:
+    """ "train" for a group inside one split, "train+test" across two: train, validation, test first."""
+    return "+".join(sorted(set(splits), key=split_rank))
+
+
+def first_split(splits: Iterable[str]) -> str:
+    """The split a group spanning several keeps (``--near-duplicates drop-leaks``): train, validation, test."""
+    return min(splits, key=split_rank)
+
+
+def key_of(full: str) -> tuple[int, int, int]:
+    return int(full[:HEX], 16), int(full[HEX : 2 * HEX], 16), int(full[2 * HEX :], 16)
+
+
+# ---- the search (pure numpy: one worker, the distinct hashes) --------------------------------------------
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 (numpy >= 2 counts them itself; older numpy by bytes)."""
+    count_bits = getattr(np, "bitwise_count", None)
+    if count_bits is not None:
+        return count_bits(x).astype(np.int64)
+    return np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1).astype(np.int64)
+
+
+class Looks:
+    """The distinct hashes' fields as the comparisons need them."""
+
+    def __init__(self, keys: np.ndarray) -> None:
+        self.ph, self.dh = keys["ph"], keys["dh"]
+        shares = keys["col"].astype("<u8").view(np.uint8).reshape(-1, 8).astype(np.int16)
+        self.shares = shares
+        self.grey = np.all(np.abs(shares - GREY_SHARE) <= GREY_SPREAD, axis=1)
+
+
+def confirm(looks: Looks, i: np.ndarray, j: np.ndarray, max_distance: int) -> tuple[np.ndarray, ...]:
+    """For candidate pairs (i, j): (kept mask, pHash bits, dHash bits, colour difference, level)."""
+    d = _bits(looks.ph[i] ^ looks.ph[j])
+    dd = _bits(looks.dh[i] ^ looks.dh[j])
+    dc = np.abs(looks.shares[i] - looks.shares[j]).max(axis=1) if len(i) else np.zeros(0, np.int64)
+    gi, gj = looks.grey[i], looks.grey[j]
+    colour_ok = (gi & gj) | (~gi & ~gj & (dc <= COLOUR_MAX))
+    close = (d <= max_distance // 2) & (dd <= DHASH_SURE)
+    kept = (d <= max_distance) & (dd <= DHASH_MAX) & (colour_ok | ((gi != gj) & close))
+    level = np.where(close & colour_ok, 1, 0)
+    return kept, d, dd, dc, level
+
+
+def _run_pairs(order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Candidate pairs (i, j), i < j, of the runs of equal band value: all with all in a run of at most
+    EXHAUSTIVE, else each against the run's first and its neighbour; and how many runs were large."""
+    firsts, seconds = [], []
+    for size in np.unique(sizes[(sizes >= 2) & (sizes <= EXHAUSTIVE)]):
+        rows = order[starts[sizes == size][:, None] + np.arange(size)]  # (runs, size)
+        a, b = np.triu_indices(int(size), 1)
+        firsts.append(rows[:, a].reshape(-1))
+        seconds.append(rows[:, b].reshape(-1))
+    large = np.flatnonzero(sizes > EXHAUSTIVE)
+    for r in large:
+        members = order[starts[r] : starts[r] + sizes[r]]
+        firsts += [np.full(len(members) - 1, members[0]), members[:-1]]
+        seconds += [members[1:], members[1:]]
+    if not firsts:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, len(large)
+    x, y = np.concatenate(firsts), np.concatenate(seconds)
+    return np.minimum(x, y), np.maximum(x, y), len(large)
+
+
+def _tree(n: int, edges: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The minimum spanning forest of ``edges`` (i, j, d, dd, dc, level) in the order (d, dd, dc, i, j): unique,
+    so the same whatever order the edges came in."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    i, j = edges["i"], edges["j"]
+    if not len(i):
+        return dict(edges)
+    pair = i.astype(np.int64) * n + j
+    _, first = np.unique(pair, return_index=True)  # the same pair from several bands: one edge
+    e = {k: v[first] for k, v in edges.items()}
+    rank = np.empty(len(first), np.float64)
+    rank[np.lexsort((e["j"], e["i"], e["dc"], e["dd"], e["d"]))] = np.arange(1, len(first) + 1)
+    tree = minimum_spanning_tree(coo_matrix((rank, (e["i"], e["j"])), shape=(n, n)).tocsr()).tocoo()
+    keep = np.sort(tree.data.astype(np.int64) - 1)
+    by_rank = np.argsort(rank)
+    return {k: v[by_rank][keep] for k, v in e.items()}
+
+
+def search(keys: np.ndarray, counts: np.ndarray, max_distance: int) -> dict[str, Any]:
+    """The groups among distinct ``keys`` (KEY, sorted) of ``counts`` images each: {"tree": the ties (node
+    indices, distances, level), "component": each node's group (its smallest node; -1: alone),
+    "large_runs": runs compared against their first hash only}."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n = len(keys)
+    if not n:
+        return {"tree": _joined([]), "component": np.zeros(0, np.int64), "large_runs": 0}
+    looks = Looks(keys)
+    forest: dict[str, np.ndarray] = {k: np.zeros(0, np.int64) for k in ("i", "j", "d", "dd", "dc", "level")}
+    pending: list[dict[str, np.ndarray]] = []
+    pending_size = large_runs = 0
+    for mask in MASKS:
+        masked = looks.ph & np.uint64(mask)
+        order = np.argsort(masked, kind="stable")
+        ordered = masked[order]
+        starts = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1)).astype(np.int64)
+        sizes = np.diff(np.concatenate((starts, [n])))
+        i, j, large = _run_pairs(order, starts, sizes)
+        large_runs += large
+        kept, d, dd, dc, level = confirm(looks, i, j, max_distance)
+        if kept.any():
+            found = {"i": i[kept], "j": j[kept], "d": d[kept], "dd": dd[kept], "dc": dc[kept], "level": level[kept]}
+            pending.append(found)
+            pending_size += int(kept.sum())
+        if pending_size > 2 * n + 100_000:
+            forest = _tree(n, _joined([forest, *pending]))
+            pending, pending_size = [], 0
+    forest = _tree(n, _joined([forest, *pending]))
+    graph = coo_matrix((np.ones(len(forest["i"])), (forest["i"], forest["j"])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    smallest = np.full(labels.max() + 1 if n else 0, n, np.int64)
+    np.minimum.at(smallest, labels, np.arange(n))
+    component = smallest[labels]
+    sizes = np.bincount(labels, minlength=len(smallest))
+    alone = (sizes[labels] == 1) & (counts < 2)
+    component[alone] = -1
+    return {"tree": forest, "component": component, "large_runs": large_runs}
+
+
+def _joined(parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    fields = ("i", "j", "d", "dd", "dc", "level")
+    return {k: np.concatenate([np.zeros(0, np.int64)] + [p[k] for p in parts]).astype(np.int64) for k in fields}
+
+
+class GroupIndex:
+    """What the search found, as the steps after it read it: which group each grouped look is in, the ties of
+    each group's listed looks, and how many images each look has."""
+
+    def __init__(self, keys: np.ndarray, counts: np.ndarray, found: Mapping[str, Any]) -> None:
+        component = found["component"]
+        grouped = np.flatnonzero(component >= 0)
+        self.large_runs = int(found["large_runs"])
+        self.looks = {_hex(keys[k]): (int(component[k]), int(k)) for k in grouped}  # full hash → (group, node)
+        self.counts = {int(k): int(counts[k]) for k in grouped}
+        tree = found["tree"]
+        self.ties: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
+        for i, j, d, dd, dc, level in zip(
+            *(tree[k].tolist() for k in ("i", "j", "d", "dd", "dc", "level")), strict=True
+        ):
+            self.ties.setdefault(int(component[i]), []).append((i, j, d, dd, dc, level))
+        self.listed = {g: _listed_nodes(g, ties, self.counts) for g, ties in self.ties.items()}
+
+    def group_of(self, full: str) -> tuple[int, int] | None:
+        return self.looks.get(full)
+
+
+def _hex(key: Any) -> str:
+    return f"{int(key['ph']):016x}{int(key['dh']):016x}{int(key['col']):016x}"
+
+
+def _listed_nodes(start: int, ties: Sequence[tuple[int, ...]], counts: Mapping[int, int]) -> list[int]:
+    """The looks a group line lists, in order: breadth first over its tree from its smallest look (neighbours
+    by index), until they hold GROUP_SIZE images; each after the first is tied to one before it."""
+    around: dict[int, list[int]] = {}
+    for i, j, *_ in ties:
+        around.setdefault(i, []).append(j)
+        around.setdefault(j, []).append(i)
+    out, seen, images = [start], {start}, counts.get(start, 1)
+    at = 0
+    while at < len(out) and images < GROUP_SIZE:
+        for other in sorted(around.get(out[at], ())):
+            if other not in seen and images < GROUP_SIZE:
+                seen.add(other)
+                out.append(other)
+                images += counts.get(other, 1)
+        at += 1
+    return out
 
 
 # ---- the steps ---------------------------------------------------------------------------------
@@ -89,211 +270,166 @@ def chosen_index_parts(results: Sequence[ShardResult]) -> list[str]:
     return sorted(r.index_path for r in choose_results(results).values() if r.index_path and r.records)
 
 
-def read_hashes(part: str) -> Iterator[tuple[str, tuple[str, str]]]:
-    """(phash, (path, split)) of each record of an index part; ("", …) for a record without a hash."""
+def part_looks(part: str) -> Iterator[Any]:
+    """An index part → its distinct looks and their image counts (KEY array, counts), and (tagged "counted")
+    (hashed, unhashed): a record without both hashes (an older index, --near-duplicates off) is unhashed."""
+    hashes, unhashed = [], 0
     for entry in read_index(part):
-        yield valid_hash(entry.get("phash")), (entry["path"], entry["split"])
+        full = entry_hash(entry)
+        if len(full) == FULL:
+            hashes.append(key_of(full))
+        else:
+            unhashed += 1
+    yield beam.pvalue.TaggedOutput("counted", (len(hashes), unhashed))
+    if hashes:
+        yield distinct(np.array(hashes, dtype=KEY), np.ones(len(hashes), np.int64))
 
 
-class HashMembers(beam.CombineFn):  # type: ignore[misc]
-    """(path, split) of one hash → (count, {split: count}, the GROUP_SIZE + 1 smallest (path, split))."""
+def distinct(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct looks with their counts summed."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    return unique, np.bincount(inverse.reshape(-1), weights=counts, minlength=len(unique)).astype(np.int64)
 
-    def create_accumulator(self) -> tuple[int, dict[str, int], list[tuple[str, str]]]:
-        return 0, {}, []
 
-    def add_input(self, acc: Any, member: tuple[str, str]) -> Any:
-        count, splits, kept = acc
-        splits[member[1]] = splits.get(member[1], 0) + 1
-        member = tuple(member)
-        if member not in kept:
-            kept.append(member)
-            if len(kept) > GROUP_SIZE + 1:
-                kept.remove(max(kept))
-        return count + 1, splits, kept
+class AllLooks(beam.CombineFn):  # type: ignore[misc]
+    """(looks, counts) batches, or one image's 48 hex digits each → every distinct look and its images, sorted
+    (32 bytes a look)."""
+
+    def create_accumulator(self) -> list[Any]:
+        return []
+
+    def add_input(self, acc: list[Any], batch: Any) -> list[Any]:
+        if isinstance(batch, str):
+            batch = (np.array([key_of(batch)], dtype=KEY), np.ones(1, np.int64))
+        acc.append(batch)
+        if len(acc) > 1024:
+            acc[:] = [self._merged(acc)]
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[list[Any]]) -> list[Any]:
+        batches = [b for acc in accs for b in acc]
+        return [self._merged(batches)] if batches else []
+
+    def extract_output(self, acc: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        return self._merged(acc) if acc else (np.zeros(0, KEY), np.zeros(0, np.int64))
+
+    @staticmethod
+    def _merged(batches: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        return distinct(np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches]))
+
+
+def find_groups(looks: tuple[np.ndarray, np.ndarray], max_distance: int) -> GroupIndex:
+    keys, counts = looks
+    return GroupIndex(keys, counts, search(keys, counts, max_distance))
+
+
+def members_of_part(part: str, index: GroupIndex) -> Iterator[tuple[int, Any]]:
+    """An index part → (group, its members here: GroupMembers' accumulator) for each group it holds images of."""
+    here: dict[int, list[Any]] = {}
+    for entry in read_index(part):
+        full = entry_hash(entry)
+        found = index.group_of(full) if len(full) == FULL else None
+        if found is not None:
+            here.setdefault(found[0], []).append((found[1], entry["path"], entry["split"]))
+    for group, members in here.items():
+        yield group, GroupMembers.of(members)
+
+
+class GroupMembers(beam.CombineFn):  # type: ignore[misc]
+    """One group's images → (count, {split: n}, {look: its GROUP_SIZE smallest (path, split)})."""
+
+    @staticmethod
+    def of(members: Iterable[tuple[int, str, str]]) -> Any:
+        acc = GroupMembers().create_accumulator()
+        for member in members:
+            acc = GroupMembers._add(acc, member)
+        return acc
+
+    def create_accumulator(self) -> Any:
+        return 0, {}, {}
+
+    @staticmethod
+    def _add(acc: Any, member: tuple[int, str, str]) -> Any:
+        count, splits, looks = acc
+        node, path, split = member
+        splits[split] = splits.get(split, 0) + 1
+        kept = looks.setdefault(node, [])
+        kept.append((path, split))
+        if len(kept) > 2 * GROUP_SIZE:
+            kept[:] = heapq.nsmallest(GROUP_SIZE, kept)
+        return count + 1, splits, looks
+
+    def add_input(self, acc: Any, partial: Any) -> Any:
+        """Its inputs are accumulators already: one per index part (``members_of_part``)."""
+        return self.merge_accumulators([acc, partial])
 
     def merge_accumulators(self, accs: Iterable[Any]) -> Any:
-        count, splits, kept = 0, {}, []
+        count, splits, looks = 0, {}, {}
         for n, s, k in accs:
             count += n
             for split, m in s.items():
                 splits[split] = splits.get(split, 0) + m
-            kept = heapq.nsmallest(GROUP_SIZE + 1, set(kept) | set(map(tuple, k)))
-        return count, splits, kept
+            for node, kept in k.items():
+                looks[node] = heapq.nsmallest(GROUP_SIZE, set(looks.get(node, [])) | set(map(tuple, kept)))
+        return count, splits, looks
 
     def extract_output(self, acc: Any) -> Any:
-        count, splits, kept = acc
-        return count, dict(sorted(splits.items())), sorted(kept)
-
-
-def group_or_members(element: tuple[str, Any]) -> Iterator[Any]:
-    """A hash of over GROUP_SIZE images → a group line (tagged "groups") and (hash, {split: n}) (tagged
-    "crowd_hashes"); else (hash, members)."""
-    phash, (count, splits, members) = element
-    if count > GROUP_SIZE:
-        yield beam.pvalue.TaggedOutput("crowd_hashes", (phash, splits))
-        yield beam.pvalue.TaggedOutput(
-            "groups",
-            {
-                "group": [path for path, _ in members[:GROUP_SIZE]],
-                "images": count,
-                "splits": splits,
-                "distance": 0,
-            },
+        count, splits, looks = acc
+        return (
+            count,
+            dict(sorted(splits.items())),
+            {n: sorted(set(map(tuple, k)))[:GROUP_SIZE] for n, k in looks.items()},
         )
-    else:
-        yield phash, members
 
 
-def exact_pairs(element: tuple[str, list[tuple[str, str]]]) -> Iterator[dict[str, Any]]:
-    """Pairs of images with the same hash (distance 0)."""
-    _, members = element
-    for i, a in enumerate(members):
-        for b in members[i + 1 :]:
-            yield pair_line(a, b, 0)
+def group_line(element: tuple[int, Any], index: GroupIndex) -> dict[str, Any]:
+    """(group, members) → its line: the listed paths, how many images in all and per split, the ties that join
+    the listed images (a tree, closest first), and how sure the group is (its least sure tie)."""
+    group, (count, splits, looks) = element
+    listed_nodes = index.listed.get(group, [group])
+    first = {node: looks[node][0][0] for node in listed_nodes if looks.get(node)}
+    listed: list[str] = []
+    ties: list[dict[str, Any]] = []
+    for node in listed_nodes:
+        for path, _ in looks.get(node, [])[: GROUP_SIZE - len(listed)]:
+            listed.append(path)
+            if path != first[node]:
+                ties.append(_tie(first[node], path, 0, 0, 0, 2))
+    for i, j, d, dd, dc, level in index.ties.get(group, []):
+        if i in first and j in first:
+            ties.append(_tie(first[i], first[j], d, dd, dc, level))
+    ties.sort(key=lambda t: (t["distance"], t["dhash"], t["colour"], t["a"], t["b"]))
+    level = min((LEVELS.index(t["confidence"]) for t in ties), default=2)
+    return {
+        "group": sorted(listed),
+        "images": count,
+        "splits": splits,
+        "confidence": LEVELS[level],
+        "ties": ties,
+    }
 
 
-def pair_line(a: tuple[str, str], b: tuple[str, str], d: int) -> dict[str, Any]:
-    (pa, sa), (pb, sb) = sorted((a, b))
-    return {"a": pa, "b": pb, "split_a": sa, "split_b": sb, "distance": d}
+def _tie(a: str, b: str, d: int, dd: int, dc: int, level: int) -> dict[str, Any]:
+    a, b = sorted((a, b))
+    return {"a": a, "b": b, "distance": d, "dhash": dd, "colour": dc, "confidence": LEVELS[level]}
 
 
-class BandBatches(beam.DoFn):  # type: ignore[misc]
-    """(hash, members) → ((band, coarse value), uint64 bytes): every hash under each of its BANDS band values,
-    in numpy batches per bundle, COARSE groups of band values per band. The engine carries a few thousand
-    byte strings per batch instead of BANDS small elements per image (Beam's cost per element, not the
-    comparisons, was most of the join's CPU)."""
-
-    def start_bundle(self) -> None:
-        self._values: list[int] = []
-
-    def process(self, element: tuple[str, Any]) -> Iterator[tuple[tuple[int, int], bytes]]:
-        self._values.append(int(element[0], 16))
-        if len(self._values) >= FLUSH_HASHES:
-            yield from self._flush()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        from apache_beam.transforms.window import GlobalWindows
-
-        for kv in self._flush():
-            yield GlobalWindows.windowed_value(kv)
-
-    def _flush(self) -> Iterator[tuple[tuple[int, int], bytes]]:
-        import numpy as np
-
-        if not self._values:
-            return
-        values = np.array(self._values, dtype=np.uint64)
-        self._values = []
-        for band, mask in enumerate(MASKS):
-            coarse = coarse_of(values & np.uint64(mask))
-            order = np.argsort(coarse, kind="stable")
-            bounds = np.flatnonzero(np.diff(coarse[order])) + 1
-            for chunk in np.split(order, bounds):
-                yield (band, int(coarse[chunk[0]])), values[chunk].tobytes()
-
-
-def coarse_of(masked: Any) -> Any:
-    """Which of COARSE groups a band value (a uint64 array) goes to: its top bits after a multiplicative mix,
-    so every band spreads over every group whichever of the 64 bits it holds."""
-    import numpy as np
-
-    with np.errstate(over="ignore"):
-        return (masked * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - COARSE_BITS)
-
-
-class CompareBucket(beam.DoFn):  # type: ignore[misc]
-    """((band, coarse), [uint64 bytes, ...]) → (smaller hash, larger hash, distance) of each pair that shares
-    the band's value and is within ``max_distance``; a band value of over BUCKET_CAP hashes is counted
-    (tagged "crowded"), not compared."""
-
-    def __init__(self, max_distance: int) -> None:
-        self._max = max_distance
-
-    def process(self, element: tuple[tuple[int, int], Iterable[bytes]]) -> Iterator[Any]:
-        import numpy as np
-
-        (band, _), chunks = element
-        values = np.concatenate([np.frombuffer(c, dtype=np.uint64) for c in chunks])
-        if len(values) < 2:
-            return
-        masked = values & np.uint64(MASKS[band])
-        # by band value alone (2.4x faster than lexsort with the hash as a second key); each bucket's hashes
-        # are put in order below, so the pairs do not depend on the order the chunks arrived in
-        order = np.argsort(masked)
-        masked, values = masked[order], values[order]
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(masked)) + 1))
-        sizes = np.diff(np.concatenate((starts, [len(values)])))
-        # most candidates are buckets of two: their distances at once
-        firsts = starts[sizes == 2]
-        x, y = values[firsts], values[firsts + 1]
-        a, b = np.minimum(x, y), np.maximum(x, y)
-        dist = _bit_counts(a ^ b)
-        close = np.flatnonzero(dist <= self._max)
-        yield from zip(a[close].tolist(), b[close].tolist(), dist[close].tolist(), strict=True)
-        for i in np.flatnonzero(sizes > 2):
-            start, size = int(starts[i]), int(sizes[i])
-            if size > BUCKET_CAP:
-                yield beam.pvalue.TaggedOutput("crowded", 1)
-            else:
-                yield from _close_pairs(sorted(values[start : start + size].tolist()), self._max)
-
-
-def _bit_counts(x: Any) -> Any:
-    """Set bits of each uint64 of ``x`` (numpy >= 2 counts them itself; older numpy by bytes)."""
-    import numpy as np
-
-    count_bits = getattr(np, "bitwise_count", None)
-    if count_bits is not None:
-        return count_bits(x).astype(np.int64)
-    return np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1).astype(np.int64)
-
-
-def _close_pairs(values: list[int], max_distance: int) -> Iterator[tuple[int, int, int]]:
-    """Pairs of ``values`` (sorted) within ``max_distance`` bits: numpy for a large bucket, else one by one."""
-    import numpy as np
-
-    count_bits = getattr(np, "bitwise_count", None)  # numpy >= 2
-    if len(values) < 64 or count_bits is None:
-        for i, a in enumerate(values):
-            for b in values[i + 1 :]:
-                d = (a ^ b).bit_count()
-                if d <= max_distance:
-                    yield a, b, d
-        return
-    arr = np.array(values, dtype=np.uint64)
-    for i in range(len(arr) - 1):
-        dist = count_bits(arr[i + 1 :] ^ arr[i])
-        for j in np.flatnonzero(dist <= max_distance):
-            yield values[i], values[i + 1 + int(j)], int(dist[j])
-
-
-def hex_of(value: int) -> str:
-    return f"{value:016x}"
-
-
-def both_ways(pair: tuple[int, int, int]) -> list[tuple[str, tuple[str, int]]]:
-    a, b, d = hex_of(pair[0]), hex_of(pair[1]), pair[2]
-    return [(a, (b, d)), (b, (a, d))]
-
-
-def pair_halves(element: tuple[str, list[Any]], partners: Mapping[str, list[tuple[str, int]]]) -> Iterator[Any]:
-    """(hash, members) → ((hash a, hash b, distance), members) for each close hash it pairs with."""
-    phash, members = element
-    for other, d in partners.get(phash, ()):
-        yield (min(phash, other), max(phash, other), d), members
-
-
-def expand_pair(element: tuple[tuple[str, str, int], Iterable[list[Any]]]) -> Iterator[dict[str, Any]]:
-    """((hash a, hash b, distance), [members of one, members of the other]) → the path pairs."""
-    (_, _, d), halves = element
-    first, second = list(halves)
-    for a in first:
-        for b in second:
-            yield pair_line(a, b, d)
+def header_line(max_distance: int) -> dict[str, Any]:
+    """near_duplicates.jsonl's first line: its format and what the groups were found with."""
+    return {
+        "near_duplicates": FORMAT,
+        "hash": HASH_NAME,
+        "confirm": CONFIRM_NAME,
+        "max_distance": max_distance,
+        "group_size": GROUP_SIZE,
+    }
 
 
 def line_key(line: Mapping[str, Any]) -> tuple[str, str]:
-    """What near_duplicates.jsonl is sorted by: a pair's (a, b), a group's (first path, "")."""
+    """What near_duplicates.jsonl is sorted by: the header first, a group's (first path, ""), an old file's
+    pair (a, b)."""
+    if "near_duplicates" in line:
+        return "", ""
     if "group" in line:
         return line["group"][0], ""
     return line["a"], line["b"]
@@ -322,7 +458,8 @@ def _dumps(line: Mapping[str, Any]) -> str:
 
 
 def merged(parts: Sequence[str]) -> Iterator[tuple[tuple[str, str], bytes]]:
-    """The lines of sorted parts, merged in order: (line_key, raw line); one line per part in memory."""
+    """The lines of sorted parts (or of whole files, either format), merged in order: (line_key, raw line);
+    one line per part in memory."""
 
     def lines(part: str) -> Iterator[tuple[tuple[str, str], bytes]]:
         with open_lines(part) as fh:
@@ -333,110 +470,109 @@ def merged(parts: Sequence[str]) -> Iterator[tuple[tuple[str, str], bytes]]:
     return heapq.merge(*(lines(p) for p in sorted(set(parts))), key=lambda kv: kv[0])
 
 
-def merge_parts(parts: Sequence[str], dest: str) -> None:
-    """The sorted parts merged into one sorted file (``merged``)."""
+def merge_parts(parts: Sequence[str], dest: str, max_distance: int = DEFAULT_DISTANCE) -> None:
+    """The header line, then the sorted parts merged into one sorted file (``merged``)."""
     with FileSystems.create(dest, compression_type="uncompressed") as out:
+        out.write(_dumps(header_line(max_distance)).encode("utf-8"))
         for _, raw in merged(parts):
             out.write(raw)
 
 
-class CountLines(beam.CombineFn):  # type: ignore[misc]
-    """Pair and group lines → {"pairs": {split key: n}, "groups": {split key: n}}."""
-
-    def create_accumulator(self) -> dict[str, dict[str, int]]:
-        return {"pairs": {}, "groups": {}}
-
-    def add_input(self, acc: dict[str, dict[str, int]], line: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+def groups_of_file(lines: Iterable[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The groups of a near_duplicates.jsonl of either format: a version 1 file's pairs become groups of two
+    (its crowds are groups already); the header is skipped."""
+    for line in lines:
+        if "near_duplicates" in line:
+            continue
         if "group" in line:
-            kind, key = "groups", "+".join(sorted(line["splits"], key=_split_rank))
-        else:
-            kind, key = "pairs", split_key(line["split_a"], line["split_b"])
-        acc[kind][key] = acc[kind].get(key, 0) + 1
+            yield dict(line)
+        elif "a" in line:
+            yield {
+                "group": [line["a"], line["b"]],
+                "images": 2,
+                "splits": _count([line["split_a"], line["split_b"]]),
+                "confidence": "likely",
+                "ties": [_tie(line["a"], line["b"], line["distance"], -1, -1, 0)],
+            }
+
+
+def _count(splits: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in splits:
+        out[s] = out.get(s, 0) + 1
+    return dict(sorted(out.items()))
+
+
+class CountGroups(beam.CombineFn):  # type: ignore[misc]
+    """Group lines → dataset.json's counts: groups by the splits they span, images in groups, groups per
+    confidence, and the images outside each group's first split (what drop-leaks drops)."""
+
+    def create_accumulator(self) -> dict[str, Any]:
+        return {"groups": {}, "confidence": {}, "images": 0, "across": 0, "leaking": 0}
+
+    def add_input(self, acc: dict[str, Any], line: Mapping[str, Any]) -> dict[str, Any]:
+        key = splits_key(line["splits"])
+        acc["groups"][key] = acc["groups"].get(key, 0) + 1
+        acc["confidence"][line["confidence"]] = acc["confidence"].get(line["confidence"], 0) + 1
+        acc["images"] += line["images"]
+        if len(line["splits"]) > 1:
+            acc["across"] += 1
+            keep = first_split(line["splits"])
+            acc["leaking"] += sum(n for s, n in line["splits"].items() if s != keep)
         return acc
 
-    def merge_accumulators(self, accs: Iterable[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {"pairs": {}, "groups": {}}
+    def merge_accumulators(self, accs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        out = self.create_accumulator()
         for acc in accs:
-            for kind, counts in acc.items():
-                for key, n in counts.items():
+            for kind in ("groups", "confidence"):
+                for key, n in acc[kind].items():
                     out[kind][key] = out[kind].get(key, 0) + n
+            for kind in ("images", "across", "leaking"):
+                out[kind] += acc[kind]
         return out
 
-    def extract_output(self, acc: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-        return {kind: dict(sorted(counts.items(), key=lambda kv: _key_rank(kv[0]))) for kind, counts in acc.items()}
+    def extract_output(self, acc: dict[str, Any]) -> dict[str, Any]:
+        groups = dict(sorted(acc["groups"].items(), key=lambda kv: _key_rank(kv[0])))
+        confidence = {level: acc["confidence"][level] for level in reversed(LEVELS) if level in acc["confidence"]}
+        return {**acc, "groups": groups, "confidence": confidence}
 
 
 def _key_rank(key: str) -> tuple[Any, ...]:
-    return tuple(_split_rank(s) for s in key.replace("+", "/").split("/"))
+    return tuple(split_rank(s) for s in key.split("+"))
 
 
 def summary_block(
-    max_distance: int, counts: Mapping[str, Mapping[str, int]], hashed: int, unhashed: int, crowded: int
+    max_distance: int, counts: Mapping[str, Any], hashed: int, unhashed: int, large_runs: int
 ) -> dict[str, Any]:
     """dataset.json's ``near_duplicates``."""
-    pairs, groups = counts.get("pairs", {}), counts.get("groups", {})
     return {
+        "format": FORMAT,
         "hash": HASH_NAME,
+        "confirm": CONFIRM_NAME,
         "max_distance": max_distance,
         "file": NEAR_DUPLICATES_JSONL,
         "images_hashed": hashed,
         "images_unhashed": unhashed,
-        "pairs": dict(pairs),
-        "groups": dict(groups),
-        "across_splits": sum(n for key, n in pairs.items() if "/" in key),
-        "crowded_buckets": crowded,
+        "groups": dict(counts.get("groups", {})),
+        "images_in_groups": counts.get("images", 0),
+        "confidence": dict(counts.get("confidence", {})),
+        "across_splits": counts.get("across", 0),
+        "images_outside_first_split": counts.get("leaking", 0),
+        "large_runs": large_runs,
     }
 
 
 def _summarize(
-    _: Any, max_distance: int, counts: Mapping[str, Mapping[str, int]], hashed: Sequence[tuple[bool, int]], crowded: int
+    _: Any, max_distance: int, counts: Mapping[str, Any], hashed: Sequence[tuple[int, int]], index: GroupIndex
 ) -> dict[str, Any]:
-    by = dict(hashed)
-    return summary_block(max_distance, counts, by.get(True, 0), by.get(False, 0), crowded)
+    return summary_block(max_distance, counts, sum(h for h, _ in hashed), sum(u for _, u in hashed), index.large_runs)
 
 
-class NearDuplicateLines(beam.PTransform):  # type: ignore[misc]
-    """(phash, (path, split)) of every image → {"lines": pair and crowd lines, "crowded": 1 per crowded band
-    value, "crowd_hashes": (phash, {split: n}) of each crowd}."""
-
-    def __init__(self, max_distance: int) -> None:
-        super().__init__()
-        self._max = max_distance
-
-    @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
-    def expand(self, hashed: beam.PCollection) -> dict[str, beam.PCollection]:
-        per_hash = (
-            hashed
-            | "ImagesPerHash" >> beam.CombinePerKey(HashMembers())
-            | "GroupsOrMembers" >> beam.FlatMap(group_or_members).with_outputs("groups", "crowd_hashes", main="members")
-        )
-        members = per_hash.members
-        found = (
-            members
-            | "BandBatches" >> beam.ParDo(BandBatches())
-            | "GroupBandBuckets" >> beam.GroupByKey()
-            | "CompareBuckets" >> beam.ParDo(CompareBucket(self._max)).with_outputs("crowded", main="pairs")
-        )
-        partners = (
-            found.pairs
-            | "DistinctHashPairs" >> beam.Distinct()
-            | "BothWays" >> beam.FlatMap(both_ways)
-            | "PartnersPerHash" >> beam.GroupByKey()
-        )
-        # only the hashes with a close partner go on: a side input as large as the pairs found, read whole
-        # once per bundle (a multimap side input asks the runner's state API once per image: ~0.5 ms each)
-        close = (
-            members
-            | "PairHalves" >> beam.FlatMap(pair_halves, beam.pvalue.AsDict(partners))
-            | "GroupPairHalves" >> beam.GroupByKey()
-            | "PathPairs" >> beam.FlatMap(expand_pair)
-        )
-        lines = (
-            members | "ExactPairs" >> beam.FlatMap(exact_pairs),
-            close,
-            per_hash.groups,
-        ) | "AllLines" >> beam.Flatten()
-        return {"lines": lines, "crowded": found.crowded, "crowd_hashes": per_hash.crowd_hashes}
+def with_members(looks: beam.PCollection, max_distance: int) -> beam.pvalue.AsSingleton:
+    """(looks, counts) batches → the GroupIndex, as a side input."""
+    return beam.pvalue.AsSingleton(
+        looks | "AllLooks" >> beam.CombineGlobally(AllLooks()) | "Search" >> beam.Map(find_groups, max_distance)
+    )
 
 
 class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
@@ -450,29 +586,27 @@ class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
     @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, results: beam.PCollection) -> dict[str, beam.PCollection]:
         p = results.pipeline
-        records = (
+        parts = (
             results
             | "AllShardResults" >> beam.combiners.ToList()
             | "ChosenIndexParts" >> beam.FlatMap(chosen_index_parts)
             | "SpreadIndexParts" >> beam.Reshuffle()
-            | "ReadHashes" >> beam.FlatMap(read_hashes)
         )
-        hashed = records | "Hashed" >> beam.Filter(lambda kv: bool(kv[0]))
-        counted = (
-            records
-            | "HashedOrNot" >> beam.Map(lambda kv: (bool(kv[0]), 1))
-            | "CountHashedOrNot" >> beam.CombinePerKey(sum)
+        looks = parts | "PartLooks" >> beam.FlatMap(part_looks).with_outputs("counted", main="looks")
+        index = with_members(looks.looks, self._max)
+        lines = (
+            parts
+            | "GroupMembersPerPart" >> beam.FlatMap(members_of_part, index)
+            | "GroupMembers" >> beam.CombinePerKey(GroupMembers())
+            | "GroupLines" >> beam.Map(group_line, index)
         )
-        found = hashed | "Join" >> NearDuplicateLines(self._max)
-        lines = found["lines"]
-        parts = (
+        written = (
             lines
             | "PartBucket" >> beam.Map(lambda line: (part_bucket(line), line))
             | "GroupParts" >> beam.GroupByKey()
             | "WriteParts" >> beam.ParDo(WritePartFn(self._staging))
         )
-        counts = lines | "CountLines" >> beam.CombineGlobally(CountLines())
-        crowded = found["crowded"] | "CountCrowded" >> beam.CombineGlobally(sum)
+        counts = lines | "CountGroups" >> beam.CombineGlobally(CountGroups())
         summary = (
             p
             | "OneSummary" >> beam.Create([None])
@@ -481,8 +615,31 @@ class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
                 _summarize,
                 self._max,
                 beam.pvalue.AsSingleton(counts),
-                beam.pvalue.AsList(counted),
-                beam.pvalue.AsSingleton(crowded),
+                beam.pvalue.AsList(looks.counted),
+                index,
             )
         )
-        return {"parts": parts, "summary": summary}
+        return {"parts": written, "summary": summary}
+
+
+def block_lines(near: Mapping[str, Any]) -> tuple[str, list[tuple[str, int]]]:
+    """dataset.json's ``near_duplicates`` (this format or a version 1 block of pairs) as a phrase and its
+    across-splits counts: what the summary, ``inspect`` and the report say."""
+    if near.get("format") != FORMAT:  # version 1: pairs and crowds
+        pairs = near.get("pairs") or {}
+        across = [(k, n) for k, n in pairs.items() if "/" in k]
+        crowds = sum((near.get("groups") or {}).values())
+        text = f"{sum(pairs.values()):,} pairs, {sum(n for _, n in across):,} across splits"
+        return text + (f", {crowds:,} crowds of 100+ copies" if crowds else ""), across
+    groups = near.get("groups") or {}
+    across = [(k, n) for k, n in groups.items() if "+" in k]
+    sure = {k: n for k, n in (near.get("confidence") or {}).items() if n}
+    text = (
+        f"{sum(groups.values()):,} groups of {near.get('images_in_groups', 0):,} images, "
+        f"{sum(n for _, n in across):,} across splits"
+    )
+    if across:
+        text += f" ({near.get('images_outside_first_split', 0):,} images outside their group's first split)"
+    if sure:
+        text += "; " + ", ".join(f"{n:,} {k}" for k, n in sure.items())
+    return text, across

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import fractions
 import hashlib
 import html
 import io
@@ -71,6 +72,7 @@ def build_report(
     parts = [
         f"<h1>{_e(info.name)}</h1>",
         _overview(shown_as or output, info),
+        _changes(info),
         _splits(info),
         _sizes(picks, info),
         _formats(picks, info),
@@ -79,7 +81,6 @@ def build_report(
         _strips(picks, info),
         _objects(picks, info),
         _masks(picks),
-        _changes(info),
     ]
     body = "\n".join(p for p in parts if p)
     page = (
@@ -87,7 +88,7 @@ def build_report(
         f"<title>{_e(info.name)}: dataset report</title><style>{_STYLE}</style></head>\n"
         f"<body>\n{body}\n</body></html>\n"
     )
-    return page, {"sampled": len(picks), "pairs": len(pairs)}
+    return page, {"sampled": len(picks), "groups": len(pairs)}
 
 
 class _Digests:
@@ -192,13 +193,9 @@ def _splits(info: DatasetInfo) -> str:
 
 
 def _sizes(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
-    sides, ratios = [], []
-    for ex in picks:
-        if not ex["size"]:
-            continue
-        w, h = ex["size"]
-        sides.append(min(w, h))
-        ratios.append(round(w / h, 2))
+    sizes = [tuple(ex["size"]) for ex in picks if ex["size"]]
+    sides = [min(w, h) for w, h in sizes]
+    ratios = [round(w / h, 2) for w, h in sizes]
     exact = (info.image_sizes or {}).get("shorter_side") or {}
     buckets = "".join(
         f'<tr data-bucket="{_e(k)}" data-count="{n}"><td class="name">{_e(k)}</td><td>{n:,}</td></tr>'
@@ -213,11 +210,29 @@ def _sizes(picks: Sequence[Mapping[str, Any]], info: DatasetInfo) -> str:
     if not sides:
         return f'<section id="sizes"><h2>Image sizes</h2>{table}</section>' if table else ""
     note = _sampled(len(picks), info.examples)
-    median = statistics.median(sides)
-    chart = _svg_hist(sides, "shorter side (pixels)") + _svg_hist(ratios, "aspect ratio (width / height)")
+    sampled = "sampled " if len(picks) < info.examples else ""
+    n = f"{len(sizes):,} {sampled}images"
+    if len(set(sizes)) == 1:  # one size: a sentence, not two one-bar charts
+        ((w, h),) = set(sizes)
+        said = f"all {n} are" if len(sizes) > 1 else f"the one {sampled}image is"
+        said += f" {w}×{h} px (aspect ratio {_ratio(sizes)})"
+        return (
+            f'<section id="sizes"><h2>Image sizes</h2><p data-sampled="{len(picks)}" data-size="{w}x{h}">{said}; '
+            f"{note}</p>{table}</section>"
+        )
+    if len(set(sides)) == 1:  # 240×320 and 320×240: one shorter side, two aspect ratios
+        facts, chart = [f"every shorter side is {sides[0]} px"], ""
+    else:
+        median = statistics.median(sides)
+        facts = [f"median shorter side {median:g} px, from {min(sides)} to {max(sides)} px"]
+        chart = _svg_hist(sides, "shorter side (pixels)")
+    if len(set(ratios)) == 1:
+        facts.append(f"all {n} have aspect ratio {_ratio(sizes)}")
+    else:
+        chart += _svg_hist(ratios, "aspect ratio (width / height)")
     return (
-        f'<section id="sizes"><h2>Image sizes</h2><p data-sampled="{len(picks)}">median shorter side '
-        f"{median:g} px, from {min(sides)} to {max(sides)} px; {note}</p>{chart}{table}</section>"
+        f'<section id="sizes"><h2>Image sizes</h2><p data-sampled="{len(picks)}">{", ".join(facts)}; '
+        f"{note}</p>{chart}{table}</section>"
     )
 
 
@@ -271,55 +286,82 @@ def _rejects(output: str, info: DatasetInfo) -> str:
 
 
 def _pairs(output: str, info: DatasetInfo) -> list[dict[str, Any]]:
-    """Up to PAIRS pair lines, those across splits first (streamed; stops once it has PAIRS across splits)."""
+    """Up to PAIRS groups to show, the surest first, those across splits first among equals (an older run's
+    pairs as groups of two). The file is streamed with PAIRS groups in memory, and left once it holds PAIRS
+    exact groups across splits (nothing can come before them)."""
+    from .near_duplicates import LEVELS, groups_of_file
+
     if not info.near_duplicates:
         return []
     path = FileSystems.join(output, metadata.NEAR_DUPLICATES_JSONL)
     if not FileSystems.exists(path):
         return []
-    counts = info.near_duplicates.get("pairs") or {}
-    want_across = min(PAIRS, sum(n for k, n in counts.items() if "/" in k))
-    want = min(PAIRS, sum(counts.values()))
-    across: list[dict[str, Any]] = []
-    inside: list[dict[str, Any]] = []
+    best: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
     with open_lines(path) as fh:
-        for raw in fh:
-            if len(across) >= want_across and len(across) + len(inside) >= want:
-                break  # the page has what it shows: the rest of the file is not read
-            line = json.loads(raw)
-            if "group" in line:
-                continue
-            if line["split_a"] != line["split_b"]:
-                across.append(line)
-            elif len(inside) < PAIRS:
-                inside.append(line)
-    return (across + inside)[:PAIRS]
+        for n, group in enumerate(groups_of_file(json.loads(raw) for raw in fh if raw.strip())):
+            rank = (-LEVELS.index(group.get("confidence", "likely")), -int(len(group["splits"]) > 1), n)
+            if len(best) < PAIRS or rank < best[-1][0]:
+                best = sorted([*best, (rank, group)], key=lambda kv: kv[0])[:PAIRS]
+            if len(best) == PAIRS and best[-1][0][:2] == (-(len(LEVELS) - 1), -1):
+                break
+    return [group for _, group in best]
 
 
-def _near(output: str, info: DatasetInfo, pairs: Sequence[Mapping[str, Any]]) -> str:
+def _near(output: str, info: DatasetInfo, groups: Sequence[Mapping[str, Any]]) -> str:
+    from .images.phash import CONFIRM_NAME
+    from .near_duplicates import block_lines
+
     near = info.near_duplicates
     if not near:
         off = "<p>not searched (--near-duplicates off)</p>"
         return f'<section id="near-duplicates"><h2>Near-duplicates</h2>{off}</section>'
-    counts = near.get("pairs") or {}
+    text, across_counts = block_lines(near)
+    counts = (near.get("groups") if near.get("format") else near.get("pairs")) or {}
+    unit = "groups" if near.get("format") else "pairs"
     rows = "".join(
         f'<tr data-key="{_e(k)}" data-count="{v}"><td class="name">{_e(k)}</td><td>{v:,}</td></tr>'
         for k, v in counts.items()
     )
-    thumbs = _thumbs_by_path(output, {p for line in pairs for p in (line["a"], line["b"])})
-    shown = "".join(
-        f'<div class="pair" data-distance="{line["distance"]}">{_img(thumbs.get(line["a"]), line["a"])}'
-        f'{_img(thumbs.get(line["b"]), line["b"])}<br><span class="note">{_e(line["a"])} ({_e(line["split_a"])}) · '
-        f"{_e(line['b'])} ({_e(line['split_b'])}) · {line['distance']} bits</span></div>"
-        for line in pairs
-    )
+    wanted = {p for group in groups for p in _shown_paths(group)}
+    thumbs = _thumbs_by_path(output, wanted)
+    shown = "".join(_group_html(group, thumbs) for group in groups)
     across = near.get("across_splits", 0)
     warn = ' class="warn"' if across else ""
+    how = f"pHash ({_e(str(near.get('hash')))}) within {near.get('max_distance')} bits"
+    if near.get("format"):
+        how += f", confirmed by {_e(str(near.get('confirm', CONFIRM_NAME)))}"
+    if not counts:
+        hashed = near.get("images_hashed", 0)
+        return (
+            '<section id="near-duplicates"><h2>Near-duplicates</h2>'
+            f'<p data-across="0">No near-duplicates: no two of the {hashed:,} images hashed look alike ({how}).'
+            "</p></section>"
+        )
     return (
         '<section id="near-duplicates"><h2>Near-duplicates</h2>'
-        f'<p{warn} data-across="{across}">{sum(counts.values()):,} '
-        f"pairs within {near.get('max_distance')} bits ({_e(str(near.get('hash')))}), {across:,} across splits"
-        f'</p><table><tr><th class="name">splits</th><th>pairs</th></tr>{rows}</table>{shown}</section>'
+        f'<p{warn} data-across="{across}">{_e(text)} ({how})</p>'
+        f'<table><tr><th class="name">splits</th><th>{unit}</th></tr>{rows}</table>'
+        f"<p>The surest first, up to {PAIRS}:</p>{shown}</section>"
+    )
+
+
+def _shown_paths(group: Mapping[str, Any]) -> list[str]:
+    """The images of a group the page shows: its closest tie's two, then its other listed images, up to 4."""
+    ties = group.get("ties") or []
+    first = [ties[0]["a"], ties[0]["b"]] if ties else []
+    rest = [p for p in group["group"] if p not in first]
+    return (first + rest)[:4]
+
+
+def _group_html(group: Mapping[str, Any], thumbs: Mapping[str, Any]) -> str:
+    ties = group.get("ties") or []
+    closest = f", closest {ties[0]['distance']} bits" if ties else ""
+    splits = ", ".join(f"{k} {n}" for k, n in group["splits"].items())
+    images = "".join(_img(thumbs.get(p), p) for p in _shown_paths(group))
+    return (
+        f'<div class="pair" data-images="{group["images"]}" data-confidence="{_e(group.get("confidence", ""))}">'
+        f'{images}<br><span class="note">{group["images"]:,} images ({_e(splits)}) · '
+        f"{_e(group.get('confidence', ''))}{closest} · {_e(group['group'][0])}</span></div>"
     )
 
 
@@ -386,11 +428,31 @@ def _masks(picks: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _changes(info: DatasetInfo) -> str:
-    changes = info.changes
-    if not changes:
+    """An --incremental-from run's night, near the top: the notes of dataset.json's ``changes`` (those the summary
+    prints) and the listed files against the previous dataset (its ``incremental``). The dropped files are
+    counted, not named: neither dataset.json nor any file of the output records their names."""
+    changes, inc = info.changes, info.incremental
+    if not changes and inc is None:
         return ""
-    notes = "".join(f"<li>{_e(n)}</li>" for n in changes.get("notes") or []) or "<li>nothing moved past the share</li>"
-    return f'<section id="changes"><h2>Since the previous night</h2><ul>{notes}</ul></section>'
+    notes = ""
+    if changes:
+        notes = "".join(f"<li>{_e(n)}</li>" for n in changes.get("notes") or [])
+        notes = f"<ul>{notes or '<li>nothing moved past the share</li>'}</ul>"
+    files = ""
+    if inc is not None:
+        counts = ", ".join(f"{k} {getattr(inc, k):,}" for k in ("unchanged", "added", "changed", "dropped"))
+        gone = (
+            '<p class="note">dropped: records of the previous dataset whose file was not listed this time. '
+            "Their names are not recorded in this output (dataset.json's incremental only counts them); the "
+            "previous dataset's index.jsonl lists them among its records, while that dataset is kept</p>"
+            if inc.dropped
+            else ""
+        )
+        files = (
+            f'<p data-dropped="{inc.dropped}">listed files against {_e(inc.source)}: {counts}; '
+            f"{inc.reused:,} records reused, {inc.converted:,} converted</p>{gone}"
+        )
+    return f'<section id="changes"><h2>Since the previous night</h2>{notes}{files}</section>'
 
 
 # ---- pieces -------------------------------------------------------------------------------------------
@@ -436,6 +498,18 @@ def _img(url: str | None, alt: str) -> str:
     return f'<img src="{url}" alt="{_e(alt)}" width="{THUMB}">' if url else f'<span class="note">[{_e(alt)}]</span>'
 
 
+def _ratio(sizes: Sequence[tuple[int, int]]) -> str:
+    """The aspect ratio (width / height) the ``sizes`` share once rounded to 2 places: ``4:3`` when they are all
+    exactly that and it is a ratio of small numbers, else the rounded number."""
+    exact = {fractions.Fraction(w, h) for w, h in sizes}
+    if len(exact) == 1:
+        (f,) = exact
+        if f.denominator <= 32 and f.numerator <= 32:
+            return f"{f.numerator}:{f.denominator}"
+    w, h = sizes[0]
+    return f"{round(w / h, 2):g}"
+
+
 def _sampled(n: int, total: int) -> str:
     return f"sampled: {n:,} of {total:,} records" if n < total else f"all {total:,} records"
 
@@ -478,21 +552,30 @@ def _own_ids(svg: str) -> str:
 def _svg_bars(names: Sequence[str], series: Mapping[str, Sequence[int]], title: str) -> str:
     import matplotlib
 
+    with matplotlib.rc_context(_RC):
+        return _svg(_bars_figure(names, series, title))
+
+
+def _bars_figure(names: Sequence[str], series: Mapping[str, Sequence[int]], title: str) -> Any:
+    """Horizontal stacked bars, one colour per series; the legend (more than one series) stands right of the
+    axes, never over a bar (outside the figure: _svg's bbox_inches="tight" widens the drawing to hold it)."""
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with matplotlib.rc_context(_RC):
-        fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1))
-        left = [0] * len(names)
-        for name, values in series.items():
-            ax.barh(range(len(names)), values, left=left, label=name)
-            left = [a + b for a, b in zip(left, values, strict=True)]
-        ax.set_yticks(range(len(names)), [n[:24] for n in names])
-        ax.invert_yaxis()
-        ax.set_title(title)
-        if len(series) > 1:
-            ax.legend()
-        return _svg(fig)
+    legend = len(series) > 1
+    fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1))
+    left = [0] * len(names)
+    for name, values in series.items():
+        ax.barh(range(len(names)), values, left=left, label=name)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.set_yticks(range(len(names)), [n[:24] for n in names])
+    ax.invert_yaxis()
+    ax.set_title(title)
+    if legend:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, frameon=False)
+    return fig
 
 
 def _svg_hist(values: Iterable[float], title: str) -> str:

@@ -54,27 +54,23 @@ def _report_lines(info: DatasetInfo) -> list[str]:
     if not page:
         return []
     if page.get("file"):
-        shown = f"{page.get('sampled', 0):>8} sampled records, {page.get('pairs', 0)} pairs shown"
+        groups = page.get("groups", page.get("pairs", 0))
+        shown = f"{page.get('sampled', 0):>8} sampled records, {groups} near-duplicate groups shown"
         return [f"  report       {shown} -> {page['file']}"]
     why = page.get("error")
     return [f"  report       not written ({why}): inspect OUTPUT --report FILE draws it; the dataset is complete"]
 
 
 def _near_duplicate_lines(info: DatasetInfo) -> list[str]:
-    """One line: near-duplicate pairs (those across splits first: leakage) and groups."""
+    """One line: near-duplicate groups (those across splits: leakage), how sure."""
+    from .near_duplicates import block_lines
+
     near = info.near_duplicates
     if not near:
         return []
-    pairs, groups = near.get("pairs") or {}, near.get("groups") or {}
-    across = {k: n for k, n in pairs.items() if "/" in k}
-    total = sum(pairs.values())
-    where = ", ".join(f"{k} {n}" for k, n in across.items())
-    text = f"  near-dups    {total:>8} pairs, " + (
-        f"{sum(across.values())} across splits ({where})" if across else "none across splits"
-    )
-    if groups:
-        text += f", {sum(groups.values())} crowds of 100+ copies"
-    return [text + f" -> {near.get('file')}"]
+    text, across = block_lines(near)
+    where = ", ".join(f"{k} {n}" for k, n in across)
+    return [f"  near-dups    {text}" + (f" [{where}]" if where else "") + f" -> {near.get('file')}"]
 
 
 def _object_lines(info: DatasetInfo) -> list[str]:

@@ -327,3 +327,27 @@ def test_the_tile_size_enlarges_each_tile_and_is_bounded(dataset, tmp_path, caps
     for size in ("16", "5000"):
         assert main(["inspect", str(dataset), "--contact-sheet", str(sheet), "--tile-size", size]) == 2
         assert capsys.readouterr().err.strip() == "error: --tile-size must be 32 to 1024 pixels"
+
+
+@pytest.mark.unit
+def test_inspect_shows_a_nights_change_notes_as_the_summary_does(tmp_path):
+    from beam_pipeline import inspection
+    from beam_pipeline.run import changes as ch
+
+    changes = {
+        "share": 0.2,
+        "classes_added": ["owls"],
+        "classes_removed": ["bats"],
+        "classes_moved": {"cats": {"before": 10, "now": 4}},
+        "reject_rate": {"before": 0.0, "now": 0.1},
+        "rejects_by_reason": {},
+    }
+    changes["notes"] = ch.notes(changes)
+    info = DatasetInfo.from_json({"name": "x", "incremental": {"from": "/data/monday"}, "changes": changes})
+    text = inspection.summary(str(tmp_path), info)
+    block = text[text.index("since the previous night:") :].splitlines()
+    assert block[1 : 1 + len(changes["notes"])] == [f"  {note}" for note in changes["notes"]]
+    assert "  class cats: 10 -> 4 images (-60%)" in block
+    quiet = inspection.summary(str(tmp_path), info.with_(changes={**changes, "notes": []}))
+    assert "since the previous night:\n  nothing moved past --change-share 0.2" in quiet
+    assert "since the previous night" not in inspection.summary(str(tmp_path), info.with_(changes=None))

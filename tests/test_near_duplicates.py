@@ -8,6 +8,7 @@ than the threshold, and writes the same bytes whatever the input order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -37,8 +38,8 @@ LIMIT = nd.DEFAULT_DISTANCE
 
 def phash(data: bytes, **options: object) -> str:
     hashed = prepare_image(data, ImageOptions(**options)).phash
-    assert hashed is not None and len(hashed) == 16
-    return hashed
+    assert hashed is not None and len(hashed) == 48  # pHash, dHash, colour
+    return hashed[:16]
 
 
 def copies(img: Image.Image) -> dict[str, bytes]:
@@ -124,103 +125,170 @@ def test_the_bands_are_fixed():
     assert len(set(nd.MASKS)) == nd.BANDS
 
 
-def test_split_keys_put_train_first():
-    assert nd.split_key("test", "train") == "train/test"
-    assert nd.split_key("validation", "train") == "train/validation"
-    assert nd.split_key("test", "validation") == "validation/test"
-    assert nd.split_key("extra", "train") == "train/extra"
-    assert nd.split_key("test", "test") == "test"
+def test_split_keys_put_train_first_and_a_group_keeps_its_first_split():
+    assert nd.splits_key(["test", "train"]) == "train+test"
+    assert nd.splits_key(["test", "validation", "test"]) == "validation+test"
+    assert nd.splits_key(["extra", "train"]) == "train+extra"
+    assert nd.first_split({"test": 1, "validation": 2}) == "validation"
+    assert nd.first_split({"test": 1, "extra": 2}) == "test"
 
 
-def chunk(values) -> bytes:
-    return np.array(values, dtype=np.uint64).tobytes()
+GREY = int.from_bytes(bytes([85]) * 8, "little")
 
 
-def test_a_crowded_bucket_is_counted_not_compared(monkeypatch):
-    monkeypatch.setattr(nd, "BUCKET_CAP", 5)
-    mask = nd.MASKS[0]
-    crowd = [(i << 40 | i) & ~mask for i in range(1, 7)]  # 6 hashes, all 0 in band 0's bits
-    out = list(nd.CompareBucket(64).process(((0, 0), [chunk(crowd[:4]), chunk(crowd[4:])])))
-    assert [o.tag for o in out] == ["crowded"]
-    # a and b share band 0's value and are 1 bit apart; c differs in a bit of the band
-    free = next(b for b in range(64) if not mask >> b & 1)
-    inside = next(b for b in range(64) if mask >> b & 1)
-    a, b, c = 0, 1 << free, 1 << inside
-    assert sorted(nd.CompareBucket(2).process(((0, 0), [chunk([a, c]), chunk([b])]))) == [(a, b, 1)]
+def look(ph: int, dh: int = 0, col: int | None = None) -> tuple[int, int, int]:
+    return ph, dh, GREY if col is None else col
 
 
-def test_band_batches_put_every_hash_under_each_band_once():
-    fn = nd.BandBatches()
-    fn.start_bundle()
-    values = [random.Random(i).getrandbits(64) for i in range(50)]
-    out = [kv for v in values for kv in fn.process((f"{v:016x}", []))]
-    out += [w.value for w in fn.finish_bundle()]
-    for band, mask in enumerate(nd.MASKS):
-        mine = [(coarse, v) for (b, coarse), data in out if b == band for v in np.frombuffer(data, np.uint64).tolist()]
-        assert sorted(v for _, v in mine) == sorted(values)
-        assert all(int(nd.coarse_of(np.uint64(v & mask))) == coarse for coarse, v in mine)
-    every = {(b, coarse) for (b, coarse), _ in out}
-    assert len({c for _, c in every}) == 2**nd.COARSE_BITS  # the groups are used whichever bits a band holds
+def colour(*shares: int) -> int:
+    """A colour field (8 bytes: red and green share of each quarter) from 8 shares."""
+    return int.from_bytes(bytes(shares), "little")
 
 
-def test_the_numpy_and_the_python_comparisons_agree():
-    rng = random.Random(4)
-    values = sorted({rng.getrandbits(64) & 0xFFFF_0000_0000_00FF for _ in range(200)})
-    assert len(values) >= 64  # the numpy path
-    brute = [(a, b, (a ^ b).bit_count()) for a, b in itertools.combinations(values, 2) if (a ^ b).bit_count() <= 5]
-    assert list(nd._close_pairs(values, 5)) == brute
+def flip(value: int, bits: int, rng: random.Random) -> int:
+    for bit in rng.sample(range(64), bits):
+        value ^= 1 << bit
+    return value
 
 
-def test_parts_merge_into_one_sorted_file(tmp_path):
+def confirmed(a, b, limit=LIMIT):
+    keys = np.array([a, b], dtype=nd.KEY)
+    kept, d, dd, dc, level = nd.confirm(nd.Looks(keys), np.array([0]), np.array([1]), limit)
+    return bool(kept[0]), nd.LEVELS[int(level[0])]
+
+
+def test_a_candidate_is_a_tie_only_when_the_second_measure_agrees():
+    red = colour(120, 60, 120, 60, 120, 60, 120, 60)
+    blue = colour(60, 70, 60, 70, 60, 70, 60, 70)
+    base = 0x0123_4567_89AB_CDEF
+    near = base ^ 0b111  # 3 bits
+    at_limit = base ^ ((1 << LIMIT) - 1)  # 10 bits
+    assert confirmed(look(base, 0, red), look(near, 0b11, red)) == (True, "sure")
+    assert confirmed(look(base, 0, red), look(at_limit, 0b11, red)) == (True, "likely")
+    # the pHash close, the picture's colours far apart (a circle and a square on other backgrounds)
+    assert confirmed(look(base, 0, red), look(near, 0, blue))[0] is False
+    # the pHash close, the dHash far: other shapes
+    assert confirmed(look(base, 0, red), look(near, (1 << 20) - 1, red))[0] is False
+    # grey and grey: the colour says nothing; grey and colour: only when both hashes are close
+    assert confirmed(look(base), look(at_limit, 0b11)) == (True, "likely")
+    assert confirmed(look(base), look(near, 0b11, red)) == (True, "likely")
+    assert confirmed(look(base), look(at_limit, 0b11, red))[0] is False
+    assert confirmed(look(base, 0, red), look(flip(base, LIMIT + 1, random.Random(1)), 0, red))[0] is False
+
+
+def planted_looks(seed: int, scenes: int = 3, frames: int = 400) -> list[tuple[str, str, tuple[int, int, int]]]:
+    """(path, split, look): 300 unrelated looks, copies of some 0-12 bits away, 120 images of one look, and
+    ``scenes`` scenes of ``frames`` frames within a few bits of their scene (one large run of a band value)."""
+    rng = random.Random(seed)
+    splits = ("train", "validation", "test")
+    rows = []
+    for i in range(300):
+        base = look(rng.getrandbits(64), rng.getrandbits(64), colour(*(rng.randrange(40, 130) for _ in range(8))))
+        rows.append((f"img{i:04d}.jpg", splits[i % 3], base))
+        if i % 10 == 0:
+            copy = (flip(base[0], i // 10 % 13, rng), flip(base[1], i // 10 % 5, rng), base[2])
+            rows.append((f"img{i:04d}_copy.jpg", splits[(i + 1) % 3], copy))
+    blank = look(rng.getrandbits(64), rng.getrandbits(64))
+    rows += [(f"blank/{i:03d}.png", splits[i % 2], blank) for i in range(120)]
+    for s in range(scenes):
+        scene = look(rng.getrandbits(64), rng.getrandbits(64))
+        for f in range(frames):
+            frame = (flip(scene[0], rng.randrange(3), rng), flip(scene[1], rng.randrange(3), rng), scene[2])
+            rows.append((f"scene{s}/{f:04d}.jpg", splits[f % 3], frame))
+    return [(path, split, f"{a:016x}{b:016x}{c:016x}") for path, split, (a, b, c) in rows]
+
+
+def brute_groups(rows, limit=LIMIT) -> list[set[str]]:
+    """Connected images of every confirmed pair, all pairs compared (and images of one look)."""
+    looks = sorted({full for _, _, full in rows})
+    keys = np.array([nd.key_of(f) for f in looks], dtype=nd.KEY)
+    i, j = np.triu_indices(len(looks), 1)
+    kept, *_ = nd.confirm(nd.Looks(keys), i, j, limit)
+    parent = list(range(len(looks)))
+
+    def root(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in zip(i[kept].tolist(), j[kept].tolist(), strict=True):
+        parent[root(a)] = root(b)
+    at = {full: n for n, full in enumerate(looks)}
+    groups: dict[int, set[str]] = {}
+    for path, _, full in rows:
+        groups.setdefault(root(at[full]), set()).add(path)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def test_the_search_groups_as_all_pairs_would_and_a_large_run_costs_linear_work(monkeypatch):
+    rows = planted_looks(1)
+    keys, counts = nd.AllLooks()._merged(
+        [(np.array([nd.key_of(full)], dtype=nd.KEY), np.ones(1, np.int64)) for _, _, full in rows]
+    )
+    pairs_seen = []
+    real = nd._run_pairs
+    monkeypatch.setattr(nd, "_run_pairs", lambda *a: (out := real(*a), pairs_seen.append(len(out[0])))[0])
+    index = nd.find_groups((keys, counts), LIMIT)
+    assert max(pairs_seen) < 4 * len(keys)  # 1,200 frames of 3 scenes: never their 700,000 pairs
+    assert index.large_runs > 0
+    found: dict[int, set[str]] = {}
+    for path, _, full in rows:
+        group = index.group_of(full)
+        if group is not None:
+            found.setdefault(group[0], set()).add(path)
+    want = brute_groups(rows)
+    assert sorted(map(sorted, found.values())) == sorted(map(sorted, want))
+
+
+def test_parts_merge_into_one_sorted_file_under_its_header(tmp_path):
     parts = []
     lines = [
-        {"a": "b.jpg", "b": "c.jpg", "split_a": "train", "split_b": "test", "distance": 3},
-        {"group": ["a0.png", "a1.png"], "images": 101, "splits": {"train": 101}, "distance": 0},
-        {"a": "a0.png", "b": "z.png", "split_a": "train", "split_b": "train", "distance": 1},
-        {"a": "c.jpg", "b": "d.jpg", "split_a": "test", "split_b": "test", "distance": 0},
+        {"group": ["b.jpg", "c.jpg"], "images": 2, "splits": {"test": 1, "train": 1}},
+        {"group": ["a0.png", "a1.png"], "images": 101, "splits": {"train": 101}},
+        {"group": ["c0.jpg", "d.jpg"], "images": 2, "splits": {"test": 2}},
     ]
     for i, chunk in enumerate((lines[:2], lines[2:])):
         part = tmp_path / f"part-{i}.jsonl"
         part.write_text("".join(json.dumps(x) + "\n" for x in sorted(chunk, key=nd.line_key)))
         parts.append(str(part))
-    nd.merge_parts(parts, str(tmp_path / "out.jsonl"))
-    got = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    nd.merge_parts(parts, str(tmp_path / "out.jsonl"), 7)
+    header, *got = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert header == nd.header_line(7) and header["near_duplicates"] == nd.FORMAT
     assert [nd.line_key(x) for x in got] == sorted(nd.line_key(x) for x in lines)
 
 
-def test_the_summary_line_names_the_leaks_first():
+def test_a_version_1_file_reads_as_groups():
+    old = [
+        {"a": "a.jpg", "b": "b.png", "split_a": "train", "split_b": "test", "distance": 3},
+        {"group": ["z0.png", "z1.png"], "images": 150, "splits": {"train": 150}, "distance": 0},
+    ]
+    pair, crowd = nd.groups_of_file(old)
+    assert pair["group"] == ["a.jpg", "b.png"] and pair["splits"] == {"test": 1, "train": 1}
+    assert pair["ties"][0]["distance"] == 3 and crowd["images"] == 150
+    assert list(nd.groups_of_file([nd.header_line(10)])) == []
+
+
+def test_the_summary_line_names_the_groups_across_splits():
     block = nd.summary_block(
         10,
-        {"pairs": {"train": 5, "train/test": 2, "train/validation": 1}, "groups": {"train": 1}},
+        {"groups": {"train": 5, "train+test": 2}, "images": 19, "confidence": {"sure": 6, "likely": 1},
+         "across": 2, "leaking": 3},
         hashed=100,
         unhashed=0,
-        crowded=0,
-    )
+        large_runs=0,
+    )  # fmt: skip
     info = DatasetInfo.from_json({"name": "x", "near_duplicates": block})
     (line,) = _near_duplicate_lines(info)
-    assert "8 pairs, 3 across splits (train/test 2, train/validation 1), 1 crowds" in line
+    assert "7 groups of 19 images, 2 across splits (3 images outside their group's first split)" in line
+    assert "6 sure, 1 likely" in line and "[train+test 2]" in line
     assert line.endswith("-> near_duplicates.jsonl")
+    old = {"pairs": {"train": 5, "train/test": 2}, "groups": {"train": 1}, "file": "near_duplicates.jsonl"}
+    (line,) = _near_duplicate_lines(DatasetInfo.from_json({"name": "x", "near_duplicates": old}))
+    assert "7 pairs, 2 across splits, 1 crowds" in line  # an older run's dataset.json
 
 
 # ---- the join as a pipeline ---------------------------------------------------------------------------
-
-
-def planted_hashes(seed: int) -> list[tuple[str, str, str]]:
-    """(path, split, hash): 300 unrelated hashes, copies of some at 0-12 bits, 120 copies of one hash."""
-    rng = random.Random(seed)
-    splits = ("train", "validation", "test")
-    rows = []
-    for i in range(300):
-        base = rng.getrandbits(64)
-        rows.append((f"img{i:04d}.jpg", splits[i % 3], base))
-        if i % 10 == 0:
-            flipped = base
-            for bit in rng.sample(range(64), i // 10 % 13):  # 0 to 12 bits off
-                flipped ^= 1 << bit
-            rows.append((f"img{i:04d}_copy.jpg", splits[(i + 1) % 3], flipped))
-    blank = rng.getrandbits(64)
-    rows += [(f"blank/{i:03d}.png", splits[i % 2], blank) for i in range(120)]
-    return [(path, split, f"{value:016x}") for path, split, value in rows]
 
 
 def write_index_parts(folder, rows, shards: int) -> list[ShardResult]:
@@ -228,7 +296,9 @@ def write_index_parts(folder, rows, shards: int) -> list[ShardResult]:
     for shard in range(shards):
         part = folder / f"part-{shard}.jsonl"
         mine = rows[shard::shards]
-        part.write_text("".join(json.dumps({"path": p, "split": s, "phash": h}) + "\n" for p, s, h in mine))
+        part.write_text(
+            "".join(json.dumps({"path": p, "split": s, "phash": h[:16], "confirm": h[16:]}) + "\n" for p, s, h in mine)
+        )
         results.append(ShardResult("train", shard, f"/x/{shard}", len(mine), 1, index_path=str(part)))
     return results
 
@@ -242,14 +312,14 @@ def run_join(tmp_path, rows, shards: int, name: str) -> tuple[list[dict], dict]:
         found = p | beam.Create(results) | nd.FindNearDuplicates(str(folder / "staging"), LIMIT)
         _ = found["summary"] | beam.Map(lambda s: summary_path.write_text(json.dumps(s)))
         parts = found["parts"] | beam.combiners.ToList()
-        _ = parts | beam.Map(lambda ps: nd.merge_parts(ps, str(folder / "near.jsonl")))
+        _ = parts | beam.Map(lambda ps: nd.merge_parts(ps, str(folder / "near.jsonl"), LIMIT))
     text = (folder / "near.jsonl").read_text()
-    return [json.loads(x) for x in text.splitlines()], json.loads(summary_path.read_text())
+    return [json.loads(x) for x in text.splitlines()][1:], json.loads(summary_path.read_text())
 
 
 @pytest.mark.pipeline
-def test_the_join_finds_what_brute_force_finds_and_is_the_same_in_any_order(tmp_path):
-    rows = planted_hashes(1)
+def test_the_join_lists_groups_as_all_pairs_would_the_same_in_any_order(tmp_path):
+    rows = planted_looks(1, scenes=1, frames=150)
     got, summary = run_join(tmp_path, rows, 4, "first")
     shuffled = list(rows)
     random.Random(2).shuffle(shuffled)
@@ -257,32 +327,34 @@ def test_the_join_finds_what_brute_force_finds_and_is_the_same_in_any_order(tmp_
     assert (tmp_path / "first" / "near.jsonl").read_bytes() == (tmp_path / "second" / "near.jsonl").read_bytes()
     assert summary == summary_again
 
-    (group,) = [line for line in got if "group" in line]
-    assert group["images"] == 120 and group["splits"] == {"train": 60, "validation": 60}
-    assert group["group"] == [f"blank/{i:03d}.png" for i in range(nd.GROUP_SIZE)]
-    pairs = {(line["a"], line["b"]): line["distance"] for line in got if "a" in line}
-    assert not any(a.startswith("blank/") for a, _ in pairs)
-
-    singles = [r for r in rows if not r[0].startswith("blank/")]
-    brute = {}
-    for (pa, _, ha), (pb, _, hb) in itertools.combinations(singles, 2):
-        d = distance(ha, hb)
-        if d <= LIMIT:
-            brute[tuple(sorted((pa, pb)))] = d
-    assert set(pairs) <= set(brute) and all(pairs[k] == brute[k] for k in pairs)
-    assert {k for k, d in brute.items() if d <= 6} <= set(pairs)  # found with probability > 0.9999
-    assert len(pairs) >= 0.85 * len(brute)
+    want = brute_groups(rows)
+    assert len(got) == len(want)
+    for line in got:
+        (members,) = [g for g in want if line["group"][0] in g]
+        assert line["images"] == len(members) and set(line["group"]) <= members
+        assert len(line["group"]) == min(len(members), nd.GROUP_SIZE)
+        assert len(line["ties"]) == len(line["group"]) - 1  # a tree over the listed images
+        tied = {line["group"][0]}
+        for tie in sorted(line["ties"], key=lambda t: t["a"]):
+            assert tie["distance"] <= LIMIT and tie["dhash"] <= nd.DHASH_MAX
+        for _ in line["ties"]:
+            tied |= {t[k] for t in line["ties"] if {t["a"], t["b"]} & tied for k in ("a", "b")}
+        assert tied == set(line["group"])  # the ties join every listed image
+        assert line["confidence"] in nd.LEVELS
+    blank = next(line for line in got if line["group"][0].startswith("blank/"))
+    assert blank["images"] == 120 and blank["splits"] == {"train": 60, "validation": 60}
+    assert blank["group"] == [f"blank/{i:03d}.png" for i in range(nd.GROUP_SIZE)] and blank["confidence"] == "exact"
+    scene = next(line for line in got if line["group"][0].startswith("scene0/"))
+    assert scene["images"] == 150 and len(scene["group"]) == nd.GROUP_SIZE
     assert [nd.line_key(x) for x in got] == sorted(nd.line_key(x) for x in got)
-    assert summary["pairs"] == dict(
+    assert summary["groups"] == dict(
         sorted(
-            {
-                key: sum(1 for line in got if "a" in line and nd.split_key(line["split_a"], line["split_b"]) == key)
-                for key in {nd.split_key(line["split_a"], line["split_b"]) for line in got if "a" in line}
-            }.items(),
+            collections.Counter(nd.splits_key(line["splits"]) for line in got).items(),
             key=lambda kv: nd._key_rank(kv[0]),
         )
     )
-    assert summary["groups"] == {"train+validation": 1}
+    assert summary["images_in_groups"] == sum(len(g) for g in want)
+    assert summary["across_splits"] == sum(len(line["splits"]) > 1 for line in got)
     assert summary["images_hashed"] == len(rows) and summary["images_unhashed"] == 0
 
 
@@ -316,26 +388,29 @@ def test_convert_lists_every_copy_and_counts_the_leaks(tmp_path):
     out = tmp_path / "out"
     r = run_cli("convert", "--input", str(tmp_path / "in"), "--output", str(out), *QUICK)
     assert r.returncode == 0, r.stderr
-    lines = [json.loads(x) for x in (out / "near_duplicates.jsonl").read_text().splitlines()]
-    pairs = {(x["a"], x["b"]) for x in lines}
-    assert {tuple(sorted(kv)) for kv in copied.items()} == pairs  # every copy, nothing else
+    header, *lines = [json.loads(x) for x in (out / "near_duplicates.jsonl").read_text().splitlines()]
+    assert header == nd.header_line(LIMIT)
+    groups = {tuple(x["group"]) for x in lines}
+    assert {tuple(sorted(kv)) for kv in copied.items()} == groups  # every copy, nothing else
     index = {e["path"]: e for e in map(json.loads, (out / "index.jsonl").read_text().splitlines())}
-    assert all(len(e["phash"]) == 16 for e in index.values())
+    assert all(len(e["phash"]) == 16 and len(e["confirm"]) == 32 for e in index.values())
     for x in lines:
-        assert (x["split_a"], x["split_b"]) == (index[x["a"]]["split"], index[x["b"]]["split"])
-        assert x["distance"] == distance(index[x["a"]]["phash"], index[x["b"]]["phash"]) <= LIMIT
+        assert x["splits"] == dict(collections.Counter(index[p]["split"] for p in x["group"]))
+        (tie,) = x["ties"]
+        assert tie["distance"] == distance(index[tie["a"]]["phash"], index[tie["b"]]["phash"]) <= LIMIT
     info = json.loads((out / "dataset.json").read_text())
     block = info["near_duplicates"]
     assert block["hash"] == "phash-64" and block["max_distance"] == LIMIT and block["images_hashed"] == len(index)
-    across = [x for x in lines if x["split_a"] != x["split_b"]]
-    assert block["across_splits"] == len(across) == sum(n for k, n in block["pairs"].items() if "/" in k)
-    assert sum(block["pairs"].values()) == len(lines)
+    assert block["format"] == nd.FORMAT and block["confirm"] == "dhash-64+colour-2x2"
+    across = [x for x in lines if len(x["splits"]) > 1]
+    assert block["across_splits"] == len(across) == sum(n for k, n in block["groups"].items() if "+" in k)
+    assert sum(block["groups"].values()) == len(lines) and block["images_in_groups"] == 2 * len(lines)
     sizes = info["image_sizes"]["shorter_side"]
     assert sum(sizes.values()) == len(index) and set(sizes) <= {"<64", "64-127", "128-255"}
     assert all(isinstance(e["width"], int) and isinstance(e["height"], int) for e in index.values())
-    assert "near-dups" in r.stdout and f"{len(lines)} pairs" in r.stdout
+    assert "near-dups" in r.stdout and f"{len(lines)} groups of {2 * len(lines)} images" in r.stdout
     shown = run_cli("inspect", str(out)).stdout
-    assert f"near-duplicates: {len(lines)} pairs, {len(across)} across splits" in shown
+    assert f"near-duplicates: {len(lines)} groups of {2 * len(lines)} images, {len(across)} across splits" in shown
 
     # the same bytes from another runner mode (other bundles, other orders)
     again = tmp_path / "again"
@@ -379,10 +454,15 @@ def test_a_night_finds_a_new_copy_of_an_earlier_image_without_decoding_it_again(
     assert r.returncode == 0, r.stderr
     info = json.loads((second / "dataset.json").read_text())
     assert info["incremental"]["converted"] == 1  # the others were reused: their hashes came from the index
-    pairs = {(x["a"], x["b"]) for x in map(json.loads, (second / "near_duplicates.jsonl").read_text().splitlines())}
-    assert ("dogs/p05.jpg", "dogs/p05_tonight.png") in pairs
-    before = (first / "near_duplicates.jsonl").read_text().splitlines()
-    assert len(pairs) == len(before) + 1
+    groups = {
+        tuple(x["group"]) for x in map(json.loads, (second / "near_duplicates.jsonl").read_text().splitlines()[1:])
+    }
+    assert ("dogs/p05.jpg", "dogs/p05_tonight.png") in groups
+    before = (first / "near_duplicates.jsonl").read_text().splitlines()[1:]
+    assert len(groups) == len(before) + 1
+    assert info["changes"]["near_duplicates_new"] == {"groups": 1, "across_splits": 1, "images": 2} or info["changes"][
+        "near_duplicates_new"
+    ] == {"groups": 1, "across_splits": 0, "images": 2}
 
 
 def test_a_wrong_distance_is_one_line(tmp_path):
@@ -403,9 +483,9 @@ def test_a_damaged_hash_in_an_index_is_no_hash():
 def test_bits_are_counted_alike_with_and_without_numpy_2(monkeypatch):
     values = np.array([0, 1, 3, 2**64 - 1, 12345678901234567, 2**63], dtype=np.uint64)
     want = [int(v).bit_count() for v in values.tolist()]
-    assert nd._bit_counts(values).tolist() == want
+    assert nd._bits(values).tolist() == want
     monkeypatch.delattr(np, "bitwise_count", raising=False)
-    assert nd._bit_counts(values).tolist() == want
+    assert nd._bits(values).tolist() == want
 
 
 # ---- drop-leaks -------------------------------------------------------------------------------------
@@ -432,10 +512,10 @@ def test_drop_leaks_rejects_the_copies_in_other_splits_and_writes_what_a_run_wit
     assert leaks, "the folder has copies across splits"
     index = [json.loads(x) for x in (leaky / "index.jsonl").read_text().splitlines()]
     assert not set(leaks) & {e["path"] for e in index}
-    for line in map(json.loads, (leaky / "near_duplicates.jsonl").read_text().splitlines()):
-        assert "train" not in {line["split_a"], line["split_b"]} or line["split_a"] == line["split_b"]
+    for line in map(json.loads, (leaky / "near_duplicates.jsonl").read_text().splitlines()[1:]):
+        assert len(line["splits"]) == 1  # no group spans splits any more
     for row in leaks.values():
-        assert row["detail"].startswith("near-duplicate of ") and "(train)" in row["detail"], row
+        assert row["detail"].startswith("near-duplicate group of 2 images, 1 of them in "), row
 
     # the same input without the leaked files, converted plainly: the same shards, byte for byte
     clean_src = tmp_path / "clean-in"
@@ -500,27 +580,36 @@ def test_drop_leaks_killed_half_way_resumes_to_the_same_bytes(tmp_path, monkeypa
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
 
 
-def test_a_leak_is_the_non_train_side_and_a_crowd_with_train_images_leaks_its_others():
+def test_a_leak_is_an_image_outside_its_groups_first_split():
     from beam_pipeline import leaks
 
-    pair = {"a": "x.jpg", "b": "y.jpg", "split_a": "test", "split_b": "train", "distance": 3}
-    assert list(leaks.leaks_of(pair)) == [("x.jpg", (3, "y.jpg", "near-duplicate of y.jpg (train), 3 bits apart"))]
-    assert list(leaks.leaks_of({**pair, "split_b": "validation"})) == []  # no train image: no leak
-    assert list(leaks.leaks_of({**pair, "split_a": "train"})) == []
-    crowds = {"ff": {"test": 2, "train": 150}}
-    assert [p for p, _ in leaks.crowd_leaks(("ff", ("t.png", "test")), crowds)] == ["t.png"]
-    assert list(leaks.crowd_leaks(("ff", ("r.png", "train")), crowds)) == []
-    assert list(leaks.crowd_leaks(("ee", ("t.png", "test")), crowds)) == []
+    spanning = {
+        7: {"test": (2, "t0.png"), "train": (150, "a.jpg")},
+        8: {"test": (1, "u.png"), "validation": (1, "v.png")},
+    }
+    assert list(leaks.leak_of((7, ("test", "t1.png")), spanning)) == [
+        ("t1.png", (0, "a.jpg", "near-duplicate group of 152 images, 150 of them in train (first: a.jpg)"))
+    ]
+    assert list(leaks.leak_of((7, ("train", "a.jpg")), spanning)) == []
+    assert [p for p, _ in leaks.leak_of((8, ("test", "u.png")), spanning)] == ["u.png"]  # validation stays
+    assert list(leaks.leak_of((8, ("validation", "v.png")), spanning)) == []
+    assert list(leaks.leak_of((9, ("test", "w.png")), spanning)) == []  # a group inside one split
+    acc = leaks.GroupSplits()
+    merged = acc.merge_accumulators(
+        [acc.add_input(acc.create_accumulator(), ("test", "b")), acc.add_input(acc.create_accumulator(), ("test", "a"))]
+    )
+    assert acc.extract_output(merged) == {"test": (2, "a")}
 
 
 def test_an_unchanged_file_of_a_night_keeps_its_hash_unread(tmp_path):
     from beam_pipeline import index, leaks
     from beam_pipeline.vocab.refs import Ref
 
-    previous = index.Previous("shard", 0, 1, "sha", None, None, "", None, "0123456789abcdef")
+    full = "0123456789abcdef" * 3
+    previous = index.Previous("shard", 0, 1, "sha", None, None, "", None, full)
     ref = Ref(str(tmp_path / "gone.jpg"), "gone.jpg", 1, "test", None, 0, previous=previous)
     reuse = leaks.HashRefFn(ImageOptions(), reuse=True)
-    assert list(reuse.process(ref)) == [("0123456789abcdef", ("gone.jpg", "test"))]
+    assert list(reuse.process(ref)) == [(full, ("gone.jpg", "test"))]
     # the previous night's records may not be reused (other code): its hashes are not trusted either
     assert list(leaks.HashRefFn(ImageOptions(), reuse=False).process(ref)) == []  # gone: no hash
     unread = dataclasses.replace(ref, previous=None)

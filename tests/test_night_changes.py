@@ -37,12 +37,15 @@ def test_classes_counts_rejects_and_new_pairs_against_the_previous_night(tmp_pat
     previous = {**info({"cats": 100, "dogs": 100, "owls": 5}, {"truncated": 2}), "near_duplicates": {"pairs": {}}}
     (before / "dataset.json").write_text(json.dumps(previous))
     (before / "near_duplicates.jsonl").write_text(lines(("a.jpg", "b.jpg", "train", "train")))
-    now_near = tmp_path / "now.jsonl"  # one sorted part
+    now_near = tmp_path / "now.jsonl"  # one sorted part of tonight's groups; the previous night's file: pairs
     now_near.write_text(
-        lines(
-            ("a.jpg", "b.jpg", "train", "train"),
-            ("a.jpg", "c.jpg", "train", "test"),
-            ("d.jpg", "e.jpg", "test", "test"),
+        "".join(
+            json.dumps({"group": g, "images": len(g), "splits": s, "confidence": "sure", "ties": []}) + "\n"
+            for g, s in (
+                (["a.jpg", "b.jpg", "c.jpg"], {"test": 1, "train": 2}),  # a and b were a pair: not new
+                (["d.jpg", "e.jpg"], {"test": 2}),
+                (["f.jpg", "g.jpg"], {"test": 1, "train": 1}),
+            )
         )
     )
     now = DatasetInfo.from_json(info({"cats": 110, "dogs": 60, "bats": 3}, {"truncated": 40}))
@@ -50,13 +53,13 @@ def test_classes_counts_rejects_and_new_pairs_against_the_previous_night(tmp_pat
     assert got["classes_added"] == ["bats"] and got["classes_removed"] == ["owls"]
     assert got["classes_moved"] == {"dogs": {"before": 100, "now": 60}}  # cats moved 10 %: under the share
     assert got["rejects_by_reason"] == {"truncated": {"before": 2, "now": 40}}
-    assert got["near_duplicates_new"] == {"pairs": 2, "across_splits": 1}
+    assert got["near_duplicates_new"] == {"groups": 2, "across_splits": 1, "images": 4}
     assert got["notes"] == [
         "class bats is new",
         "class owls has no image any more",
         "class dogs: 100 -> 60 images (-40%)",
         "reject rate 1.0% -> 18.8%",
-        "2 new near-duplicate pairs, 1 across splits",
+        "2 new near-duplicate groups (4 images), 1 across splits",
     ]
     assert ch.dropped_class(got, None) is None
     assert ch.dropped_class(got, 0.5) == "class owls has no image any more"

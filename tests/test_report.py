@@ -244,3 +244,76 @@ def test_the_report_of_other_datasets(tmp_path, flags):
     overview = next(e for e in numbers(page).elements if "data-bytes" in e)
     assert int(overview["data-examples"]) == info["examples"] == 12
     assert re.findall(r'<div class="strip"', page)
+
+
+# ---- the page's pieces, in process (no browser, no dataset on disk) ----------------------------------------
+
+
+def _info(**extra):
+    from beam_pipeline.vocab.dataset_info import DatasetInfo
+
+    return DatasetInfo.from_json({"name": "x", "splits": {}, **extra})
+
+
+@pytest.mark.unit
+def test_the_class_chart_legend_stands_beside_the_bars_never_over_them():
+    import matplotlib.pyplot as plt
+
+    from beam_pipeline import report
+
+    names = [f"class {i}" for i in range(12)]
+    series = {s: [100 - 5 * i for i in range(12)] for s in ("train", "validation", "test")}
+    fig = report._bars_figure(names, series, "images per class")
+    try:
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert legend.x0 >= axes.x1  # right of the axes: no bar under it
+    finally:
+        plt.close(fig)
+    width = lambda svg: float(re.search(r'<svg[^>]*\bwidth="([\d.]+)pt"', svg).group(1))
+    one = report._svg_bars(names, {"train": series["train"]}, "images per class")
+    assert width(report._svg_bars(names, series, "images per class")) > width(one)  # the legend is in the drawing
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "sizes,examples,said,charts",
+    [
+        ([(64, 48)] * 5, 5, "all 5 images are 64×48 px (aspect ratio 4:3); all 5 records", 0),
+        ([(64, 48)] * 5, 100, "all 5 sampled images are 64×48 px (aspect ratio 4:3); sampled: 5 of 100 records", 0),
+        ([(64, 48)], 1, "the one image is 64×48 px (aspect ratio 4:3)", 0),
+        ([(64, 48), (128, 96)], 2, "all 2 images have aspect ratio 4:3", 1),
+        ([(48, 64), (64, 48)], 2, "every shorter side is 48 px", 1),
+        ([(64, 48), (100, 100)], 2, "median shorter side 74 px, from 48 to 100 px", 2),
+    ],
+    ids=["one-size", "one-size-sampled", "one-image", "one-ratio", "one-shorter-side", "varied"],
+)
+def test_one_image_size_is_a_sentence_not_a_one_bar_chart(sizes, examples, said, charts):
+    from beam_pipeline import report
+
+    section = report._sizes([{"size": s} for s in sizes], _info(examples=examples))
+    assert said in section
+    assert section.count("<svg") == charts
+
+
+@pytest.mark.unit
+def test_a_nights_changes_stand_near_the_top_and_say_what_was_dropped(tmp_path):
+    from beam_pipeline import report
+
+    info = _info(
+        examples=0,
+        incremental={"from": "/data/monday", "reused": 9, "converted": 2, "unchanged": 9, "added": 2, "dropped": 3},
+        changes={"notes": ["class cats is new", "reject rate 1.0% -> 5.0%"]},
+    )
+    page, _ = report.build_report(str(tmp_path), info)
+    assert page.index('id="changes"') < page.index('id="splits"') < page.index('id="rejects"')
+    section = page[page.index('<section id="changes"') :]
+    section = section[: section.index("</section>")]
+    assert "<li>class cats is new</li><li>reject rate 1.0% -&gt; 5.0%</li>" in section
+    assert 'data-dropped="3"' in section and "unchanged 9, added 2, changed 0, dropped 3" in section
+    assert "names are not recorded" in section and "/data/monday" in section
+    assert report.build_report(str(tmp_path), info)[0] == page  # the same data, the same bytes
+    quiet = report.build_report(str(tmp_path), _info(examples=0, incremental={"from": "/data/monday"}))[0]
+    assert 'data-dropped="0"' in quiet and "names are not recorded" not in quiet
+    assert 'id="changes"' not in report.build_report(str(tmp_path), _info(examples=0))[0]

@@ -1,8 +1,11 @@
-"""The perceptual hash of an image, from the pixels the check decodes anyway (docs/leakage.md).
+"""The perceptual hash of an image and the second measure that confirms it, from the pixels the check decodes
+anyway (docs/leakage.md).
 
 imagehash's pHash (64 bits: the signs of the 8 x 8 lowest frequencies of a
-32 x 32 grey image's DCT, against their median). Every format is hashed from
-the same normalised picture, so a PNG and a JPEG of one photo agree:
+32 x 32 grey image's DCT, against their median; computed here with the same
+SciPy transform, only the rows and columns it keeps: the same bits, a third of
+the time). Every format is hashed from the same normalised picture, so a PNG
+and a JPEG of one photo agree:
 
 - the first frame, grey (16-bit grey as TensorFlow reads it);
 - shrunk to 32 x 32, bilinear (the check decodes a JPEG kept as is at the smallest scale libjpeg
@@ -10,7 +13,14 @@ the same normalised picture, so a PNG and a JPEG of one photo agree:
 - transparent pixels flattened on white, as a JPEG conversion does;
 - turned upright by its EXIF orientation, whether or not the run applies it to the record.
 
-The hash is the 16 hex digits imagehash prints; ``distance`` is the number of bits two differ in.
+The **second measure** (``CONFIRM_NAME``) comes from the same normalised picture, in the same decode, and is
+independent of the pHash's frequencies: a 64-bit dHash (the signs of the horizontal steps of a 9 x 8 grey
+version) and the colour of the picture's four quarters (each quarter's red and green shares of its mean
+colour, a byte each; a grey image's are all 85). A pair the pHash finds close is listed only when the second
+measure agrees (``near_duplicates.confirm``).
+
+``perceptual_hash`` returns 48 hex digits: the pHash (16, imagehash's ``str()`` of it), the dHash (16), the
+colour (16). index.jsonl stores the first 16 as ``phash`` and the rest as ``confirm``.
 """
 
 from __future__ import annotations
@@ -25,20 +35,25 @@ from .pixels import _applied_orientation, _plain_mode
 _LOG = logging.getLogger(__name__)
 
 HASH_NAME = "phash-64"  # what dataset.json names: imagehash.phash with hash_size 8
+CONFIRM_NAME = "dhash-64+colour-2x2"  # the second measure (the module docstring)
+HEX = 16  # hex digits of one 64-bit part
+FULL = 3 * HEX  # pHash, dHash, colour
 
 
 def perceptual_hash(img: Image.Image) -> str | None:
-    """The 16-hex-digit pHash of ``img``'s first frame, upright; None if Pillow cannot make it grey (logged).
-
-    ``img`` is the decoded image the check holds; it is not changed. Its hex digits are imagehash's own
-    ``str()`` of the hash (the first of the 64 bits is the highest), made without its per-bit string.
-    """
-    import imagehash  # with SciPy: imported by the processes that decode, on their first image
+    """48 hex digits, the pHash, dHash and colour of ``img``'s first frame, upright; None if Pillow cannot make
+    it grey (logged). ``img`` is the decoded image the check holds; it is not changed."""
     import numpy as np
+    from scipy.fft import dct  # with SciPy: imported by the processes that decode, on their first image
 
     try:
-        bits = imagehash.phash(_normalised(img)).hash
-        return np.packbits(bits.reshape(-1)).tobytes().hex()
+        small, colour = _normalised(img)
+        pixels = np.asarray(small, dtype=np.float64)
+        low = dct(dct(pixels, axis=0)[:8], axis=1)[:, :8]  # imagehash.phash: the same transform, its 8 x 8
+        bits = low > np.median(low)
+        steps = np.asarray(small.resize((9, 8), Image.Resampling.BILINEAR), dtype=np.int16)
+        dbits = steps[:, 1:] > steps[:, :-1]
+        return (np.packbits(bits.reshape(-1)).tobytes() + np.packbits(dbits.reshape(-1)).tobytes() + colour).hex()
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - a mode Pillow cannot convert: the image stays, unhashed
@@ -46,8 +61,9 @@ def perceptual_hash(img: Image.Image) -> str | None:
         return None
 
 
-def _normalised(img: Image.Image) -> Image.Image:
-    """``img``'s first frame as a HASH_SIDE x HASH_SIDE grey image, upright, on white where transparent.
+def _normalised(img: Image.Image) -> tuple[Image.Image, bytes]:
+    """``img``'s first frame as a HASH_SIDE x HASH_SIDE grey image, upright, on white where transparent; and
+    its four quarters' colour (red and green shares of each quarter's mean, a byte each, upright).
 
     Grey first, then shrunk (a large image box-reduced to about twice HASH_SIDE first): a third of the work
     of shrinking three channels, ~0.05 ms for a JPEG the check decoded at 1/8 scale.
@@ -57,6 +73,7 @@ def _normalised(img: Image.Image) -> Image.Image:
     factor = min(frame.size) // (2 * HASH_SIDE)
     if factor >= 2:
         frame = frame.reduce(factor)
+    colour = _quarters(frame, orientation)
     if frame.mode in ("RGB", "RGBA"):
         frame = frame.convert("LA" if frame.mode == "RGBA" else "L")
     small = frame.resize((HASH_SIDE, HASH_SIDE), Image.Resampling.BILINEAR)
@@ -66,17 +83,52 @@ def _normalised(img: Image.Image) -> Image.Image:
         small = flat
     if orientation != 1:
         small = small.transpose(ORIENTATION_TRANSPOSE[orientation])
-    return small
+    return small, colour
+
+
+GREY_SHARE = 85  # a grey pixel's red (or green) share of 255
+
+
+def _quarters(frame: Image.Image, orientation: int) -> bytes:
+    """8 bytes: for each quarter of the upright picture (row by row), the red and the green share of its mean
+    colour (0-255, of R + G + B); grey and grey-with-alpha pictures are GREY_SHARE throughout."""
+    if frame.mode in ("L", "LA"):
+        return bytes([GREY_SHARE]) * 8
+    if frame.mode == "RGBA":
+        flat = Image.new("RGB", frame.size, (255, 255, 255))
+        flat.paste(frame.convert("RGB"), mask=frame.getchannel("A"))
+        frame = flat
+    quarters = frame.resize((2, 2), Image.Resampling.BOX)
+    if orientation != 1:
+        quarters = quarters.transpose(ORIENTATION_TRANSPOSE[orientation])
+    out = bytearray()
+    for r, g, b in quarters.getdata():
+        total = r + g + b + 3
+        out += bytes([(255 * (r + 1)) // total, (255 * (g + 1)) // total])
+    return bytes(out)
 
 
 def valid_hash(value: object) -> str:
-    """``value`` if it is a hash as this version writes it (16 lowercase hex digits), else "" (unhashed): a
+    """``value`` if it is a pHash as this version writes it (16 lowercase hex digits), else "" (unhashed): a
     damaged index line never stops a night's join."""
-    if isinstance(value, str) and len(value) == 16 and all(c in "0123456789abcdef" for c in value):
+    if isinstance(value, str) and len(value) == HEX and all(c in "0123456789abcdef" for c in value):
         return value
     return ""
 
 
+def entry_hash(entry: object) -> str:
+    """An index line's 48 hex digits (``phash`` + ``confirm``), or its 16 pHash digits alone when it has no
+    valid ``confirm`` (an index written before the second measure), or ""."""
+    if not isinstance(entry, dict):
+        return ""
+    phash = valid_hash(entry.get("phash"))
+    confirm = entry.get("confirm")
+    if phash and isinstance(confirm, str) and len(confirm) == 2 * HEX and valid_hash(confirm[:HEX]):
+        if valid_hash(confirm[HEX:]):
+            return phash + confirm
+    return phash
+
+
 def distance(a: str, b: str) -> int:
-    """Bits two hashes differ in."""
-    return (int(a, 16) ^ int(b, 16)).bit_count()
+    """Bits two pHashes (their first 16 hex digits) differ in."""
+    return (int(a[:HEX], 16) ^ int(b[:HEX], 16)).bit_count()

@@ -2,8 +2,8 @@
 
 Classes added or removed, class counts that moved by more than ``--change-share``, the stored images' shorter
 sides (a note when the median's bucket moved), the reject rate and the reasons whose counts moved, and
-near-duplicate pairs that are new since then (the two sorted
-``near_duplicates.jsonl`` files streamed side by side, one line of each in memory). They go into
+near-duplicate groups that are new since then (none of their images was in a group or pair the night before:
+the previous ``near_duplicates.jsonl``, either format, is read into a set of its listed paths). They go into
 dataset.json's ``changes`` and the summary as notes; a change stops the publish only through
 ``--max-class-drop`` (docs/nightly.md#what-changed-since-the-previous-night).
 """
@@ -17,8 +17,8 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from .. import metadata
-from ..near_duplicates import merged
-from ..storage import read_json_object
+from ..near_duplicates import groups_of_file, merged
+from ..storage import open_lines, read_json_object
 from ..vocab.dataset_info import DatasetInfo
 from ..vocab.records import SIZE_BUCKETS
 
@@ -84,7 +84,7 @@ def night_changes(
     before_file = FileSystems.join(previous_dir, metadata.NEAR_DUPLICATES_JSONL)
     if near_parts is not None and before.near_duplicates is not None and FileSystems.exists(before_file):
         try:  # a damaged previous file costs the note, not the run
-            out["near_duplicates_new"] = new_pairs(before_file, ((k, json.loads(raw)) for k, raw in merged(near_parts)))
+            out["near_duplicates_new"] = new_groups(before_file, (json.loads(raw) for _, raw in merged(near_parts)))
         except (ValueError, KeyError, TypeError):
             pass
     out["notes"] = notes(out)
@@ -107,20 +107,19 @@ def median_bucket(counts: Mapping[str, int]) -> str | None:
     return None
 
 
-def new_pairs(before: str, now: Iterable[tuple[tuple[str, str], dict[str, Any]]]) -> dict[str, int]:
-    """Pairs of ``now`` (sorted (line_key, line)) that the sorted file ``before`` does not list, and how many of
-    those are across splits; crowds are left out."""
-    old = ((key, json.loads(raw)) for key, raw in merged([before]))
-    pairs = across = 0
-    current = next(old, None)
-    for key, line in now:
-        while current is not None and current[0] < key:
-            current = next(old, None)
-        if "group" in line or (current is not None and current[0] == key):
-            continue
-        pairs += 1
-        across += line["split_a"] != line["split_b"]
-    return {"pairs": pairs, "across_splits": across}
+def new_groups(before: str, now: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Tonight's groups (lines of either format) none of whose listed images the file ``before`` (either
+    format) has in a group or pair: how many, how many across splits, their images. ``before``'s grouped
+    paths are held as a set (its listed images: at most GROUP_SIZE a group)."""
+    with open_lines(before) as fh:
+        seen = {p for group in groups_of_file(json.loads(raw) for raw in fh if raw.strip()) for p in group["group"]}
+    groups = across = images = 0
+    for group in groups_of_file(now):
+        if seen.isdisjoint(group["group"]):
+            groups += 1
+            across += len(group["splits"]) > 1
+            images += group["images"]
+    return {"groups": groups, "across_splits": across, "images": images}
 
 
 def notes(changes: Mapping[str, Any]) -> list[str]:
@@ -138,8 +137,11 @@ def notes(changes: Mapping[str, Any]) -> list[str]:
         if before != now:
             out.append(f"median shorter side {before} px -> {now} px")
     near = changes.get("near_duplicates_new")
-    if near and near["pairs"]:
-        out.append(f"{near['pairs']} new near-duplicate pairs, {near['across_splits']} across splits")
+    if near and near.get("groups"):
+        out.append(
+            f"{near['groups']} new near-duplicate groups ({near['images']} images), "
+            f"{near['across_splits']} across splits"
+        )
     return out
 
 

@@ -32,7 +32,7 @@ from ..config import ConvertConfig, Layout, settings_for
 from ..errors import one_line
 from ..hashing import part_of
 from ..metadata import NEAR_DUPLICATES_JSONL, REJECT_PARTS
-from ..near_duplicates import merge_parts
+from ..near_duplicates import DEFAULT_DISTANCE, merge_parts
 from ..storage import files_under, write_text
 from ..vocab.dataset_info import DatasetInfo, ShardEntry, SplitInfo
 from ..vocab.records import SIZE_BUCKETS, UNKNOWN_SIZE, ShardResult, choose_results
@@ -238,7 +238,8 @@ class FinalizeFn(beam.DoFn):
         name_shards(layout, staging)
         if near_parts is not None:  # after name_shards (which clears the staging folder), before dataset.json
             failpoints.hit("finalize.write")
-            merge_parts(near_parts, FileSystems.join(staging, NEAR_DUPLICATES_JSONL))
+            distance = (near_summary or {}).get("max_distance", DEFAULT_DISTANCE)
+            merge_parts(near_parts, FileSystems.join(staging, NEAR_DUPLICATES_JSONL), distance)
         info = self._write_metadata(info, layout, reject_parts, labels if labelled else None, categories, object_parts)
         self._publish_or_hold(info)
         yield info

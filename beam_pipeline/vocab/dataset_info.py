@@ -297,7 +297,7 @@ class DatasetInfo:
     incremental: IncrementalInfo | None = None
     # run/changes.night_changes: what moved since the --incremental-from dataset, and the notes saying so
     changes: Mapping[str, Any] | None = None
-    # convert --report: {"file": "report.html", "sampled", "pairs"}, or {"file": null, "error"} for a page that
+    # convert --report: {"file": "report.html", "sampled", "groups"}, or {"file": null, "error"} for a page that
     # could not be drawn (the dataset published without it)
     report: Mapping[str, Any] | None = None
     resumed: ResumedInfo | None = None

@@ -146,9 +146,9 @@ def converted(folder: Path, out: Path, distance: int) -> tuple[dict[str, int], s
     with open(out / "near_duplicates.jsonl") as fh:
         for line in fh:
             found = json.loads(line)
-            if "a" in found:
+            if "a" in found:  # a version 1 file's pair
                 pairs.add((found["a"], found["b"]))
-            else:  # a crowd: every two of its images
+            elif "group" in found:  # a group (or a version 1 crowd): every two of its images
                 group = sorted(found["group"])
                 pairs.update((a, b) for i, a in enumerate(group) for b in group[i + 1 :])
     return hashes, pairs, run
