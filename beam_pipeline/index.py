@@ -39,6 +39,7 @@ import apache_beam as beam
 from apache_beam.coders import BytesCoder
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
+from apache_beam.pvalue import AsSingleton
 from apache_beam.typehints.decorators import no_annotations
 
 from . import examples
@@ -405,8 +406,9 @@ class MatchPreviousFn(beam.DoFn):
         entries = list(joined["previous"])
         rejects = list(joined.get("rejects", ()))
         if not refs:
-            for _ in entries:
+            for entry in entries:
                 yield beam.pvalue.TaggedOutput(CHANGES, DROPPED)
+                yield beam.pvalue.TaggedOutput(DROPPED_PATHS, str(entry.get("path", "")))
             return
         for ref in refs:
             entry = next((e for e in entries if unchanged(e, ref)), None)
@@ -425,6 +427,8 @@ class MatchPreviousFn(beam.DoFn):
 
 
 CHANGES = "changes"
+DROPPED_PATHS = "dropped_paths"
+DROPPED_NAMED = 10  # dropped records dataset.json names (the first, by path): the rest are the previous index's
 
 
 def index_entry(entry: Any) -> bool:
@@ -509,12 +513,16 @@ class JoinPrevious(beam.PTransform):
         matched = (
             {"refs": by_path, "previous": previous, "rejects": rejects}
             | "JoinByPath" >> beam.CoGroupByKey()
-            | "MatchPrevious" >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, main="refs")
+            | "MatchPrevious"
+            >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, DROPPED_PATHS, main="refs")
         )
+        first_dropped = matched[DROPPED_PATHS] | "FirstDropped" >> beam.combiners.Top.Smallest(DROPPED_NAMED)
         counts = (
             (matched[CHANGES], *unreadable)
             | "WithUnreadableLines" >> beam.Flatten()
             | "CountChanges" >> beam.combiners.Count.PerElement()
             | "AllChanges" >> beam.combiners.ToDict()
+            | "WithFirstDropped"
+            >> beam.Map(lambda counts, first: {**counts, "dropped_first": sorted(first)}, AsSingleton(first_dropped))
         )
         return {"refs": matched.refs, CHANGES: counts}

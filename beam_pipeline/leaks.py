@@ -18,11 +18,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.typehints.decorators import no_annotations
 
 from .images.options import ImageOptions, Rejected
 from .images.phash import FULL
-from .near_duplicates import GroupIndex, first_split, with_members
+from .near_duplicates import KEY, GroupIndex, first_split, key_of, with_members
 from .sources.rules import REJECTS
 from .vocab.reasons import NEAR_DUPLICATE_LEAK
 from .vocab.refs import Ref, reject
@@ -79,9 +80,9 @@ class HashRefFn(beam.DoFn):  # type: ignore[misc]
 def grouped_image(element: tuple[str, tuple[str, str]], index: GroupIndex) -> Iterator[tuple[int, tuple[str, str]]]:
     """(hashes, (relpath, split)) → (its group, (split, relpath)) for an image in a near-duplicate group."""
     full, (path, split) = element
-    found = index.group_of(full)
-    if found is not None:
-        yield found[0], (split, path)
+    group = int(index.groups_of(np.array([key_of(full)], dtype=KEY))[0])
+    if group >= 0:
+        yield group, (split, path)
 
 
 class GroupSplits(beam.CombineFn):  # type: ignore[misc]

@@ -218,46 +218,59 @@ def _joined(parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 class GroupIndex:
-    """What the search found, as the steps after it read it: which group each grouped look is in, the ties of
-    each group's listed looks, and how many images each look has."""
+    """What the search found, as the steps after it read it (a side input: numpy arrays, ~80 bytes a grouped
+    look, nothing for the others): each grouped look's group (its smallest grouped look) and images, and each
+    group's tree of ties (node numbers are positions in ``keys``)."""
 
     def __init__(self, keys: np.ndarray, counts: np.ndarray, found: Mapping[str, Any]) -> None:
         component = found["component"]
         grouped = np.flatnonzero(component >= 0)
+        position = np.full(len(keys), -1, np.int64)
+        position[grouped] = np.arange(len(grouped))
         self.large_runs = int(found["large_runs"])
-        self.looks = {_hex(keys[k]): (int(component[k]), int(k)) for k in grouped}  # full hash → (group, node)
-        self.counts = {int(k): int(counts[k]) for k in grouped}
+        self.keys = keys[grouped]  # sorted, as ``keys``
+        self.group = position[component[grouped]]
+        self.counts = counts[grouped]
         tree = found["tree"]
-        self.ties: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
-        for i, j, d, dd, dc, level in zip(
-            *(tree[k].tolist() for k in ("i", "j", "d", "dd", "dc", "level")), strict=True
-        ):
-            self.ties.setdefault(int(component[i]), []).append((i, j, d, dd, dc, level))
-        self.listed = {g: _listed_nodes(g, ties, self.counts) for g, ties in self.ties.items()}
+        i, j = position[tree["i"]], position[tree["j"]]
+        owner = self.group[i]
+        order = np.argsort(owner, kind="stable")
+        self.tree = np.stack([owner, i, j, tree["d"], tree["dd"], tree["dc"], tree["level"]])[:, order]
 
-    def group_of(self, full: str) -> tuple[int, int] | None:
-        return self.looks.get(full)
+    def groups_of(self, keys: np.ndarray) -> np.ndarray:
+        """Each of ``keys``' group, or -1."""
+        at = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
+        if not len(self.keys):
+            return np.full(len(keys), -1, np.int64)
+        return np.where(self.keys[at] == keys, self.group[at], -1)
+
+    def nodes_of(self, keys: np.ndarray) -> np.ndarray:
+        return np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
+
+    def ties(self, group: int) -> list[tuple[int, int, int, int, int, int]]:
+        """(node, node, pHash bits, dHash bits, colour difference, level) of the group's tree."""
+        lo, hi = np.searchsorted(self.tree[0], [group, group + 1])
+        return [tuple(t) for t in self.tree[1:, lo:hi].T.tolist()]
+
+    def count(self, node: int) -> int:
+        return int(self.counts[node])
 
 
-def _hex(key: Any) -> str:
-    return f"{int(key['ph']):016x}{int(key['dh']):016x}{int(key['col']):016x}"
-
-
-def _listed_nodes(start: int, ties: Sequence[tuple[int, ...]], counts: Mapping[int, int]) -> list[int]:
+def _listed_nodes(start: int, ties: Sequence[tuple[int, ...]], index: GroupIndex) -> list[int]:
     """The looks a group line lists, in order: breadth first over its tree from its smallest look (neighbours
     by index), until they hold GROUP_SIZE images; each after the first is tied to one before it."""
     around: dict[int, list[int]] = {}
     for i, j, *_ in ties:
         around.setdefault(i, []).append(j)
         around.setdefault(j, []).append(i)
-    out, seen, images = [start], {start}, counts.get(start, 1)
+    out, seen, images = [start], {start}, index.count(start)
     at = 0
     while at < len(out) and images < GROUP_SIZE:
         for other in sorted(around.get(out[at], ())):
             if other not in seen and images < GROUP_SIZE:
                 seen.add(other)
                 out.append(other)
-                images += counts.get(other, 1)
+                images += index.count(other)
         at += 1
     return out
 
@@ -325,13 +338,17 @@ def find_groups(looks: tuple[np.ndarray, np.ndarray], max_distance: int) -> Grou
 
 def members_of_part(part: str, index: GroupIndex) -> Iterator[tuple[int, Any]]:
     """An index part → (group, its members here: GroupMembers' accumulator) for each group it holds images of."""
+    entries = [(e["path"], e["split"], full) for e in read_index(part) if len(full := entry_hash(e)) == FULL]
+    if not entries:
+        return
+    keys = np.array([key_of(full) for _, _, full in entries], dtype=KEY)
+    groups = index.groups_of(keys)
+    nodes = index.nodes_of(keys)
     here: dict[int, list[Any]] = {}
-    for entry in read_index(part):
-        full = entry_hash(entry)
-        found = index.group_of(full) if len(full) == FULL else None
-        if found is not None:
-            here.setdefault(found[0], []).append((found[1], entry["path"], entry["split"]))
-    for group, members in here.items():
+    for at in np.flatnonzero(groups >= 0).tolist():
+        path, split, _ = entries[at]
+        here.setdefault(int(groups[at]), []).append((int(nodes[at]), path, split))
+    for group, members in sorted(here.items()):
         yield group, GroupMembers.of(members)
 
 
@@ -386,7 +403,8 @@ def group_line(element: tuple[int, Any], index: GroupIndex) -> dict[str, Any]:
     """(group, members) → its line: the listed paths, how many images in all and per split, the ties that join
     the listed images (a tree, closest first), and how sure the group is (its least sure tie)."""
     group, (count, splits, looks) = element
-    listed_nodes = index.listed.get(group, [group])
+    tree = index.ties(group)
+    listed_nodes = _listed_nodes(group, tree, index) if tree else [group]
     first = {node: looks[node][0][0] for node in listed_nodes if looks.get(node)}
     listed: list[str] = []
     ties: list[dict[str, Any]] = []
@@ -395,7 +413,7 @@ def group_line(element: tuple[int, Any], index: GroupIndex) -> dict[str, Any]:
             listed.append(path)
             if path != first[node]:
                 ties.append(_tie(first[node], path, 0, 0, 0, 2))
-    for i, j, d, dd, dc, level in index.ties.get(group, []):
+    for i, j, d, dd, dc, level in tree:
         if i in first and j in first:
             ties.append(_tie(first[i], first[j], d, dd, dc, level))
     ties.sort(key=lambda t: (t["distance"], t["dhash"], t["colour"], t["a"], t["b"]))

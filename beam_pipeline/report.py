@@ -429,8 +429,8 @@ def _masks(picks: Sequence[Mapping[str, Any]]) -> str:
 
 def _changes(info: DatasetInfo) -> str:
     """An --incremental-from run's night, near the top: the notes of dataset.json's ``changes`` (those the summary
-    prints) and the listed files against the previous dataset (its ``incremental``). The dropped files are
-    counted, not named: neither dataset.json nor any file of the output records their names."""
+    prints) and the listed files against the previous dataset (its ``incremental``), the first dropped files
+    named (dataset.json's ``dropped_first``)."""
     changes, inc = info.changes, info.incremental
     if not changes and inc is None:
         return ""
@@ -441,10 +441,16 @@ def _changes(info: DatasetInfo) -> str:
     files = ""
     if inc is not None:
         counts = ", ".join(f"{k} {getattr(inc, k):,}" for k in ("unchanged", "added", "changed", "dropped"))
+        named = ", ".join(_e(p) for p in inc.dropped_first)
+        rest = inc.dropped - len(inc.dropped_first)
+        where = (
+            f"; the other {rest:,} are the records of {_e(inc.source)}/index.jsonl that this index.jsonl does not list"
+            if rest > 0
+            else ""
+        )
         gone = (
-            '<p class="note">dropped: records of the previous dataset whose file was not listed this time. '
-            "Their names are not recorded in this output (dataset.json's incremental only counts them); the "
-            "previous dataset's index.jsonl lists them among its records, while that dataset is kept</p>"
+            f'<p class="note" data-dropped-named="{len(inc.dropped_first)}">dropped (records of the previous '
+            f"dataset whose file was not listed this time): {named or 'not named by this version'}{where}</p>"
             if inc.dropped
             else ""
         )

@@ -181,6 +181,7 @@ def test_incremental_run_equals_a_full_run_and_decodes_only_new_files(tmp_path):
         "changed": 1,
         "unchanged": 22,  # 21 records and the broken file
         "dropped": 2,
+        "dropped_first": ["dog/dog_001.png", "dog/dog_002.png"],  # named (the first ten by path)
     }
     assert info["rejects"]["total"] == 1
     assert "incremental" not in load_info(full)

@@ -233,10 +233,10 @@ def test_the_search_groups_as_all_pairs_would_and_a_large_run_costs_linear_work(
     assert max(pairs_seen) < 4 * len(keys)  # 1,200 frames of 3 scenes: never their 700,000 pairs
     assert index.large_runs > 0
     found: dict[int, set[str]] = {}
-    for path, _, full in rows:
-        group = index.group_of(full)
-        if group is not None:
-            found.setdefault(group[0], set()).add(path)
+    groups = index.groups_of(np.array([nd.key_of(full) for _, _, full in rows], dtype=nd.KEY))
+    for (path, _, _), group in zip(rows, groups.tolist(), strict=True):
+        if group >= 0:
+            found.setdefault(group, set()).add(path)
     want = brute_groups(rows)
     assert sorted(map(sorted, found.values())) == sorted(map(sorted, want))
 

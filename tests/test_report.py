@@ -82,8 +82,8 @@ def check_against_dataset_json(found: Numbers, info: dict) -> None:
         assert int(total["data-examples"]) == s["examples"]
     reasons = {e["data-reason"]: int(e["data-count"]) for e in by if "data-reason" in e}
     assert reasons == info["rejects"]["by_reason"]
-    pairs = {e["data-key"]: int(e["data-count"]) for e in by if "data-key" in e}
-    assert pairs == info["near_duplicates"]["pairs"]
+    groups = {e["data-key"]: int(e["data-count"]) for e in by if "data-key" in e}
+    assert groups == info["near_duplicates"]["groups"]
     across = next(e for e in by if "data-across" in e)
     assert int(across["data-across"]) == info["near_duplicates"]["across_splits"]
     buckets = {e["data-bucket"]: int(e["data-count"]) for e in by if "data-bucket" in e}
@@ -112,7 +112,7 @@ def test_the_report_is_one_file_whose_numbers_are_dataset_json(dataset, tmp_path
     parsed = numbers(page)
     assert "script" not in parsed.tags and "link" not in parsed.tags
     pairs = re.findall(r'<div class="pair"[^>]*>(.*?)</div>', page, re.S)
-    assert pairs and all(p.count("data:image/jpeg;base64,") == 2 for p in pairs)  # both sides drawn
+    assert pairs and all(p.count("data:image/jpeg;base64,") == 2 for p in pairs)  # both images of each group
     strips = re.findall(r'<div class="strip"[^>]*>(.*?)</div>', page, re.S)
     assert strips and all("data:image/jpeg;base64," in p for p in strips)
     assert parsed.tags.count("svg") >= 3  # the class chart, sizes and aspect ratios
@@ -158,8 +158,10 @@ def test_convert_report_publishes_the_page_with_the_dataset_and_a_later_run_with
     assert r.returncode == 0, r.stderr
     page = (out / "report.html").read_bytes()
     info = json.loads((out / "dataset.json").read_text())
-    assert info["report"] == {"file": "report.html", "sampled": info["examples"], "pairs": 6}
-    assert f"report       {info['examples']:>8} sampled records, 6 pairs shown -> report.html" in r.stdout
+    assert info["report"] == {"file": "report.html", "sampled": info["examples"], "groups": 6}
+    assert (
+        f"report       {info['examples']:>8} sampled records, 6 near-duplicate groups shown -> report.html" in r.stdout
+    )
     check_against_dataset_json(numbers(page.decode()), info)
     # the page read from the staging folder is the one inspect draws of the published dataset (it names the output)
     again = tmp_path / "inspected.html"
@@ -303,7 +305,15 @@ def test_a_nights_changes_stand_near_the_top_and_say_what_was_dropped(tmp_path):
 
     info = _info(
         examples=0,
-        incremental={"from": "/data/monday", "reused": 9, "converted": 2, "unchanged": 9, "added": 2, "dropped": 3},
+        incremental={
+            "from": "/data/monday",
+            "reused": 9,
+            "converted": 2,
+            "unchanged": 9,
+            "added": 2,
+            "dropped": 13,
+            "dropped_first": [f"cats/{i:02d}.jpg" for i in range(10)],
+        },
         changes={"notes": ["class cats is new", "reject rate 1.0% -> 5.0%"]},
     )
     page, _ = report.build_report(str(tmp_path), info)
@@ -311,9 +321,10 @@ def test_a_nights_changes_stand_near_the_top_and_say_what_was_dropped(tmp_path):
     section = page[page.index('<section id="changes"') :]
     section = section[: section.index("</section>")]
     assert "<li>class cats is new</li><li>reject rate 1.0% -&gt; 5.0%</li>" in section
-    assert 'data-dropped="3"' in section and "unchanged 9, added 2, changed 0, dropped 3" in section
-    assert "names are not recorded" in section and "/data/monday" in section
+    assert 'data-dropped="13"' in section and "unchanged 9, added 2, changed 0, dropped 13" in section
+    assert "cats/00.jpg, cats/01.jpg" in section and "cats/09.jpg" in section  # the first ten named
+    assert "the other 3 are the records of /data/monday/index.jsonl" in section
     assert report.build_report(str(tmp_path), info)[0] == page  # the same data, the same bytes
     quiet = report.build_report(str(tmp_path), _info(examples=0, incremental={"from": "/data/monday"}))[0]
-    assert 'data-dropped="0"' in quiet and "names are not recorded" not in quiet
+    assert 'data-dropped="0"' in quiet and "dropped (" not in quiet
     assert 'id="changes"' not in report.build_report(str(tmp_path), _info(examples=0))[0]

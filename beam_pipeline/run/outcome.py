@@ -146,6 +146,7 @@ def incremental_summary(
         rejects_kept=kept,
         **counts,
         unreadable_previous_lines=int(changes.get("unreadable_previous_lines", 0)),
+        dropped_first=tuple(changes.get("dropped_first") or ()),
     )
 
 

@@ -173,6 +173,8 @@ class IncrementalInfo:
     unchanged: int = 0
     dropped: int = 0
     unreadable_previous_lines: int = 0  # written only when there are any
+    # the first DROPPED_NAMED paths (in order) of the dropped records; written only when there are any
+    dropped_first: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"from": self.source}
@@ -180,13 +182,17 @@ class IncrementalInfo:
             out[name] = getattr(self, name)
         if self.unreadable_previous_lines:
             out["unreadable_previous_lines"] = self.unreadable_previous_lines
+        if self.dropped_first:
+            out["dropped_first"] = list(self.dropped_first)
         return out
 
     @classmethod
     def from_json(cls, data: Any) -> IncrementalInfo:
         data = _object(data, "incremental")
-        known = {f.name for f in fields(cls)} - {"source"}
-        return cls(source=data.get("from", ""), **{k: v for k, v in data.items() if k in known})
+        known = {f.name for f in fields(cls)} - {"source", "dropped_first"}
+        first = data.get("dropped_first")
+        named = tuple(str(p) for p in first) if isinstance(first, list) else ()
+        return cls(source=data.get("from", ""), dropped_first=named, **{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True)
