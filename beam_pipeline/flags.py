@@ -345,18 +345,19 @@ CONVERT = Command(
                 ),
                 Flag(
                     "--near-duplicates",
-                    "report: find images whose perceptual hashes are within --near-duplicate-distance bits, list "
-                    "them in near_duplicates.jsonl and count them per split and across splits in dataset.json "
-                    "(planned sink); drop-leaks: also reject every validation or test image near a training "
-                    "image before the shards are planned (each image is read and checked once more); off: no "
-                    "hash, no search",
+                    "report: find groups of near-duplicate images (perceptual hashes within "
+                    "--near-duplicate-distance bits, confirmed by a second measure), list them in "
+                    "near_duplicates.jsonl and count them by the splits they span in dataset.json (planned sink); "
+                    "drop-leaks: also reject, before the shards are planned, the images of a group spanning splits "
+                    "outside its first split (train, validation, test; each image is read and checked once more); "
+                    "off: no hash, no search",
                     choices=NEAR_DUPLICATE_MODES,
                     show_default=True,
                 ),
                 Flag(
                     "--near-duplicate-distance",
-                    f"bits (of 64) two images' hashes may differ in and still be near-duplicates, 0 to "
-                    f"{MAX_NEAR_DUPLICATE_DISTANCE}",
+                    "bits (of 64) two images' perceptual hashes may differ in and still be near-duplicates (if a "
+                    f"second measure agrees too), 0 to {MAX_NEAR_DUPLICATE_DISTANCE}",
                     metavar="N",
                     type=int,
                     show_default=True,
@@ -364,8 +365,8 @@ CONVERT = Command(
                 Flag(
                     "--report",
                     "also write report.html into --output, published with the dataset: the page of inspect "
-                    "--report (splits, sizes, rejects, near-duplicate pairs side by side, a strip per class), from "
-                    "400 sampled records (default: off)",
+                    "--report (splits, sizes, rejects, near-duplicate groups side by side, a strip per class), "
+                    "from 400 sampled records (default: off)",
                     switch=True,
                 ),
                 Flag(
@@ -609,8 +610,9 @@ INSPECT = Command(
                 Flag(
                     "--report",
                     "write one self-contained HTML page about the dataset (splits x classes, sizes, formats, "
-                    "rejects, near-duplicates side by side, a strip per class, objects, changes; local or gs://); "
-                    "always of the whole dataset (--split and --n do not apply) from 400 records sampled by --seed",
+                    "rejects, near-duplicate groups side by side, a strip per class, objects, changes; local or "
+                    "gs://); always of the whole dataset (--split and --n do not apply) from 400 records sampled "
+                    "by --seed",
                     metavar="FILE.html",
                     location=True,
                 ),

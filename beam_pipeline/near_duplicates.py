@@ -119,6 +119,14 @@ class Looks:
 def confirm(looks: Looks, i: np.ndarray, j: np.ndarray, max_distance: int) -> tuple[np.ndarray, ...]:
     """For candidate pairs (i, j): (kept mask, pHash bits, dHash bits, colour difference, level)."""
     d = _bits(looks.ph[i] ^ looks.ph[j])
+    near = d <= max_distance
+    if not near.all():  # most candidates of a band are far apart: the rest only for those that are not
+        kept, d2, dd, dc, level = confirm(looks, i[near], j[near], max_distance)
+        out = [np.zeros(len(i), bool), d, np.zeros(len(i), np.int64), np.zeros(len(i), np.int64)]
+        out.append(np.zeros(len(i), np.int64))
+        for target, value in zip(out[:1] + out[2:], (kept, dd, dc, level), strict=True):
+            target[near] = value
+        return tuple(out)
     dd = _bits(looks.dh[i] ^ looks.dh[j])
     dc = np.abs(looks.shares[i] - looks.shares[j]).max(axis=1) if len(i) else np.zeros(0, np.int64)
     gi, gj = looks.grey[i], looks.grey[j]
@@ -150,64 +158,85 @@ def _run_pairs(order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tupl
     return np.minimum(x, y), np.maximum(x, y), len(large)
 
 
-def _tree(n: int, edges: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The minimum spanning forest of ``edges`` (i, j, d, dd, dc, level) in the order (d, dd, dc, i, j): unique,
-    so the same whatever order the edges came in."""
+def _spanning(n: int, parts: np.ndarray, edges: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The edges (i, j, d, dd, dc, level) that join the parts they connect into a minimum spanning forest over
+    ``parts`` (each look's part: a look number), in the order (d, dd, dc, i, j): unique, so the same whatever
+    order the edges came in."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import minimum_spanning_tree
 
-    i, j = edges["i"], edges["j"]
-    if not len(i):
-        return dict(edges)
-    pair = i.astype(np.int64) * n + j
-    _, first = np.unique(pair, return_index=True)  # the same pair from several bands: one edge
-    e = {k: v[first] for k, v in edges.items()}
-    rank = np.empty(len(first), np.float64)
-    rank[np.lexsort((e["j"], e["i"], e["dc"], e["dd"], e["d"]))] = np.arange(1, len(first) + 1)
-    tree = minimum_spanning_tree(coo_matrix((rank, (e["i"], e["j"])), shape=(n, n)).tocsr()).tocoo()
+    order = np.lexsort((edges["j"], edges["i"], edges["dc"], edges["dd"], edges["d"]))
+    e = {k: v[order] for k, v in edges.items()}
+    a, b = parts[e["i"]], parts[e["j"]]
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    _, best = np.unique(low * n + high, return_index=True)  # the closest edge between two parts
+    best = np.sort(best)
+    rank = (best + 1).astype(np.float64)  # unique weights in the order above
+    tree = minimum_spanning_tree(coo_matrix((rank, (low[best], high[best])), shape=(n, n)).tocsr()).tocoo()
     keep = np.sort(tree.data.astype(np.int64) - 1)
-    by_rank = np.argsort(rank)
-    return {k: v[by_rank][keep] for k, v in e.items()}
+    return {k: v[keep] for k, v in e.items()}
+
+
+def _parts(n: int, forest: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Each look's part under ``forest``'s edges: the smallest look it is joined to."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = coo_matrix((np.ones(len(forest["i"])), (forest["i"], forest["j"])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    smallest = np.full(labels.max() + 1, n, np.int64)
+    np.minimum.at(smallest, labels, np.arange(n))
+    return smallest[labels]
+
+
+BAND_POSITIONS = tuple(tuple(b for b in range(64) if mask >> b & 1) for mask in MASKS)
+
+
+def _band_values(ph: np.ndarray, positions: Sequence[int]) -> np.ndarray:
+    """The band's BAND_BITS bits of each hash, packed into the low bits."""
+    value = np.zeros(len(ph), np.uint64)
+    for k, bit in enumerate(positions):
+        value |= ((ph >> np.uint64(bit)) & np.uint64(1)) << np.uint64(k)
+    return value
 
 
 def search(keys: np.ndarray, counts: np.ndarray, max_distance: int) -> dict[str, Any]:
     """The groups among distinct ``keys`` (KEY, sorted) of ``counts`` images each: {"tree": the ties (node
     indices, distances, level), "component": each node's group (its smallest node; -1: alone),
-    "large_runs": runs compared against their first hash only}."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
+    "large_runs": runs compared against their first hash and a neighbour}.
 
+    Band by band: candidates whose looks are in one part already are not compared again (in a large group
+    almost all of them), the confirmed ties of the band join parts by a minimum spanning forest over the
+    parts, closest first, and the parts are relabelled."""
     n = len(keys)
     if not n:
         return {"tree": _joined([]), "component": np.zeros(0, np.int64), "large_runs": 0}
     looks = Looks(keys)
-    forest: dict[str, np.ndarray] = {k: np.zeros(0, np.int64) for k in ("i", "j", "d", "dd", "dc", "level")}
-    pending: list[dict[str, np.ndarray]] = []
-    pending_size = large_runs = 0
-    for mask in MASKS:
-        masked = looks.ph & np.uint64(mask)
-        order = np.argsort(masked, kind="stable")
-        ordered = masked[order]
-        starts = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1)).astype(np.int64)
+    numbers = np.arange(n, dtype=np.uint64)
+    parts = np.arange(n, dtype=np.int64)
+    found: list[dict[str, np.ndarray]] = []
+    large_runs = 0
+    for positions in BAND_POSITIONS:
+        # the band's value above the look's number: unique keys, so the order is the same on every machine
+        keyed = (_band_values(looks.ph, positions) << np.uint64(32)) | numbers
+        order = np.argsort(keyed)
+        value = keyed[order] >> np.uint64(32)
+        starts = np.concatenate(([0], np.flatnonzero(value[1:] != value[:-1]) + 1)).astype(np.int64)
         sizes = np.diff(np.concatenate((starts, [n])))
         i, j, large = _run_pairs(order, starts, sizes)
         large_runs += large
+        apart = parts[i] != parts[j]
+        i, j = i[apart], j[apart]
         kept, d, dd, dc, level = confirm(looks, i, j, max_distance)
-        if kept.any():
-            found = {"i": i[kept], "j": j[kept], "d": d[kept], "dd": dd[kept], "dc": dc[kept], "level": level[kept]}
-            pending.append(found)
-            pending_size += int(kept.sum())
-        if pending_size > 2 * n + 100_000:
-            forest = _tree(n, _joined([forest, *pending]))
-            pending, pending_size = [], 0
-    forest = _tree(n, _joined([forest, *pending]))
-    graph = coo_matrix((np.ones(len(forest["i"])), (forest["i"], forest["j"])), shape=(n, n))
-    _, labels = connected_components(graph, directed=False)
-    smallest = np.full(labels.max() + 1 if n else 0, n, np.int64)
-    np.minimum.at(smallest, labels, np.arange(n))
-    component = smallest[labels]
-    sizes = np.bincount(labels, minlength=len(smallest))
-    alone = (sizes[labels] == 1) & (counts < 2)
+        if not kept.any():
+            continue
+        ties = {"i": i[kept], "j": j[kept], "d": d[kept], "dd": dd[kept], "dc": dc[kept], "level": level[kept]}
+        found.append(_spanning(n, parts, ties))
+        parts = _parts(n, _joined(found))
+    forest = _joined(found)
+    component = parts.copy()
+    sizes = np.bincount(parts, minlength=n)
+    alone = (sizes[parts] == 1) & (counts < 2)
     component[alone] = -1
     return {"tree": forest, "component": component, "large_runs": large_runs}
 

@@ -71,6 +71,26 @@ def test_copies_of_an_image_hash_within_the_default_distance(seed):
     assert far["png"] <= 2 and far["jpeg q60"] <= 2 and far["exif rotated"] <= 2, far
 
 
+def full_hash(data: bytes) -> str:
+    hashed = prepare_image(data, ImageOptions()).phash
+    assert hashed is not None
+    return hashed
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_second_measure_confirms_every_copy_and_refuses_a_recoloured_picture(seed):
+    img = photo_like(seed)
+    original = nd.key_of(full_hash(encode(img, "JPEG", quality=90)))
+    for name, data in copies(img).items():
+        assert confirmed(original, nd.key_of(full_hash(data)))[0], name
+    # the same light and dark in other colours (blue and red chroma swapped): the hashes of the grey picture
+    # agree, the colour does not
+    y, cb, cr = img.convert("YCbCr").split()
+    other = nd.key_of(full_hash(encode(Image.merge("YCbCr", (y, cr, cb)).convert("RGB"), "JPEG", quality=90)))
+    assert distance(f"{original[0]:016x}", f"{other[0]:016x}") <= LIMIT
+    assert not confirmed(original, other)[0]
+
+
 def test_unrelated_images_hash_far_apart():
     hashes = [phash(encode(photo_like(100 + i), "JPEG", quality=90)) for i in range(12)]
     closest = min(distance(a, b) for a, b in itertools.combinations(hashes, 2))
@@ -478,6 +498,13 @@ def test_a_damaged_hash_in_an_index_is_no_hash():
 
     assert valid_hash("0123456789abcdef") == "0123456789abcdef"
     assert [valid_hash(v) for v in ("zz", "0123456789ABCDEF", "123", 5, None)] == [""] * 5
+    from beam_pipeline.images.phash import entry_hash
+
+    ph, second = "0123456789abcdef", "fedcba9876543210" * 2
+    assert entry_hash({"phash": ph, "confirm": second}) == ph + second
+    # an index without the second measure (an older version) or a damaged one: the pHash alone, unsearched
+    assert [entry_hash({"phash": ph, "confirm": c}) for c in (None, "zz" * 16, second[:-1], 7)] == [ph] * 4
+    assert entry_hash({"confirm": second}) == "" and entry_hash("not a dict") == ""
 
 
 def test_bits_are_counted_alike_with_and_without_numpy_2(monkeypatch):

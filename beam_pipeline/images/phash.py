@@ -52,15 +52,16 @@ def perceptual_hash(img: Image.Image) -> str | None:
     try:
         small, colour = _normalised(img)
         both, dct, columns = _matrices()
-        shrunk = both @ np.asarray(small, dtype=np.float64)  # (8 + 8) x 32: DCT rows, then 8 averaged rows
+        pixels = np.frombuffer(small.tobytes(), np.uint8).reshape(HASH_SIDE, HASH_SIDE)
+        shrunk = both @ pixels  # (8 + 8) x 32: DCT rows, then 8 averaged rows
         # imagehash.phash's 8 x 8 lowest frequencies of SciPy's DCT-II, as small products; a coefficient within
         # 1e-6 of the median (a flat or mirror-symmetric picture: 0 up to float noise) is not above it
-        low = shrunk[:8] @ dct.T
-        middle = np.partition(low.reshape(-1), (31, 32))
-        bits = low - (middle[31] + middle[32]) / 2 > 1e-6
+        low = (shrunk[:8] @ dct.T).reshape(-1)
+        ordered = np.sort(low)
+        bits = low - (ordered[31] + ordered[32]) / 2 > 1e-6
         steps = shrunk[8:] @ columns.T  # 8 x 9, as Pillow's bilinear shrink, unrounded
-        dbits = steps[:, 1:] - steps[:, :-1] > 1e-6
-        return np.packbits(np.concatenate((bits.reshape(-1), dbits.reshape(-1)))).tobytes().hex() + colour.hex()
+        dbits = (steps[:, 1:] - steps[:, :-1] > 1e-6).reshape(-1)
+        return np.packbits(np.concatenate((bits, dbits))).tobytes().hex() + colour.hex()
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - a mode Pillow cannot convert: the image stays, unhashed
@@ -93,8 +94,9 @@ def _normalised(img: Image.Image) -> tuple[Image.Image, bytes]:
     """``img``'s first frame as a HASH_SIDE x HASH_SIDE grey image, upright, on white where transparent; and
     its four quarters' colour (red and green shares of each quarter's mean, a byte each, upright).
 
-    Grey first, then shrunk (a large image box-reduced to about twice HASH_SIDE first): a third of the work
-    of shrinking three channels, ~0.05 ms for a JPEG the check decoded at 1/8 scale.
+    A large frame is box-reduced first (to about twice HASH_SIDE a side: a box of more pixels makes the hash
+    depend on the decode's scale), then its quarters' colour taken, then grey, then shrunk bilinear: ~0.1 ms
+    for a JPEG the check decoded at 1/8 scale or a 96 x 96 tile.
     """
     orientation = _applied_orientation(img)
     frame = _plain_mode(img)  # L, LA, RGB or RGBA
@@ -126,7 +128,10 @@ def _quarters(frame: Image.Image, orientation: int) -> bytes:
         flat = Image.new("RGB", frame.size, (255, 255, 255))
         flat.paste(frame.convert("RGB"), mask=frame.getchannel("A"))
         frame = flat
-    quarters = frame.resize((2, 2), Image.Resampling.BOX)
+    fx, fy = max(1, frame.width // 2), max(1, frame.height // 2)
+    # the mean of each quarter (an odd last row or column left out): reduce() is half the time of resize()
+    quarters = frame.reduce((fx, fy), box=(0, 0, 2 * fx, 2 * fy)) if frame.width > 1 and frame.height > 1 else frame
+    quarters = quarters.resize((2, 2), Image.Resampling.NEAREST) if quarters.size != (2, 2) else quarters
     if orientation != 1:
         quarters = quarters.transpose(ORIENTATION_TRANSPOSE[orientation])
     rgb = quarters.tobytes()

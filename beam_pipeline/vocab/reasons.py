@@ -52,7 +52,7 @@ TOO_SMALL = "too_small"
 UNREADABLE = "unreadable"
 MISSING = "missing"
 DUPLICATE = "duplicate"
-NEAR_DUPLICATE_LEAK = "near_duplicate_leak"  # --near-duplicates drop-leaks: a validation/test copy of a train image
+NEAR_DUPLICATE_LEAK = "near_duplicate_leak"  # --near-duplicates drop-leaks: outside its group's first split
 DUPLICATE_ROW = "duplicate_row"  # a manifest row naming a file an earlier row (by canonical JSON) names too
 NO_LABEL = "no_label"
 UNKNOWN_LABEL = "unknown_label"
@@ -147,9 +147,9 @@ REASONS: tuple[Reason, ...] = (
     ),
     Reason(
         NEAR_DUPLICATE_LEAK,
-        "with `--near-duplicates drop-leaks`: a validation or test image within `--near-duplicate-distance` "
-        "bits of a training image (the detail names the closest); not counted against `--max-reject-fraction` "
-        "([Leakage](leakage.md#dropping-leaks))",
+        "with `--near-duplicates drop-leaks`: an image of a near-duplicate group that spans splits, outside the "
+        "group's first split (train, validation, test); the detail names the group's size and the first image "
+        "that stays; not counted against `--max-reject-fraction` ([Leakage](leakage.md#dropping-leaks))",
         (DEDUPE,),
     ),
     Reason(

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model-garden": ("model_garden", "COCO conversion against TF Model Garden's, image by image, and timed"),
     "near-dups": ("near_dups", "CPU per image with and without the perceptual hash; the pair join over 1 M hashes"),
     "near-dup-recall": ("near_dup_recall", "known copies among distinct images: convert against imagehash, all pairs"),
+    "near-dup-scale": ("near_dup_scale", "default search against off on many near-duplicates: time, RSS, lines listed"),
     "engines": ("engines", "the same data locally and on the local Flink/Spark cluster"),
     "measure": ("common", "wall time, CPU and peak RSS of any command's process tree (one JSON line)"),
 }

@@ -14,10 +14,11 @@ each kind timed one by one):
    the difference of the two sizes gives the steady CPU per image (start-up cancelled), the quarter less
    its images the fixed cost.
 
-``join``: ``--hashes`` generated hashes (random 64-bit values; 1 % of them with a copy 0-12 bits away) in
-index parts of 5,000 records, plus ``--crowd`` images sharing one hash (blank frames) and ``--crowd``
-distinct hashes sharing one 16-bit band value, through ``FindNearDuplicates`` on the local runner in a
-fresh process: wall time, CPU and peak RSS of that process, and what it found.
+``join``: ``--hashes`` generated hashes (random 64-bit pHash, dHash and colour; 1 % of them with a copy 0-12
+pHash bits and 0-5 dHash bits away) in index parts of 5,000 records, plus ``--crowd`` images sharing one
+look (blank frames) and ``--crowd`` distinct hashes sharing one 16-bit band value, through
+``FindNearDuplicates`` on the local runner in a fresh process: wall time, CPU and peak RSS of that process,
+and what it found (dataset.json's block).
 """
 
 from __future__ import annotations
@@ -135,26 +136,33 @@ def run_hash(args: argparse.Namespace) -> None:
 
 
 def make_index_parts(folder: Path, hashes: int, crowd: int, seed: int = 36) -> int:
-    """Index parts of generated hashes; returns how many records."""
+    """Index parts of generated hashes (pHash, dHash, colour); returns how many records."""
     rng = random.Random(seed)
-    rows: list[tuple[str, str, int]] = []
+    rows: list[tuple[str, str, int, int, int]] = []
     splits = ("train", "validation", "test")
+    grey = int.from_bytes(bytes([85]) * 8, "big")
     for i in range(hashes):
-        value = rng.getrandbits(64)
-        rows.append((f"img/{i:08d}.jpg", splits[i % 10 // 8], value))
+        value, second, colour = rng.getrandbits(64), rng.getrandbits(64), rng.getrandbits(64)
+        rows.append((f"img/{i:08d}.jpg", splits[i % 10 // 8], value, second, colour))
         if i % 100 == 0:
-            copy = value
+            copy, copy2 = value, second
             for bit in rng.sample(range(64), rng.randrange(13)):
                 copy ^= 1 << bit
-            rows.append((f"img/{i:08d}_copy.jpg", splits[(i // 100) % 3], copy))
-    blank = rng.getrandbits(64)
-    rows += [(f"blank/{i:06d}.png", splits[i % 3], blank) for i in range(crowd)]
+            for bit in rng.sample(range(64), rng.randrange(6)):
+                copy2 ^= 1 << bit
+            rows.append((f"img/{i:08d}_copy.jpg", splits[(i // 100) % 3], copy, copy2, colour))
+    blank = (rng.getrandbits(64), rng.getrandbits(64), grey)
+    rows += [(f"blank/{i:06d}.png", splits[i % 3], *blank) for i in range(crowd)]
     shared = rng.getrandbits(16)
-    rows += [(f"band/{i:06d}.png", splits[i % 3], (rng.getrandbits(48) << 16) | shared) for i in range(crowd)]
+    rows += [
+        (f"band/{i:06d}.png", splits[i % 3], (rng.getrandbits(48) << 16) | shared, rng.getrandbits(64), grey)
+        for i in range(crowd)
+    ]
     folder.mkdir(parents=True, exist_ok=True)
     for start in range(0, len(rows), PART_RECORDS):
         lines = (
-            json.dumps({"path": p, "split": s, "phash": f"{v:016x}"}) for p, s, v in rows[start : start + PART_RECORDS]
+            json.dumps({"path": p, "split": s, "phash": f"{v:016x}", "confirm": f"{d:016x}{c:016x}"})
+            for p, s, v, d, c in rows[start : start + PART_RECORDS]
         )
         (folder / f"part-{start // PART_RECORDS:05d}.jsonl").write_text("\n".join(lines) + "\n")
     return len(rows)
@@ -177,7 +185,7 @@ def join_here(folder: Path, distance: int) -> None:
     with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
         found = p | beam.Create(results) | nd.FindNearDuplicates(str(folder / "staging"), distance)
         _ = found["summary"] | beam.Map(lambda s: summary_file.write_text(json.dumps(s)))
-        _ = found["parts"] | beam.combiners.ToList() | beam.Map(lambda ps: nd.merge_parts(ps, str(out)))
+        _ = found["parts"] | beam.combiners.ToList() | beam.Map(lambda ps: nd.merge_parts(ps, str(out), distance))
     print(summary_file.read_text())
 
 
