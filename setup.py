@@ -46,9 +46,8 @@ CONVERTER = [
     "numpy>=2.4.6",
     "ijson>=3.6,<4",  # --coco: the COCO JSON streamed (a multi-GB file is never loaded whole)
     "pycocotools>=2.0.11",  # --coco: instance masks from polygons and RLE
-    # the perceptual hash of every image (near-duplicates, docs/leakage.md): imagehash's pHash
-    # (it brings SciPy for the DCT and PyWavelets)
-    "imagehash>=4.3.2,<5",
+    # the near-duplicate search's spanning forest and groups (near_duplicates.py: scipy.sparse.csgraph)
+    "scipy>=1.17.1,<2",
     "matplotlib>=3.11.2,<4",  # inspect --report: the charts as inline SVG
 ]
 TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
@@ -62,6 +61,8 @@ TEST_TOOLS = [
     "ruff>=0.6",
     "tfrecord>=1.14",
     "mkdocs>=1.6,<2",
+    # the pHash is computed here as imagehash's is (images/phash.py): a test and the recall benchmark compare
+    "imagehash>=4.3.2,<5",
 ]
 
 setup(
