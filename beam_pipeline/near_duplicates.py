@@ -367,6 +367,8 @@ def find_groups(looks: tuple[np.ndarray, np.ndarray], max_distance: int) -> Grou
 
 def members_of_part(part: str, index: GroupIndex) -> Iterator[tuple[int, Any]]:
     """An index part → (group, its members here: GroupMembers' accumulator) for each group it holds images of."""
+    if not len(index.keys):
+        return  # no groups: the part is not read again
     entries = [(e["path"], e["split"], full) for e in read_index(part) if len(full := entry_hash(e)) == FULL]
     if not entries:
         return

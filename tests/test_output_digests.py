@@ -356,6 +356,9 @@ def differences(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
 @pytest.fixture(scope="module")
 def recorded():
     """The recorded digests; when re-recording, the ones of this run written back at the end."""
+    if RECORD and os.environ.get("PYTEST_XDIST_WORKER"):
+        # each worker would write back its own scenarios over the others': record in one process
+        pytest.fail("re-record without pytest-xdist (no -n): BEAM_PIPELINE_RECORD_DIGESTS=1 pytest -p no:xdist ...")
     digests = json.loads(DIGESTS.read_text()) if DIGESTS.exists() else {}
     yield digests
     if RECORD:
