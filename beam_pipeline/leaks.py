@@ -116,10 +116,8 @@ def leak_of(
     (relpath, (0, the kept split's first image, the reject's detail))."""
     group, (split, path) = element
     splits = spanning.get(group)
-    if not splits:
-        return
-    keep = first_split(splits)
-    if split != keep:
+    keep = first_split(splits) if splits else split
+    if splits and split != keep:
         n, example = splits[keep]
         total = sum(m for m, _ in splits.values())
         detail = f"near-duplicate group of {total} images, {n} of them in {keep} (first: {example})"

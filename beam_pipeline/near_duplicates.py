@@ -365,22 +365,20 @@ def find_groups(looks: tuple[np.ndarray, np.ndarray], max_distance: int) -> Grou
     return GroupIndex(keys, counts, search(keys, counts, max_distance))
 
 
-def members_of_part(part: str, index: GroupIndex) -> Iterator[tuple[int, Any]]:
-    """An index part → (group, its members here: GroupMembers' accumulator) for each group it holds images of."""
+def members_of_part(part: str, index: GroupIndex) -> list[tuple[int, Any]]:
+    """An index part → (group, its members here: GroupMembers' accumulator) for each group it holds images of;
+    nothing, and the part not read again, when there are no groups."""
     if not len(index.keys):
-        return  # no groups: the part is not read again
+        return []
     entries = [(e["path"], e["split"], full) for e in read_index(part) if len(full := entry_hash(e)) == FULL]
-    if not entries:
-        return
     keys = np.array([key_of(full) for _, _, full in entries], dtype=KEY)
-    groups = index.groups_of(keys)
-    nodes = index.nodes_of(keys)
+    groups = index.groups_of(keys) if entries else np.zeros(0, np.int64)
+    nodes = index.nodes_of(keys) if entries else np.zeros(0, np.int64)
     here: dict[int, list[Any]] = {}
     for at in np.flatnonzero(groups >= 0).tolist():
         path, split, _ = entries[at]
         here.setdefault(int(groups[at]), []).append((int(nodes[at]), path, split))
-    for group, members in sorted(here.items()):
-        yield group, GroupMembers.of(members)
+    return [(group, GroupMembers.of(members)) for group, members in sorted(here.items())]
 
 
 class GroupMembers(beam.CombineFn):  # type: ignore[misc]

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs, their_pairs, cpu = single_machine(work / "in", rels, args.distance)
         header = ["copy", "found", "recall", "within distance", "mean bits", "p95", "max"]
         for title, hashes, pairs in (
-            (f"convert (band join): {run['seconds']:.1f} s wall, {run['cpu_seconds']:.1f} s CPU", ours, our_pairs),
+            (f"convert (groups): {run['seconds']:.1f} s wall, {run['cpu_seconds']:.1f} s CPU", ours, our_pairs),
             (f"imagehash.phash of each file, all pairs: {cpu:.1f} s CPU", theirs, their_pairs),
         ):
             rows, total = scores(known, hashes, pairs, args.distance)
