@@ -186,7 +186,7 @@ class FinalizeFn(beam.DoFn):
         labels: Sequence[str],
         extra_types: Mapping[str, str],
         split_label_counts: Mapping[str, Mapping[str | None, int]],  # label None: unlabelled records
-        changes: Mapping[str, int] | None = None,
+        changes: Mapping[str, Any] | None = None,
         labelled: bool | None = None,  # whether the run is labelled, when the pipeline decided it (JSONL rows)
         object_parts: Sequence[str] = (),  # a detection dataset's object rejects parts
         object_counts: Sequence[tuple[str, int]] = (),  # and its object counts (annotations.coco.COUNTS)

@@ -5,6 +5,7 @@ summaries ``dataset.json`` carries.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .. import metadata
 from ..annotations import coco, objects
@@ -112,7 +113,7 @@ def outcome(
 
 def incremental_summary(
     previous: str,
-    changes: Mapping[str, int],
+    changes: Mapping[str, Any],  # {kind: count}, and "dropped_first": the first dropped paths
     layout: Mapping[str, list[tuple[str, ShardResult]]],
     results: Iterable[ShardResult] = (),
 ) -> IncrementalInfo:
