@@ -265,6 +265,12 @@ class GroupIndex:
         owner = self.group[i]
         order = np.argsort(owner, kind="stable")
         self.tree = np.stack([owner, i, j, tree["d"], tree["dd"], tree["dc"], tree["level"]])[:, order]
+        # the looks a group line may list: all of a group of at most GROUP_SIZE images, else those
+        # _listed_nodes picks (only these looks' paths are gathered: a group's members stay bounded)
+        images = np.bincount(self.group, weights=self.counts, minlength=len(self.keys))
+        self.listed = images[self.group] <= GROUP_SIZE
+        for group in np.flatnonzero(images > GROUP_SIZE).tolist():
+            self.listed[_listed_nodes(group, self.ties(group), self)] = True
 
     def groups_of(self, keys: np.ndarray) -> np.ndarray:
         """Each of ``keys``' group, or -1."""
@@ -377,12 +383,14 @@ def members_of_part(part: str, index: GroupIndex) -> list[tuple[int, Any]]:
     here: dict[int, list[Any]] = {}
     for at in np.flatnonzero(groups >= 0).tolist():
         path, split, _ = entries[at]
-        here.setdefault(int(groups[at]), []).append((int(nodes[at]), path, split))
+        node = int(nodes[at])
+        here.setdefault(int(groups[at]), []).append((node if index.listed[node] else -1, path, split))
     return [(group, GroupMembers.of(members)) for group, members in sorted(here.items())]
 
 
 class GroupMembers(beam.CombineFn):  # type: ignore[misc]
-    """One group's images → (count, {split: n}, {look: its GROUP_SIZE smallest (path, split)})."""
+    """One group's images → (count, {split: n}, {listed look: its GROUP_SIZE smallest (path, split)}): the looks
+    its line will not list are counted, not kept (GroupIndex.listed), so a group of a million images is small."""
 
     @staticmethod
     def of(members: Iterable[tuple[int, str, str]]) -> Any:
@@ -396,9 +404,12 @@ class GroupMembers(beam.CombineFn):  # type: ignore[misc]
 
     @staticmethod
     def _add(acc: Any, member: tuple[int, str, str]) -> Any:
+        """``member``: (look, path, split); look -1 for a look the line will not list: counted only."""
         count, splits, looks = acc
         node, path, split = member
         splits[split] = splits.get(split, 0) + 1
+        if node < 0:
+            return count + 1, splits, looks
         kept = looks.setdefault(node, [])
         kept.append((path, split))
         if len(kept) > 2 * GROUP_SIZE:

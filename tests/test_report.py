@@ -328,3 +328,32 @@ def test_a_nights_changes_stand_near_the_top_and_say_what_was_dropped(tmp_path):
     quiet = report.build_report(str(tmp_path), _info(examples=0, incremental={"from": "/data/monday"}))[0]
     assert 'data-dropped="0"' in quiet and "dropped (" not in quiet
     assert 'id="changes"' not in report.build_report(str(tmp_path), _info(examples=0))[0]
+
+
+@pytest.mark.unit
+def test_no_near_duplicates_is_said_plainly_and_the_surest_groups_come_first(tmp_path):
+    import json
+
+    from beam_pipeline import near_duplicates as nd
+    from beam_pipeline import report
+
+    empty = nd.summary_block(10, {}, hashed=180, unhashed=0, large_runs=0)
+    page, _ = report.build_report(str(tmp_path), _info(examples=0, near_duplicates=empty))
+    assert "No near-duplicates: no two of the 180 images hashed look alike" in page
+    assert 'class="pair"' not in page
+
+    def group(first: str, confidence: str, splits: dict[str, int]) -> dict:
+        return {"group": [first, first + "x"], "images": 2, "splits": splits, "confidence": confidence, "ties": []}
+
+    lines = [
+        group("a.jpg", "likely", {"test": 1, "train": 1}),
+        group("b.jpg", "sure", {"train": 2}),
+        group("c.jpg", "sure", {"test": 1, "train": 1}),
+        group("d.jpg", "exact", {"train": 2}),
+    ]
+    (tmp_path / "near_duplicates.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [nd.header_line(10), *lines]))
+    counts = {"groups": {"train": 2, "train+test": 2}, "images": 8, "confidence": {"exact": 1, "sure": 2}}
+    block = nd.summary_block(10, counts, hashed=8, unhashed=0, large_runs=0)
+    info = _info(examples=0, near_duplicates=block)
+    shown = [g["group"][0] for g in report._pairs(str(tmp_path), info)]
+    assert shown == ["d.jpg", "c.jpg", "b.jpg", "a.jpg"]  # exact, then sure across splits, sure, likely
