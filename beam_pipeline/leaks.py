@@ -23,12 +23,10 @@ from apache_beam.typehints.decorators import no_annotations
 
 from .images.options import ImageOptions, Rejected
 from .images.phash import FULL
-from .near_duplicates import KEY, GroupIndex, first_split, key_of, with_members
+from .near_duplicates import KEY, GroupIndex, first_split, group_index, key_of
 from .sources.rules import REJECTS
 from .vocab.reasons import NEAR_DUPLICATE_LEAK
 from .vocab.refs import Ref, reject
-
-TRAIN = "train"
 
 
 class HashRefFn(beam.DoFn):  # type: ignore[misc]
@@ -147,7 +145,7 @@ class DropLeaks(beam.PTransform):  # type: ignore[misc]
     @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         hashed = refs | "HashImages" >> beam.ParDo(HashRefFn(self._options, self._reuse))
-        index = with_members(hashed | "Looks" >> beam.Map(lambda kv: kv[0]), self._max)
+        index = group_index(hashed | "Looks" >> beam.Map(lambda kv: kv[0]), self._max)
         grouped = hashed | "GroupedImages" >> beam.FlatMap(grouped_image, index)
         spanning = (
             grouped

@@ -25,6 +25,7 @@ at most ``--near-duplicate-distance`` bits *and* whose second measure agrees (do
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import heapq
 import json
@@ -272,15 +273,16 @@ class GroupIndex:
         for group in np.flatnonzero(images > GROUP_SIZE).tolist():
             self.listed[_listed_nodes(group, self.ties(group), self)] = True
 
-    def groups_of(self, keys: np.ndarray) -> np.ndarray:
-        """Each of ``keys``' group, or -1."""
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each of ``keys``' group (or -1) and its node (meaningful where the group is not -1)."""
         at = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
         if not len(self.keys):
-            return np.full(len(keys), -1, np.int64)
-        return np.where(self.keys[at] == keys, self.group[at], -1)
+            return np.full(len(keys), -1, np.int64), at
+        return np.where(self.keys[at] == keys, self.group[at], -1), at
 
-    def nodes_of(self, keys: np.ndarray) -> np.ndarray:
-        return np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
+    def groups_of(self, keys: np.ndarray) -> np.ndarray:
+        """Each of ``keys``' group, or -1."""
+        return self.lookup(keys)[0]
 
     def ties(self, group: int) -> list[tuple[int, int, int, int, int, int]]:
         """(node, node, pHash bits, dHash bits, colour difference, level) of the group's tree."""
@@ -378,8 +380,7 @@ def members_of_part(part: str, index: GroupIndex) -> list[tuple[int, Any]]:
         return []
     entries = [(e["path"], e["split"], full) for e in read_index(part) if len(full := entry_hash(e)) == FULL]
     keys = np.array([key_of(full) for _, _, full in entries], dtype=KEY)
-    groups = index.groups_of(keys) if entries else np.zeros(0, np.int64)
-    nodes = index.nodes_of(keys) if entries else np.zeros(0, np.int64)
+    groups, nodes = index.lookup(keys)
     here: dict[int, list[Any]] = {}
     for at in np.flatnonzero(groups >= 0).tolist():
         path, split, _ = entries[at]
@@ -548,17 +549,10 @@ def groups_of_file(lines: Iterable[Mapping[str, Any]]) -> Iterator[dict[str, Any
             yield {
                 "group": [line["a"], line["b"]],
                 "images": 2,
-                "splits": _count([line["split_a"], line["split_b"]]),
+                "splits": dict(sorted(collections.Counter([line["split_a"], line["split_b"]]).items())),
                 "confidence": "likely",
                 "ties": [_tie(line["a"], line["b"], line["distance"], -1, -1, 0)],
             }
-
-
-def _count(splits: Iterable[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for s in splits:
-        out[s] = out.get(s, 0) + 1
-    return dict(sorted(out.items()))
 
 
 class CountGroups(beam.CombineFn):  # type: ignore[misc]
@@ -626,7 +620,7 @@ def _summarize(
     return summary_block(max_distance, counts, sum(h for h, _ in hashed), sum(u for _, u in hashed), index.large_runs)
 
 
-def with_members(looks: beam.PCollection, max_distance: int) -> beam.pvalue.AsSingleton:
+def group_index(looks: beam.PCollection, max_distance: int) -> beam.pvalue.AsSingleton:
     """(looks, counts) batches → the GroupIndex, as a side input."""
     return beam.pvalue.AsSingleton(
         looks | "AllLooks" >> beam.CombineGlobally(AllLooks()) | "Search" >> beam.Map(find_groups, max_distance)
@@ -651,7 +645,7 @@ class FindNearDuplicates(beam.PTransform):  # type: ignore[misc]
             | "SpreadIndexParts" >> beam.Reshuffle()
         )
         looks = parts | "PartLooks" >> beam.FlatMap(part_looks).with_outputs("counted", main="looks")
-        index = with_members(looks.looks, self._max)
+        index = group_index(looks.looks, self._max)
         lines = (
             parts
             | "GroupMembersPerPart" >> beam.FlatMap(members_of_part, index)
