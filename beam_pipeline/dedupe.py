@@ -81,6 +81,6 @@ class DropDuplicates(beam.PTransform):
             | "Digest" >> beam.Map(_keyed)
             # (sha256, Ref): only digests and references cross the shuffle
             | "GroupByContent" >> beam.GroupByKey()
-            | "KeepFirst" >> beam.FlatMap(split_duplicates).with_outputs(REJECTS, main="kept")
+            | "KeepFirst" >> beam.FlatMap(split_duplicates).with_output_types(Ref).with_outputs(REJECTS, main="kept")
         )
         return out.kept, out[REJECTS]

@@ -33,7 +33,7 @@ import json
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
 import apache_beam as beam
 from apache_beam.coders import BytesCoder
@@ -50,7 +50,7 @@ from .sources.rules import class_values
 from .storage import open_lines
 from .vocab.dataset_info import DatasetInfo
 from .vocab.reasons import MISSING, NEAR_DUPLICATE_LEAK, UNREADABLE
-from .vocab.refs import Ref
+from .vocab.refs import Previous, PreviousReject, Ref  # the previous run's record of a file: defined with Ref
 
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.
@@ -194,21 +194,6 @@ UNREADABLE_LINE = "unreadable_previous_lines"
 RETRIED_REASONS = frozenset({MISSING, UNREADABLE, NEAR_DUPLICATE_LEAK})  # a leak depends on the other files
 
 
-class Previous(NamedTuple):
-    """Where a previous run stored an unchanged file's record, and what went into it."""
-
-    shard: str  # full path of the previous shard
-    offset: int
-    length: int
-    sha256: str
-    label: str | tuple[str, ...] | None  # a multi-label run's: the names, sorted
-    label_id: int | list[int] | None
-    extras: str
-    converted: str | None = None  # the source format its stored bytes were converted from (index "converted")
-    phash: str | None = None  # the source's hashes (index "phash" + "confirm"), carried to tonight's index
-    size: tuple[int, int] | None = None  # the stored image's (width, height) (index "width", "height")
-
-
 @dataclass(frozen=True)
 class PreviousRun:
     """A previous output whose records may be copied (``reusable_run`` checked the run-wide conditions)."""
@@ -273,13 +258,6 @@ def reusable_run(previous: str, info: DatasetInfo, config: Mapping[str, Any]) ->
     """A PreviousRun when the previous run's records can be this run's (``reuse_problem``), else None
     (everything is converted)."""
     return None if reuse_problem(previous, info, config) else _previous_run(previous, info)
-
-
-class PreviousReject(NamedTuple):
-    """The previous run rejected this unchanged file for what its bytes are: the reject is kept, unread."""
-
-    reason: str
-    detail: str
 
 
 def kept_reject(entry: Mapping[str, Any], ref: Ref) -> bool:
@@ -509,12 +487,14 @@ class JoinPrevious(beam.PTransform):
             rejects = rows.ok | "PreviousRejectByPath" >> beam.Map(lambda r: (reject_key(r, root), r))
         else:
             rejects = refs.pipeline | "NoPreviousRejects" >> beam.Create([])
-        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, r))
+        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, r)).with_output_types(tuple[str, Ref])
         matched = (
             {"refs": by_path, "previous": previous, "rejects": rejects}
             | "JoinByPath" >> beam.CoGroupByKey()
             | "MatchPrevious"
-            >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, DROPPED_PATHS, main="refs")
+            >> beam.ParDo(MatchPreviousFn(self._output))
+            .with_output_types(Ref)
+            .with_outputs(CHANGES, DROPPED_PATHS, main="refs")
         )
         first_dropped = matched[DROPPED_PATHS] | "FirstDropped" >> beam.combiners.Top.Smallest(DROPPED_NAMED)
         counts = (

@@ -157,10 +157,10 @@ class DropLeaks(beam.PTransform):  # type: ignore[misc]
             | "Leaks" >> beam.FlatMap(leak_of, beam.pvalue.AsDict(spanning))
             | "OneLeakPerImage" >> beam.CombinePerKey(min)
         )
-        by_path = refs | "RefsByPath" >> beam.Map(lambda ref: (ref.relpath, ref))
+        by_path = refs | "RefsByPath" >> beam.Map(lambda ref: (ref.relpath, ref)).with_output_types(tuple[str, Ref])
         out = (
             {"refs": by_path, "leaks": leaks}
             | "JoinLeaks" >> beam.CoGroupByKey()
-            | "KeepOrReject" >> beam.FlatMap(keep_or_reject).with_outputs(REJECTS, main="kept")
+            | "KeepOrReject" >> beam.FlatMap(keep_or_reject).with_output_types(Ref).with_outputs(REJECTS, main="kept")
         )
         return out.kept, out[REJECTS]

@@ -36,6 +36,7 @@ from .sources.rules import REJECTS, SKIPPED, ListSettings, label_names, with_rel
 from .storage import read_json
 from .vocab.dataset_info import OK, DatasetInfo
 from .vocab.records import ShardResult
+from .vocab.refs import Ref
 from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records
 
 
@@ -267,8 +268,9 @@ class WritePlannedShards(beam.PTransform):
         plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
         written = (
             refs
-            | "AssignShard" >> beam.Map(assign_shard, beam.pvalue.AsSingleton(plans))
-            # ((split, shard), Ref): only references cross the shuffle
+            | "AssignShard"
+            >> beam.Map(assign_shard, beam.pvalue.AsSingleton(plans)).with_output_types(tuple[tuple[str, int], Ref])
+            # ((split, shard), Ref): only references cross the shuffle, each in ~100 bytes (vocab.refs.RefCoder)
             | "GroupByShard" >> beam.GroupByKey()
             | "WriteShards"
             >> beam.ParDo(

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DebugOptions, DirectOptions, PipelineOptions, StandardOptions
 
 from .errors import UsageError
 
@@ -26,6 +26,17 @@ LOCAL_RUNNERS = {"", "direct", "directrunner", "switchingdirectrunner", "fnapiru
 # Refused: Prism fetches its binary from GitHub when the job starts, and this tool downloads nothing at run
 # time (a local run is the Python engine above, which needs no download).
 REFUSED_RUNNERS = {"prism", "prismrunner"}
+
+
+# Runners whose Java side sends each stage's input to the Python workers over Beam's Fn API data channel.
+PORTABLE_RUNNERS = {"flinkrunner", "sparkrunner", "portablerunner", "samzarunner"}
+# The largest data message on that channel, both ways (Beam's experiment ``data_buffer_size_limit``, 1 MB by
+# default). The runner checks whether a worker keeps up with what it is sent only every 100 messages
+# (Beam's DirectStreamObserver), so up to 100 messages per worker connection wait in the runner's direct
+# memory: ~100 MB at Beam's default, which a stage reading a million refs fills (a Flink TaskManager's 128 MB
+# of framework off-heap memory failed with "Direct buffer memory" at 320k tiles). At 64 KB it is ~6.4 MB,
+# whatever the number of images; a message still carries hundreds of refs (docs/engines.md, "Sizing").
+DATA_BUFFER_BYTES = 64 * 1024
 
 
 # What one conversion costs per image, measured on 16,171 JPEGs of ~93 KB (docs/benchmarks.md, "Cores"): CPU
@@ -85,6 +96,10 @@ def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
     ``check_runner_options`` refuses."""
     options = PipelineOptions(list(beam_args))
     check_runner_options(options)
+    if runner_key(options.view_as(StandardOptions).runner) in PORTABLE_RUNNERS:
+        debug = options.view_as(DebugOptions)
+        if debug.lookup_experiment("data_buffer_size_limit") is None:  # a user's own value stays
+            debug.add_experiment(f"data_buffer_size_limit={DATA_BUFFER_BYTES}")
     if runner_key(options.view_as(StandardOptions).runner) in LOCAL_RUNNERS:
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 

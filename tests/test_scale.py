@@ -14,6 +14,7 @@ from apache_beam.pipeline import PipelineVisitor
 
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.pipeline import build_pipeline
+from beam_pipeline.vocab.refs import Previous, PreviousReject, Ref
 
 pytestmark = pytest.mark.pipeline
 
@@ -76,3 +77,77 @@ def test_image_stats_in_the_job_are_a_distributed_step_feeding_the_post_steps(tm
 
     p.visit(Visitor())
     assert side["PostSteps"] == ["TrainPixelStats/PixelStats"]
+
+
+# --- what crosses every shuffle once per image (issue #45) ----------------------------------------
+
+
+def _coder_of(p: beam.Pipeline, label: str) -> str:
+    """The coder of the main output of the step labelled ``label``, as the runner gets it."""
+    from apache_beam.runners.pipeline_context import PipelineContext
+
+    proto = p.to_runner_api()
+    for transform in proto.components.transforms.values():
+        if transform.unique_name == label:
+            pcoll = proto.components.pcollections[transform.outputs["None"]]
+            return repr(PipelineContext(proto.components).coders.get_by_id(pcoll.coder_id))
+    raise AssertionError(f"no step {label}")
+
+
+def test_refs_cross_the_listing_and_the_shard_grouping_in_the_ref_coder(tmp_path):
+    from beam_pipeline.vocab.refs import RefCoder
+
+    assert isinstance(beam.coders.registry.get_coder(Ref), RefCoder)
+    cfg = ConvertConfig(output=str(tmp_path / "out"), name="d", input=str(tmp_path / "in"))
+    p = build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions())
+    listed = {n.full_label: n for n in _nodes(p)}
+    assert listed["List/ToRefs/ParDo(_MatchedToRef)"].outputs[None].element_type is Ref
+    assert _coder_of(p, "Write/GroupByShard").endswith("IterableCoder[RefCoder]]")
+    assert _coder_of(p, "List/ToRefs/ParDo(_MatchedToRef)") == "RefCoder"
+    assert listed["Write/AssignShard"].outputs[None].element_type.tuple_types[1] is Ref
+
+
+def _nodes(p: beam.Pipeline) -> list:
+    found = []
+
+    class Visitor(PipelineVisitor):
+        def visit_transform(self, node) -> None:
+            found.append(node)
+
+    p.visit(Visitor())
+    return found
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        Ref("/data/tiles/class_3/0123453.jpg", "class_3/0123453.jpg", 2345, "train", "class_3", 2**64 - 1, mtime=1.5),
+        # a manifest's path that is not root + relpath, a lone surrogate, a multi-label image, extra columns
+        Ref("gs://b/x/\udcff.jpg", "other/\udcff.jpg", 0, "test", ("a", "b"), 0, (("w", 1.5), ("n", None))),
+        Ref("p.png", "p.png", 1, "val", None, 7, previous=Previous("s", 1, 2, "f" * 64, "l", 3, "e", size=(4, 5))),
+        Ref("q.png", "", 1, "train", "", 7, previous=PreviousReject("truncated", "cut at 10 bytes")),
+    ],
+)
+def test_the_ref_coder_gives_back_every_field_in_half_the_fallbacks_bytes(ref):
+    coder = beam.coders.registry.get_coder(Ref)
+    encoded = coder.encode(ref)
+    back = coder.decode(encoded)
+    assert back == ref and type(back.previous) is type(ref.previous)
+    assert coder.encode(back) == encoded  # deterministic
+    if ref.relpath == "class_3/0123453.jpg":  # a listed file: ~70 bytes, where Beam's fallback pickle takes ~150
+        assert len(encoded) <= 80 and 2 * len(encoded) <= len(beam.coders.FastPrimitivesCoder().encode(ref))
+
+
+def test_a_cluster_run_sends_the_workers_small_data_messages_unless_told_otherwise():
+    from apache_beam.options.pipeline_options import DebugOptions
+
+    from beam_pipeline.runner import DATA_BUFFER_BYTES, make_options
+
+    def experiments(*args: str) -> list[str]:
+        return make_options(list(args))[0].view_as(DebugOptions).experiments or []
+
+    # the runner checks that a worker keeps up only every 100 messages: 100 x 64 KB wait at most, not 100 MB
+    assert f"data_buffer_size_limit={DATA_BUFFER_BYTES}" in experiments("--runner=FlinkRunner")
+    assert f"data_buffer_size_limit={DATA_BUFFER_BYTES}" in experiments("--runner=SparkRunner", "--experiments=x")
+    assert experiments("--runner=FlinkRunner", "--experiments=data_buffer_size_limit=5") == ["data_buffer_size_limit=5"]
+    assert not any("data_buffer" in e for e in experiments("--runner=DirectRunner"))

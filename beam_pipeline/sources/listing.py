@@ -28,6 +28,7 @@ from apache_beam.typehints.decorators import no_annotations
 
 from .. import storage
 from ..config import Layout
+from ..vocab.refs import Ref
 from .folders import FILES, ListFolder, SpreadInBatches, _MatchedToRef, _OddLocalEntries, _to_listed, lists_whole_folder
 from .manifest import (
     ReservedColumnsSeen,
@@ -97,9 +98,8 @@ class ListInputs(beam.PTransform):
             # element that still makes a Ref; everything per file comes after it
             | "SpreadFiles" >> SpreadInBatches()
         )
-        listed = spread | "ToRefs" >> beam.ParDo(_MatchedToRef(self._settings, layout)).with_outputs(
-            REJECTS, SKIPPED, main="refs"
-        )
+        to_refs = beam.ParDo(_MatchedToRef(self._settings, layout)).with_output_types(Ref)  # vocab.refs.RefCoder
+        listed = spread | "ToRefs" >> to_refs.with_outputs(REJECTS, SKIPPED, main="refs")
         rejects = listed[REJECTS]
         if odd is not None:
             rejects = (rejects, odd) | "ListingRejects" >> beam.Flatten()
@@ -128,6 +128,6 @@ class ListInputs(beam.PTransform):
         )
         stat = firsts.rows | "StatRows" >> beam.ParDo(
             _StatManifestRow(cfg, layout), beam.pvalue.AsSingleton(sources)
-        ).with_outputs(REJECTS, SKIPPED, main="refs")
+        ).with_output_types(Ref).with_outputs(REJECTS, SKIPPED, main="refs")
         rejects = (keyed[REJECTS], firsts[REJECTS], stat[REJECTS]) | "ManifestRejects" >> beam.Flatten()
         return {"refs": stat.refs, REJECTS: rejects, SKIPPED: stat[SKIPPED], "sources": sources}

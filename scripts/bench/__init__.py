@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "near-dup-recall": ("near_dup_recall", "known copies among distinct images: convert against imagehash, all pairs"),
     "near-dup-scale": ("near_dup_scale", "default search against off on many near-duplicates: time, RSS, lines listed"),
     "engines": ("engines", "the same data locally and on the local Flink/Spark cluster"),
+    "million": ("million", "80k, 320k and 1 M small tiles, local and on the local Flink cluster: wall, RSS"),
     "measure": ("common", "wall time, CPU and peak RSS of any command's process tree (one JSON line)"),
 }
 DEFAULT = "contenders"
