@@ -265,6 +265,44 @@ def test_two_runs_into_one_output_at_once_one_writes_the_other_is_refused(flink:
     assert verified.returncode == 0, verified.stderr + verified.stdout
 
 
+# The 320k-tile failure, scaled down (issue #45): rows whose refs carry a wide extra column, so that the refs a
+# stage reads come to BIG_REFS_ROWS x BIG_REFS_WIDTH = 150 MB, past the 128 MB of direct memory a TaskManager
+# gives its framework. The runner sends a stage's input to the workers in data messages and checks that a worker
+# keeps up only every 100 of them, so at Beam's default of 1 MB a message up to ~100 MB per worker connection
+# waited there: the job failed ("Direct buffer memory", then "call is closed"), as 320k tiles did, and this one
+# kept restarting (by hand: --experiments=data_buffer_size_limit=1000000). The 64 KB messages the launcher asks
+# for (runner.DATA_BUFFER_BYTES) keep ~6.4 MB waiting, whatever the rows: 56 s. Shards of 8 MB: one shard's
+# refs, grouped, are one record of Flink's sort, which must stay under its largest record (16 MB at
+# scripts/cluster.sh's settings; 150 MB shards of these rows are not yet written on Flink, docs/engines.md).
+BIG_REFS_ROWS = 6000
+BIG_REFS_WIDTH = 25_000
+
+
+def big_refs_manifest(shared: Path, rows: int = BIG_REFS_ROWS, width: int = BIG_REFS_WIDTH) -> Path:
+    """A CSV manifest of ``rows`` tiny JPEGs (hard links to four files) with a ``note`` column ``width`` wide."""
+    images = shared / "img"
+    images.mkdir()
+    sources = []
+    for k in range(4):
+        sources.append(images / f"source{k}.jpg")
+        imagegen.write(str(sources[-1]), imagegen.image_bytes("jpeg", 16, 16, seed=k))
+    manifest = shared / "manifest.csv"
+    with manifest.open("w") as out:
+        out.write("path,label,note\n")
+        for i in range(rows):
+            os.link(sources[i % 4], images / f"{i:05d}.jpg")
+            out.write(f"{images / f'{i:05d}.jpg'},{'ab'[i % 2]},{os.urandom(width // 2).hex()}\n")
+    return manifest
+
+
+def test_a_stage_reading_refs_far_past_the_taskmanagers_direct_memory_completes(flink: list[str], shared: Path) -> None:
+    manifest = big_refs_manifest(shared)
+    out = shared / "flink" / "ds"
+    args = ("--manifest", str(manifest), "--output", str(out), "--near-duplicates", "off", "--target-shard-mb", "8")
+    convert(*args, *flink, timeout=600)
+    assert load_info(out)["examples"] == BIG_REFS_ROWS
+
+
 def test_a_local_input_the_workers_cannot_see_is_named(flink: list[str], tmp_path: Path, shared: Path) -> None:
     """An input under the launcher's /tmp: the workers (their own /tmp, as on another host) do not see it. The
     run says so in one line instead of calling the folder empty."""

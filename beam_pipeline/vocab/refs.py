@@ -6,6 +6,7 @@ reject(ref.path, reasons.MISSING, "gone before it was read")
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypedDict
 
@@ -126,12 +127,13 @@ class RefCoder(coders.Coder):
         size = stream.read_var_int64()
         key = stream.read_bigendian_uint64()
         mtime = stream.read_bigendian_double()
-        split = _read_text(stream)
+        # a split's and a label's text repeat over the refs: one string each, however many refs are decoded
+        split = sys.intern(_read_text(stream))
         label: str | tuple[str, ...] | None = None
         if flags & _LABEL_TEXT:
-            label = _read_text(stream)
+            label = sys.intern(_read_text(stream))
         elif flags & _LABEL_NAMES:
-            label = tuple(_read_text(stream) for _ in range(stream.read_var_int64()))
+            label = tuple(sys.intern(_read_text(stream)) for _ in range(stream.read_var_int64()))
         extras: tuple[tuple[str, Any], ...] = ()
         previous, annotations = None, None
         if flags & _MORE:

@@ -299,6 +299,17 @@ def growth(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def warm(folder: Path) -> None:
+    """Reads every tile once, so each run finds them in the page cache: a cold read of a million small files
+    costs a random disk read each and made a 320k run I/O-bound (~750 tiles/s, 601 s against 214 s warm)."""
+    started = time.monotonic()
+    files = [str(p) for p in folder.rglob("*.jpg")]
+    chunks = [files[i : i + 2000] for i in range(0, len(files), 2000)]
+    for chunk in chunks:
+        subprocess.run(["cat", *chunk], stdout=subprocess.DEVNULL, check=True)
+    print(f"warmed {len(files):,} tiles into the page cache in {time.monotonic() - started:.0f} s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmark.py million", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=REPO / ".cluster" / "shared" / "bench" / "million")
@@ -310,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-json", type=Path, help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     full = make_tiles(args.data, max(args.sizes))
-    sets = {n: full if n == max(args.sizes) else subset(args.data, full, n) for n in args.sizes}
+    made = max(int(m.name.rsplit("-", 1)[1]) for m in args.data.glob(".complete-tiles-[0-9]*"))
+    # the full set only where it is the size asked for: a 1 M set made earlier is not the 320k set
+    sets = {n: full if n == made else subset(args.data, full, n) for n in args.sizes}
+    warm(full)
     if args.make_only:
         return 0
 
