@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -249,6 +250,83 @@ def published_shards(out: Path) -> list[str]:
 
 
 # --- GCS without a network ----------------------------------------------------------------------
+
+
+# --- a run's processes and those of a cluster, by session (scripts/cluster.sh's roles) -------------
+
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _stat(pid: str) -> tuple[int, float, int] | None:
+    """(session id, CPU seconds, RSS bytes) of a live process."""
+    from cluster import proc_fields  # scripts/cluster.py: scripts/benchmark.py puts scripts/ on sys.path
+
+    fields = proc_fields(pid)
+    if not fields:
+        return None
+    return int(fields[3]), (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
+
+
+def _processes(sessions: set[int]) -> dict[str, tuple[float, int]]:
+    """pid → (CPU seconds, RSS bytes) of every live process in ``sessions``."""
+    found: dict[str, tuple[float, int]] = {}
+    for pid in os.listdir("/proc"):
+        stat = _stat(pid) if pid.isdigit() else None
+        if stat and stat[0] in sessions:
+            found[pid] = stat[1:]
+    return found
+
+
+class TreeSampler:
+    """CPU seconds and peak RSS of every process in ``sessions`` while it runs.
+
+    The processes of ``running`` (sessions that were there before the run: the cluster's) count from the CPU
+    they had at the start; the others (the convert's session) from zero.
+    """
+
+    def __init__(self, sessions: set[int], running: set[int]) -> None:
+        self.sessions = sessions
+        self.first = {pid: cpu for pid, (cpu, _) in _processes(running).items()}
+        self.last: dict[str, float] = {}
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        found = _processes(self.sessions)
+        self.last.update((pid, cpu) for pid, (cpu, _) in found.items())
+        self.peak_rss = max(self.peak_rss, sum(rss for _, rss in found.values()))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def stop(self) -> tuple[float, int]:
+        """(CPU seconds, peak RSS bytes) since the start."""
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        cpu = sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.last.items())
+        return cpu, self.peak_rss
+
+
+def cluster_sessions(engine: str) -> set[int]:
+    """The sessions of the cluster's running roles (``cluster.sh ENGINE status``: one "role pid" line each)."""
+    out = subprocess.run([str(SCRIPTS / "cluster.sh"), engine, "status"], capture_output=True, text=True).stdout
+    sessions = set()
+    for line in out.splitlines():
+        found = _stat(line.split()[1])
+        if found:
+            sessions.add(found[0])
+    return sessions
+
+
+def idle_rss(sessions: set[int]) -> int:
+    """RSS bytes of every process in ``sessions`` now."""
+    return sum(rss for _, rss in _processes(sessions).values())
 
 
 def start_gcs_emulator(bucket: str) -> Any:

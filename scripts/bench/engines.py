@@ -23,83 +23,23 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cluster import proc_fields  # scripts/cluster.py (scripts/benchmark.py puts scripts/ on sys.path)
-
-from bench.common import REPO, beam_pipeline, interleaved, make_samples, markdown_table
+from bench.common import (
+    REPO,
+    TreeSampler,
+    beam_pipeline,
+    cluster_sessions,
+    idle_rss,
+    interleaved,
+    make_samples,
+    markdown_table,
+)
 
 CLUSTER = str(REPO / "scripts" / "cluster.sh")
-TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 SLOTS = 2
-
-
-def _stat(pid: str) -> tuple[int, float, int] | None:
-    """(session id, CPU seconds, RSS bytes) of a live process."""
-    fields = proc_fields(pid)
-    if not fields:
-        return None
-    return int(fields[3]), (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
-
-
-class TreeSampler:
-    """CPU seconds and peak RSS of every process in ``sessions`` while it runs."""
-
-    def __init__(self, sessions: set[int]) -> None:
-        self.sessions = sessions
-        self.first: dict[str, float] = {}
-        self.last: dict[str, float] = {}
-        self.peak_rss = 0
-        self._stop = threading.Event()
-        self._sample()
-        self.first = dict(self.last)
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        rss = 0
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            found = _stat(pid)
-            if found and found[0] in self.sessions:
-                self.last[pid] = found[1]
-                rss += found[2]
-        self.peak_rss = max(self.peak_rss, rss)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            self._sample()
-
-    def stop(self) -> tuple[float, int]:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        cpu = sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.last.items())
-        return cpu, self.peak_rss
-
-
-def cluster_sessions(engine: str) -> set[int]:
-    out = subprocess.run([CLUSTER, engine, "status"], capture_output=True, text=True).stdout
-    sessions = set()
-    for line in out.splitlines():
-        found = _stat(line.split()[1])
-        if found:
-            sessions.add(found[0])
-    return sessions
-
-
-def idle_rss(sessions: set[int]) -> int:
-    total = 0
-    for pid in os.listdir("/proc"):
-        found = _stat(pid) if pid.isdigit() else None
-        if found and found[0] in sessions:
-            total += found[2]
-    return total
 
 
 def run(label: str, args: list[str], sessions: set[int], images: int) -> dict[str, float | str]:
@@ -107,7 +47,7 @@ def run(label: str, args: list[str], sessions: set[int], images: int) -> dict[st
     cmd = beam_pipeline("convert", *args, "--overwrite")
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    sampler = TreeSampler(sessions | {proc.pid})
+    sampler = TreeSampler(sessions | {proc.pid}, running=sessions)
     _, err = proc.communicate()
     wall = time.monotonic() - started
     cpu, peak = sampler.stop()

@@ -40,22 +40,19 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cluster import port, proc_fields  # scripts/cluster.py (scripts/benchmark.py puts scripts/ on sys.path)
+from cluster import port  # scripts/cluster.py (scripts/benchmark.py puts scripts/ on sys.path)
 
-from bench.common import REPO, beam_pipeline, load, markdown_table
+from bench.common import REPO, TreeSampler, beam_pipeline, cluster_sessions, idle_rss, load, markdown_table
 
 CLASSES = 10
 SIDE = 96
 SEED = 45
 CLUSTER = str(REPO / "scripts" / "cluster.sh")
-TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 2**20
 
 
@@ -124,75 +121,6 @@ def subset(data: Path, full: Path, count: int) -> Path:
 
 
 # --- a process tree by sessions, sampled from /proc (as bench/engines.py does; modules share only common) ------
-
-
-def _stat(pid: str) -> tuple[int, float, int] | None:
-    """(session id, CPU seconds, RSS bytes) of a live process."""
-    fields = proc_fields(pid)
-    if not fields:
-        return None
-    return int(fields[3]), (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
-
-
-def _processes(sessions: set[int]) -> dict[str, tuple[float, int]]:
-    """pid → (CPU seconds, RSS bytes) of every live process in ``sessions``."""
-    found: dict[str, tuple[float, int]] = {}
-    for pid in os.listdir("/proc"):
-        stat = _stat(pid) if pid.isdigit() else None
-        if stat and stat[0] in sessions:
-            found[pid] = stat[1:]
-    return found
-
-
-class TreeSampler:
-    """CPU seconds and peak RSS of every process in ``sessions`` while it runs.
-
-    The processes of ``running`` (sessions that were there before the run: the cluster's) count from the CPU
-    they had at the start; the others (the convert's session) from zero.
-    """
-
-    def __init__(self, sessions: set[int], running: set[int]) -> None:
-        self.sessions = sessions
-        self.first = {pid: cpu for pid, (cpu, _) in _processes(running).items()}
-        self.last: dict[str, float] = {}
-        self.peak_rss = 0
-        self._stop = threading.Event()
-        self._sample()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        found = _processes(self.sessions)
-        self.last.update((pid, cpu) for pid, (cpu, _) in found.items())
-        self.peak_rss = max(self.peak_rss, sum(rss for _, rss in found.values()))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            self._sample()
-
-    def stop(self) -> tuple[float, int]:
-        """(CPU seconds, peak RSS bytes) since the start."""
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        cpu = sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.last.items())
-        return cpu, self.peak_rss
-
-
-def cluster_sessions(engine: str) -> set[int]:
-    """The sessions of the cluster's running roles (``cluster.sh ENGINE status``: one "role pid" line each)."""
-    out = subprocess.run([CLUSTER, engine, "status"], capture_output=True, text=True).stdout
-    sessions = set()
-    for line in out.splitlines():
-        found = _stat(line.split()[1])
-        if found:
-            sessions.add(found[0])
-    return sessions
-
-
-def idle_rss(sessions: set[int]) -> int:
-    """RSS bytes of every process in ``sessions`` now."""
-    return sum(rss for _, rss in _processes(sessions).values())
 
 
 # --- the runs -------------------------------------------------------------------------------------
