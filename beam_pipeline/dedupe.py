@@ -27,7 +27,7 @@ from apache_beam.typehints.decorators import no_annotations
 
 from .sources.rules import REJECTS
 from .vocab.reasons import DUPLICATE
-from .vocab.refs import Ref, reject
+from .vocab.refs import Ref, as_ref, reject
 
 _CHUNK = 1 << 20
 
@@ -81,6 +81,6 @@ class DropDuplicates(beam.PTransform):
             | "Digest" >> beam.Map(_keyed)
             # (sha256, Ref): only digests and references cross the shuffle
             | "GroupByContent" >> beam.GroupByKey()
-            | "KeepFirst" >> beam.FlatMap(split_duplicates).with_output_types(Ref).with_outputs(REJECTS, main="kept")
+            | "KeepFirst" >> beam.FlatMap(split_duplicates).with_outputs(REJECTS, main="kept")
         )
-        return out.kept, out[REJECTS]
+        return out.kept | "Kept" >> beam.Map(as_ref).with_output_types(Ref), out[REJECTS]

@@ -50,7 +50,7 @@ from .sources.rules import class_values
 from .storage import open_lines
 from .vocab.dataset_info import DatasetInfo
 from .vocab.reasons import MISSING, NEAR_DUPLICATE_LEAK, UNREADABLE
-from .vocab.refs import Previous, PreviousReject, Ref  # the previous run's record of a file: defined with Ref
+from .vocab.refs import Previous, PreviousReject, Ref, as_ref  # the previous run's record of a file: defined with Ref
 
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.
@@ -492,9 +492,7 @@ class JoinPrevious(beam.PTransform):
             {"refs": by_path, "previous": previous, "rejects": rejects}
             | "JoinByPath" >> beam.CoGroupByKey()
             | "MatchPrevious"
-            >> beam.ParDo(MatchPreviousFn(self._output))
-            .with_output_types(Ref)
-            .with_outputs(CHANGES, DROPPED_PATHS, main="refs")
+            >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, DROPPED_PATHS, main="refs")
         )
         first_dropped = matched[DROPPED_PATHS] | "FirstDropped" >> beam.combiners.Top.Smallest(DROPPED_NAMED)
         counts = (
@@ -505,4 +503,5 @@ class JoinPrevious(beam.PTransform):
             | "WithFirstDropped"
             >> beam.Map(lambda counts, first: {**counts, "dropped_first": sorted(first)}, AsSingleton(first_dropped))
         )
-        return {"refs": matched.refs, CHANGES: counts}
+        refs = matched.refs | "Refs" >> beam.Map(as_ref).with_output_types(Ref)  # in vocab.refs.RefCoder
+        return {"refs": refs, CHANGES: counts}

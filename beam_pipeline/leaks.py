@@ -26,7 +26,7 @@ from .images.phash import FULL
 from .near_duplicates import KEY, GroupIndex, first_split, group_index, key_of
 from .sources.rules import REJECTS
 from .vocab.reasons import NEAR_DUPLICATE_LEAK
-from .vocab.refs import Ref, reject
+from .vocab.refs import Ref, as_ref, reject
 
 
 class HashRefFn(beam.DoFn):  # type: ignore[misc]
@@ -161,6 +161,6 @@ class DropLeaks(beam.PTransform):  # type: ignore[misc]
         out = (
             {"refs": by_path, "leaks": leaks}
             | "JoinLeaks" >> beam.CoGroupByKey()
-            | "KeepOrReject" >> beam.FlatMap(keep_or_reject).with_output_types(Ref).with_outputs(REJECTS, main="kept")
+            | "KeepOrReject" >> beam.FlatMap(keep_or_reject).with_outputs(REJECTS, main="kept")
         )
-        return out.kept, out[REJECTS]
+        return out.kept | "Kept" >> beam.Map(as_ref).with_output_types(Ref), out[REJECTS]

@@ -45,7 +45,7 @@ def test_per_file_work_follows_a_reshuffle_of_the_listing(tmp_path):
     # listed files are spread before any per-file step (refs, dedupe's hashing)
     assert steps["List/ToRefs"][0].startswith("List/SpreadFiles/")
     assert steps["List/SpreadFiles"] == ["List/PathAndSize"]
-    assert steps["Dedupe"] == ["List/ToRefs/ParDo(_MatchedToRef)"]
+    assert steps["Dedupe"] == ["List/Refs"]
     # the folder is listed level by level, each level's folders spread before they are listed
     assert steps["List/ListFolder/ListLevel1"][0].startswith("List/ListFolder/SpreadFolders0/")
     assert steps["List/ListFolder/ListTrees"][0].startswith("List/ListFolder/SpreadFolders1/")
@@ -101,9 +101,9 @@ def test_refs_cross_the_listing_and_the_shard_grouping_in_the_ref_coder(tmp_path
     cfg = ConvertConfig(output=str(tmp_path / "out"), name="d", input=str(tmp_path / "in"))
     p = build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions())
     listed = {n.full_label: n for n in _nodes(p)}
-    assert listed["List/ToRefs/ParDo(_MatchedToRef)"].outputs[None].element_type is Ref
+    assert listed["List/Refs"].outputs[None].element_type is Ref
     assert _coder_of(p, "Write/GroupByShard").endswith("IterableCoder[RefCoder]]")
-    assert _coder_of(p, "List/ToRefs/ParDo(_MatchedToRef)") == "RefCoder"
+    assert _coder_of(p, "List/Refs") == "RefCoder"
     assert listed["Write/AssignShard"].outputs[None].element_type.tuple_types[1] is Ref
 
 

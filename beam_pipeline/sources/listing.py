@@ -28,7 +28,7 @@ from apache_beam.typehints.decorators import no_annotations
 
 from .. import storage
 from ..config import Layout
-from ..vocab.refs import Ref
+from ..vocab.refs import Ref, as_ref
 from .folders import FILES, ListFolder, SpreadInBatches, _MatchedToRef, _OddLocalEntries, _to_listed, lists_whole_folder
 from .manifest import (
     ReservedColumnsSeen,
@@ -98,13 +98,15 @@ class ListInputs(beam.PTransform):
             # element that still makes a Ref; everything per file comes after it
             | "SpreadFiles" >> SpreadInBatches()
         )
-        to_refs = beam.ParDo(_MatchedToRef(self._settings, layout)).with_output_types(Ref)  # vocab.refs.RefCoder
-        listed = spread | "ToRefs" >> to_refs.with_outputs(REJECTS, SKIPPED, main="refs")
+        listed = spread | "ToRefs" >> beam.ParDo(_MatchedToRef(self._settings, layout)).with_outputs(
+            REJECTS, SKIPPED, main="refs"
+        )
+        refs = listed.refs | "Refs" >> beam.Map(as_ref).with_output_types(Ref)  # in vocab.refs.RefCoder
         rejects = listed[REJECTS]
         if odd is not None:
             rejects = (rejects, odd) | "ListingRejects" >> beam.Flatten()
         sources = pbegin | "Sources" >> beam.Create([Sources(layout.split_source, layout.label_source)])
-        return {"refs": listed.refs, REJECTS: rejects, SKIPPED: listed[SKIPPED], "sources": sources}
+        return {"refs": refs, REJECTS: rejects, SKIPPED: listed[SKIPPED], "sources": sources}
 
     def _expand_manifest(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         cfg, layout = self._settings, self._layout
@@ -128,6 +130,7 @@ class ListInputs(beam.PTransform):
         )
         stat = firsts.rows | "StatRows" >> beam.ParDo(
             _StatManifestRow(cfg, layout), beam.pvalue.AsSingleton(sources)
-        ).with_output_types(Ref).with_outputs(REJECTS, SKIPPED, main="refs")
+        ).with_outputs(REJECTS, SKIPPED, main="refs")
+        refs = stat.refs | "Refs" >> beam.Map(as_ref).with_output_types(Ref)  # in vocab.refs.RefCoder
         rejects = (keyed[REJECTS], firsts[REJECTS], stat[REJECTS]) | "ManifestRejects" >> beam.Flatten()
-        return {"refs": stat.refs, REJECTS: rejects, SKIPPED: stat[SKIPPED], "sources": sources}
+        return {"refs": refs, REJECTS: rejects, SKIPPED: stat[SKIPPED], "sources": sources}

@@ -160,6 +160,14 @@ def _read_text(stream: InputStream) -> str:
 coders.registry.register_coder(Ref, RefCoder)
 
 
+def as_ref(ref: Ref) -> Ref:
+    """The ref as it is: ``beam.Map(as_ref).with_output_types(Ref)`` after a step with tagged outputs.
+
+    Beam's type check holds a step's output hint against each of its outputs (its rejects too), so the Ref
+    hint that picks ``RefCoder`` goes on this step, fused with the one before it."""
+    return ref
+
+
 def printable_path(path: str) -> str:
     """``path`` as valid UTF-8 text: bytes of a local name that are not UTF-8 become ``\\xNN``."""
     try:
