@@ -96,11 +96,12 @@ def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
     ``check_runner_options`` refuses."""
     options = PipelineOptions(list(beam_args))
     check_runner_options(options)
-    if runner_key(options.view_as(StandardOptions).runner) in PORTABLE_RUNNERS:
+    runner_name = runner_key(options.view_as(StandardOptions).runner)
+    if runner_name in PORTABLE_RUNNERS:
         debug = options.view_as(DebugOptions)
         if debug.lookup_experiment("data_buffer_size_limit") is None:  # a user's own value stays
             debug.add_experiment(f"data_buffer_size_limit={DATA_BUFFER_BYTES}")
-    if runner_key(options.view_as(StandardOptions).runner) in LOCAL_RUNNERS:
+    if runner_name in LOCAL_RUNNERS:
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
         # Measured (README, "Local runs"): one in-process worker whose shard

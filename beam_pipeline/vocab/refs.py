@@ -112,7 +112,7 @@ class RefCoder(coders.Coder):
         if more:
             previous = ref.previous
             kind = type(previous).__name__ if previous is not None else ""
-            # a Previous / PreviousReject (NamedTuples of index.py) as its kind and a plain tuple
+            # a Previous / PreviousReject (the NamedTuples above) as its kind and a plain tuple
             as_tuple = tuple(previous) if previous is not None else None
             out.write(self._more.encode((ref.extras, kind, as_tuple, ref.annotations)), True)
         return out.get()
