@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,8 @@ from beam_pipeline.writer.budget import Budget
 from beam_pipeline.writer.readahead import read_then_convert
 
 pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parent.parent
 
 GROWTH = 20  # a small CMYK JPEG re-encoded as PNG: ~20 times its file
 
@@ -293,3 +298,47 @@ def test_a_read_threads_gcs_client_follows_the_emulator_endpoint(gcs, monkeypatc
         assert thread.submit(storage.gcs.gcsio).result() is first  # built once per thread
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", os.environ["STORAGE_EMULATOR_HOST"].rstrip("/") + "/")
         assert thread.submit(storage.gcs.gcsio).result() is not first
+
+
+_DECODE_IN_TURN = r"""
+import io, sys, threading
+import numpy as np
+import psutil
+from PIL import Image
+if sys.argv[1] == "writer":
+    from beam_pipeline.writer.budget import budgets
+    from beam_pipeline.images.options import ImageOptions
+    budgets(ImageOptions())  # what every shard writer's setup does
+buf = io.BytesIO()
+Image.new("RGB", (6000, 6000)).save(buf, "PNG")  # 108 MB decoded, 100 KB on disk
+data, turn = buf.getvalue(), threading.Lock()
+before = psutil.Process().memory_info().rss
+def decode():
+    with turn:  # one at a time, as the decode budget lets them: each on its own thread
+        image = Image.open(io.BytesIO(data))
+        pixels = np.asarray(image)  # as the check's hash reads them
+        del image, pixels
+threads = [threading.Thread(target=decode) for _ in range(5)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(psutil.Process().memory_info().rss - before)
+"""
+
+
+@pytest.mark.e2e  # two processes, ~10 s
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_decoded_images_freed_on_other_threads_go_back_to_the_system():
+    """The budget lets one 108 MB decode run at a time, on five threads in turn. With glibc's defaults each
+    thread's heap kept its freed image (~260 MB more after, measured); a writer's process keeps less than one (~65 MB).
+    A process each: the malloc setting is per process and cannot be undone."""
+
+    def growth(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _DECODE_IN_TURN, mode], capture_output=True, text=True, check=True, cwd=REPO
+        )
+        return int(out.stdout.split()[-1])
+
+    default, writer = growth("default"), growth("writer")
+    image = 6000 * 6000 * 3
+    assert default > 2 * image, f"glibc kept {default / 1e6:.0f} MB by default: the test shows nothing"
+    assert writer < image, f"{writer / 1e6:.0f} MB kept after the decodes ({default / 1e6:.0f} MB by default)"
