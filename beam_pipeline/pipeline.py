@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import WriteToTFRecord
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.typehints.decorators import no_annotations
 
 from . import index, metadata
@@ -28,15 +28,16 @@ from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
 from .leaks import DropLeaks
 from .near_duplicates import FindNearDuplicates
-from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary, assign_shard
+from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary
 from .run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
+from .runner import PORTABLE_RUNNERS, runner_key
 from .sources.listing import ListInputs
 from .sources.manifest import InferColumnTypes
 from .sources.rules import REJECTS, SKIPPED, ListSettings, label_names, with_relative_path
 from .storage import read_json
 from .vocab.dataset_info import OK, DatasetInfo
 from .vocab.records import ShardResult
-from .vocab.refs import Ref
+from .writer import pieces
 from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records
 
 
@@ -266,28 +267,22 @@ class WritePlannedShards(beam.PTransform):
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         cfg, layout = self._cfg, self._layout
         plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
-        written = (
-            refs
-            | "AssignShard"
-            >> beam.Map(assign_shard, beam.pvalue.AsSingleton(plans)).with_output_types(tuple[tuple[str, int], Ref])
-            # ((split, shard), Ref): only references cross the shuffle, each in ~100 bytes (vocab.refs.RefCoder)
-            | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards"
-            >> beam.ParDo(
-                WriteShardFn(
-                    layout.tmp_dir,
-                    cfg.compression,
-                    cfg.decode_threads,
-                    cfg.image_options,
-                    self._previous,
-                    resume_from=layout.resume_from,
-                    object_names=layout.object_names,
-                    multi_label=cfg.label_separator is not None,
-                ),
-                beam.pvalue.AsSingleton(self._labels),
-                beam.pvalue.AsSingleton(self._extra_types),
-            ).with_outputs(REJECTS, main="results")
-        )
+        through_files = runner_key(refs.pipeline.options.view_as(StandardOptions).runner) in PORTABLE_RUNNERS
+        written = pieces.group_refs_by_shard(refs, plans, layout.tmp_dir, through_files) | "WriteShards" >> beam.ParDo(
+            WriteShardFn(
+                layout.tmp_dir,
+                cfg.compression,
+                cfg.decode_threads,
+                cfg.image_options,
+                self._previous,
+                resume_from=layout.resume_from,
+                object_names=layout.object_names,
+                multi_label=cfg.label_separator is not None,
+                refs_in_pieces=through_files,
+            ),
+            beam.pvalue.AsSingleton(self._labels),
+            beam.pvalue.AsSingleton(self._extra_types),
+        ).with_outputs(REJECTS, main="results")
         # the shard results count labels per split themselves
         no_counts = refs.pipeline | "NoLabelCounts" >> beam.Create([{}])
         return {"results": written.results, REJECTS: written[REJECTS], "split_label_counts": no_counts}

@@ -5,7 +5,9 @@ its fine hash bucket (the top bits of its shuffle key), and each split's
 buckets, in key order, are cut into contiguous runs of about equal bytes.
 Shards therefore stay within the size bounds even with a few hundred multi-MB
 photos, and concatenating a split's shards in order gives one global
-permutation (the shuffle-key order).
+permutation (the shuffle-key order). A split whose refs are large or many
+for their bytes (rows with big extra columns, images of a few hundred bytes)
+gets more shards, so that no shard's refs pass MAX_REF_BYTES_PER_SHARD.
 
     n = shard_count(total_bytes=620e6, target=150e6)            # 4
     plan = cut_buckets({bucket: bytes, ...}, n)                 # ShardPlan
@@ -15,9 +17,9 @@ permutation (the shuffle-key order).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TypedDict
 
 import apache_beam as beam
@@ -26,7 +28,7 @@ from . import hashing
 from .config import case_twins_problem
 from .errors import UsageError
 from .sources.rules import label_names
-from .vocab.refs import Ref
+from .vocab.refs import Ref, RefCoder
 
 
 class _SplitPlan(TypedDict):
@@ -75,23 +77,34 @@ def estimated_record_bytes(ref: Ref) -> int:
     return ref.size + RECORD_OVERHEAD + len(ref.relpath.encode()) + label + extras
 
 
-def shard_count(total_bytes: float, target: float) -> int:
-    """Shards for a split: nearest to ``target`` each, never above MAX_OVER_TARGET × target."""
+# A shard's refs (their encoded bytes, vocab.refs.RefCoder) stay under this: more shards otherwise. The refs
+# of a shard are grouped into one element on every runner, and on Flink into one record of its sort, whose
+# limit is ~16 MB at scripts/cluster.sh's TaskManager (a record over it fails the job). 82-byte tile refs
+# reach it at ~100k tiles per shard (tiles of ~1.5 KB at 150 MB); rows with kilobytes of extra columns or
+# annotations sooner. Below it, and so for every ordinary dataset, the plan is the bytes' alone.
+MAX_REF_BYTES_PER_SHARD = 8 * 1024 * 1024
+
+
+def shard_count(total_bytes: float, target: float, ref_bytes: int = 0) -> int:
+    """Shards for a split: nearest to ``target`` each, never above MAX_OVER_TARGET × target, nor above
+    MAX_REF_BYTES_PER_SHARD of refs each (``ref_bytes``: the split's)."""
     if total_bytes <= 0:
         return 1
-    n = max(1, round(total_bytes / target))
+    n = max(1, round(total_bytes / target), math.ceil(ref_bytes / MAX_REF_BYTES_PER_SHARD))
     while total_bytes / n > target * MAX_OVER_TARGET and n < hashing.NUM_BUCKETS:
         n += 1
     # a shard holds whole buckets: more shards than buckets would stay empty (a tiny target made millions)
     return min(n, hashing.NUM_BUCKETS)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ShardPlan:
-    """Shard i holds the buckets in [starts[i], starts[i+1]); estimated bytes per shard."""
+    """Shard i holds the buckets in [starts[i], starts[i+1]); estimated bytes per shard; the split's refs'
+    encoded bytes (writer/pieces.py cuts a shard's refs by them)."""
 
     starts: tuple[int, ...]
     estimated_bytes: tuple[int, ...]
+    ref_bytes: int = 0
 
     @property
     def num_shards(self) -> int:
@@ -127,8 +140,10 @@ def cut_buckets(bucket_bytes: Mapping[int, int], num_shards: int) -> ShardPlan:
     return ShardPlan(tuple(starts), tuple(sizes))
 
 
-def make_plans(split_bucket_bytes: Iterable[tuple[tuple[str, int], int]], target: int) -> dict[str, ShardPlan]:
-    """((split, bucket), bytes) pairs → {split: ShardPlan}.
+def make_plans(
+    split_bucket_bytes: Iterable[tuple[tuple[str, int], int]], target: int, ref_bytes: Mapping[str, int] | None = None
+) -> dict[str, ShardPlan]:
+    """((split, bucket), bytes) pairs → {split: ShardPlan}; ``ref_bytes``: {split: its refs' encoded bytes}.
 
     UsageError for splits whose names differ only in case: only a manifest's split column can give them (the
     flags are checked at the start, split folders have fixed names), and the plan is the first point that
@@ -141,14 +156,29 @@ def make_plans(split_bucket_bytes: Iterable[tuple[tuple[str, int], int]], target
     twins = case_twins_problem(by_split)
     if twins:
         raise UsageError(f"--manifest split column: {twins}")
-    return {
-        split: cut_buckets(buckets, shard_count(sum(buckets.values()), target))
-        for split, buckets in sorted(by_split.items())
-    }
+    plans = {}
+    for split, buckets in sorted(by_split.items()):
+        refs = (ref_bytes or {}).get(split, 0)
+        plan = cut_buckets(buckets, shard_count(sum(buckets.values()), target, refs))
+        plans[split] = dataclasses.replace(plan, ref_bytes=refs)
+    return plans
+
+
+class SplitTable:
+    """One split's part of the planner's table: estimated record bytes per bucket, and its refs' bytes."""
+
+    __slots__ = ("buckets", "ref_bytes")
+
+    def __init__(self, buckets: dict[int, int] | None = None, ref_bytes: int = 0) -> None:
+        self.buckets = buckets if buckets is not None else {}
+        self.ref_bytes = ref_bytes
+
+
+_REF_CODER = RefCoder()
 
 
 class SumBucketBytes(beam.CombineFn):
-    """refs → {split: {bucket: estimated bytes}}: the planner's table, as one dict.
+    """refs → {split: SplitTable}: the planner's table, as one dict.
 
     One accumulator instead of a CombinePerKey over (split, bucket): the
     local runner would otherwise hold every one of the up to 2**18 keys per
@@ -157,32 +187,41 @@ class SumBucketBytes(beam.CombineFn):
     holds only the buckets its refs fell in.
     """
 
-    def create_accumulator(self) -> dict[str, dict[int, int]]:
+    def create_accumulator(self) -> dict[str, SplitTable]:
         return {}
 
-    def add_input(self, acc: dict[str, dict[int, int]], ref: Ref) -> dict[str, dict[int, int]]:
-        buckets = acc.setdefault(ref.split, {})
+    def add_input(self, acc: dict[str, SplitTable], ref: Ref) -> dict[str, SplitTable]:
+        table = acc.get(ref.split)
+        if table is None:
+            table = acc[ref.split] = SplitTable()
+        buckets = table.buckets
         bucket = hashing.bucket_of(ref.key)
         buckets[bucket] = buckets.get(bucket, 0) + estimated_record_bytes(ref)
+        table.ref_bytes += _REF_CODER.estimate_size(ref)
         return acc
 
-    def merge_accumulators(self, accs: Iterable[dict[str, dict[int, int]]]) -> dict[str, dict[int, int]]:
-        merged: dict[str, dict[int, int]] = {}
+    def merge_accumulators(self, accs: Iterable[dict[str, SplitTable]]) -> dict[str, SplitTable]:
+        merged: dict[str, SplitTable] = {}
         for acc in accs:
-            for split, buckets in acc.items():
-                into = merged.setdefault(split, {})
-                for bucket, size in buckets.items():
-                    into[bucket] = into.get(bucket, 0) + size
+            for split, table in acc.items():
+                into = merged.get(split)
+                if into is None:
+                    into = merged[split] = SplitTable()
+                for bucket, size in table.buckets.items():
+                    into.buckets[bucket] = into.buckets.get(bucket, 0) + size
+                into.ref_bytes += table.ref_bytes
         return merged
 
-    def extract_output(self, acc: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    def extract_output(self, acc: dict[str, SplitTable]) -> dict[str, SplitTable]:
         return acc
 
 
-def plans_from_table(table: Mapping[str, Mapping[int, int]], target: int) -> dict[str, ShardPlan]:
-    """{split: {bucket: bytes}} → {split: ShardPlan}."""
+def plans_from_table(table: Mapping[str, SplitTable], target: int) -> dict[str, ShardPlan]:
+    """{split: SplitTable} → {split: ShardPlan}."""
     return make_plans(
-        (((split, bucket), size) for split, buckets in table.items() for bucket, size in buckets.items()), target
+        (((split, bucket), size) for split, t in table.items() for bucket, size in t.buckets.items()),
+        target,
+        {split: t.ref_bytes for split, t in table.items()},
     )
 
 
@@ -196,7 +235,7 @@ class PlanShards(beam.PTransform):
     def expand(self, refs: beam.PCollection) -> beam.PCollection:
         return (
             refs
-            # {split: {bucket: bytes}}: at most 2**18 buckets per split, small enough for one worker
+            # {split: SplitTable}: at most 2**18 buckets per split, small enough for one worker
             | "SumBucketBytes" >> beam.CombineGlobally(SumBucketBytes())
             | "CutShards" >> beam.Map(plans_from_table, self._target)
         )

@@ -69,8 +69,9 @@ from .vocab.records import ShardResult
 DONE = "_done"  # markers and rejects parts, inside a run's scratch folder; never published
 RUN_LOCK = "_run.lock"  # held by a local run's launcher while it runs
 RENAMED = "renamed.jsonl"  # inside DONE: {"from": temp shard, "to": staged shard} per line, written by finalize
+SHARD_REFS = "_shard_refs"  # a shard's refs in pieces, on Flink and Spark (writer/pieces.py)
 # Paths (relative to a scratch folder) that never leave it.
-SCRATCH_ONLY = (DONE + "/", RUN_LOCK)
+SCRATCH_ONLY = (DONE + "/", RUN_LOCK, SHARD_REFS + "/")
 MARKER_FORMAT = 2
 # Earlier runs' scratch folders a writer looks in, newest first (each is one lookup per shard).
 MAX_SOURCES = 4

@@ -86,3 +86,61 @@ def test_a_tiny_target_makes_no_more_shards_than_buckets():
     for 40 million (the planner's list of them took GBs), and its loop ran once per shard."""
     assert shard_count(4e9, 100) == hashing.NUM_BUCKETS
     assert shard_count(620e6, 150e6) == 4  # as before at ordinary sizes
+
+
+def _plan_through_the_combine(refs):
+    """{split: ShardPlan} as the pipeline makes it (PlanShards' CombineFn, in two partials merged), and the
+    largest shard's refs in encoded bytes."""
+    from beam_pipeline.planning import SumBucketBytes, plans_from_table
+    from beam_pipeline.vocab.refs import RefCoder
+
+    fn = SumBucketBytes()
+    partials = []
+    for part in (refs[::2], refs[1::2]):
+        acc = fn.create_accumulator()
+        for ref in part:
+            acc = fn.add_input(acc, ref)
+        partials.append(acc)
+    plans = plans_from_table(fn.extract_output(fn.merge_accumulators(partials)), TARGET)
+    per_shard: dict[tuple[str, int], int] = {}
+    for r in refs:
+        shard = (r.split, plans[r.split].shard_of(hashing.bucket_of(r.key)))
+        per_shard[shard] = per_shard.get(shard, 0) + len(RefCoder().encode(r))
+    return plans, max(per_shard.values())
+
+
+def test_a_shards_refs_stay_under_the_cap_when_rows_carry_big_columns():
+    """150 MB of tiny images whose rows carry a 25 KB column: by bytes one shard, but its refs would be one
+    150 MB element (a Flink sort record over its ~16 MB limit failed the job). The cap makes ~19 shards."""
+    from beam_pipeline.planning import MAX_REF_BYTES_PER_SHARD
+
+    refs = [
+        Ref(r.path, r.relpath, r.size, r.split, r.label, r.key, (("note", "ab" * 12_500),)) for r in _refs([300] * 6000)
+    ]
+    plans, largest = _plan_through_the_combine(refs)
+    assert plans["train"].num_shards >= 18
+    assert largest <= 1.25 * MAX_REF_BYTES_PER_SHARD, largest
+
+
+def test_ordinary_tiles_are_planned_on_bytes_alone():
+    """62k tiles of 2.4 KB (one 150 MB shard's worth) carry ~5 MB of refs: under the cap, the same plan as
+    bytes give."""
+    refs = _refs([2_400] * 62_000)
+    pairs = [((r.split, hashing.bucket_of(r.key)), estimated_record_bytes(r)) for r in refs]
+    plans, largest = _plan_through_the_combine(refs)
+    assert plans["train"].starts == make_plans(pairs, TARGET)["train"].starts == (0,)
+    assert largest < 8 * MB
+
+
+def test_the_refs_size_estimate_is_near_the_encoding():
+    from beam_pipeline.vocab.refs import RefCoder
+
+    coder = RefCoder()
+    refs = [
+        *_refs([2_400] * 3),
+        Ref("gs://bucket/a/b/c.jpg", "c.jpg", 10, "validation", ("cat", "dog"), 7),
+        Ref("gs://bucket/elsewhere.jpg", "c.jpg", 10, "train", "cat", 7),
+        Ref("/x/1.jpg", "1.jpg", 10, "train", None, 7, (("note", "x" * 100),)),
+    ]
+    for ref in refs:
+        assert abs(coder.estimate_size(ref) - len(coder.encode(ref))) <= 4, ref

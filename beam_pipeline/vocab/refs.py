@@ -142,6 +142,17 @@ class RefCoder(coders.Coder):
                 previous = (Previous if kind == "Previous" else PreviousReject)(*as_tuple)
         return Ref(path, relpath, size, split, label, key, extras, mtime, previous, annotations)
 
+    def estimate_size(self, ref: Ref) -> int:
+        """About the bytes ``encode`` gives, without encoding (exact when the rare fields are present)."""
+        if ref.extras or ref.previous is not None or ref.annotations is not None:
+            return len(self.encode(ref))
+        label = ref.label
+        names = (label,) if isinstance(label, str) else label or ()
+        relpath, path = ref.relpath, ref.path
+        paths = len(path) if relpath and path.endswith(relpath) else len(path) + len(relpath)
+        # the texts with a length byte each (characters: bytes for ASCII); flags, size, key, mtime
+        return paths + 3 + len(ref.split) + sum(len(n) + 1 for n in names) + 21
+
     def is_deterministic(self) -> bool:
         return True
 

@@ -51,6 +51,7 @@ from ..sources.rules import REJECTS, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
 from ..vocab.records import ShardResult, size_bucket
 from ..vocab.refs import Ref
+from . import pieces
 from .budget import budgets, decode_threads, process_pool
 from .readahead import read_then_convert
 from .records import Reused, convert_one, decode_one, examples_features, read_cost, reject_row, result_bytes
@@ -129,8 +130,11 @@ class WriteShardFn(beam.DoFn):
         resume_from: Sequence[str] = (),
         object_names: bool = False,
         multi_label: bool = False,
+        refs_in_pieces: bool = False,
     ) -> None:
         self._tmp_dir = tmp_dir
+        # Flink and Spark: a shard's values are the paths of its refs' piece files, read here (pieces.py)
+        self._refs_in_pieces = refs_in_pieces
         # A names-only annotation source's label list names object classes: its records have no image/class/label.
         self._object_names = object_names
         self._multi_label = multi_label  # --label-separator: label lists (the feature spec a previous run must have)
@@ -158,12 +162,15 @@ class WriteShardFn(beam.DoFn):
 
     def process(
         self,
-        element: tuple[tuple[str, int], Iterable[Ref]],
+        element: tuple[tuple[str, int], Iterable[Ref] | Iterable[str]],
         labels: Sequence[str],
         extra_types: Mapping[str, str],
     ) -> Iterator[Any]:
-        (split, shard), refs = element
-        ordered = sorted(refs, key=lambda r: (r.key, r.relpath, r.path))
+        (split, shard), values = element
+        if self._refs_in_pieces:
+            ordered = pieces.read_refs(values)  # type: ignore[arg-type]  # the pieces' paths
+        else:
+            ordered = sorted(values, key=pieces.sort_key)  # type: ignore[arg-type]  # the refs
         reuse = self._reuses_previous(labels, extra_types)
         digest = resume.shard_digest(
             split,
