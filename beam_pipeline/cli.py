@@ -35,6 +35,7 @@ from .flags import (
     check_locations,
     clean_command,
 )
+from .malloc import give_back_large_frees
 from .summary import summary
 from .vocab.dataset_info import DatasetInfo
 
@@ -381,6 +382,9 @@ def main(argv: Sequence[str] | None = None, *, started: float | None = None) -> 
     if command in ("-v", "--verbose") and rest:
         command, rest = rest[0], rest[1:]
     _no_gce_check_for_emulator()
+    # The launcher lists and plans, and on the local runner runs everything: freed buffers of the listing go
+    # back to the system instead of waiting in malloc's heaps (320k tiles: peak 524 -> 476 MB, measured).
+    give_back_large_frees()
     try:
         return _run(command, rest, verbose, started)
     except (UsageError, MissingExtraError) as e:
