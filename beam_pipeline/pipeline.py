@@ -30,7 +30,7 @@ from .leaks import DropLeaks
 from .near_duplicates import FindNearDuplicates
 from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary
 from .run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
-from .runner import PORTABLE_RUNNERS, runner_key
+from .runner import PORTABLE_RUNNERS, is_dataflow, runner_key
 from .sources.listing import ListInputs
 from .sources.manifest import InferColumnTypes
 from .sources.rules import REJECTS, SKIPPED, ListSettings, label_names, with_relative_path
@@ -245,6 +245,15 @@ def _object_parts(
     return {"parts": parts["parts"], "counts": counts}
 
 
+def _refs_path(options: PipelineOptions) -> str:
+    """How a shard's refs reach its writer on this runner (writer/pieces.py)."""
+    if is_dataflow(options):
+        return pieces.GROUP
+    if runner_key(options.view_as(StandardOptions).runner) in PORTABLE_RUNNERS:
+        return pieces.PIECES
+    return pieces.PACK  # the local runner, where every worker process sees the run's scratch folder
+
+
 class WritePlannedShards(beam.PTransform):
     """refs → shards planned on bytes, written by ``WriteShardFn``: {"results", REJECTS, "split_label_counts"}.
 
@@ -267,8 +276,8 @@ class WritePlannedShards(beam.PTransform):
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
         cfg, layout = self._cfg, self._layout
         plans = refs | "Plan" >> PlanShards(cfg.target_shard_bytes)
-        through_files = runner_key(refs.pipeline.options.view_as(StandardOptions).runner) in PORTABLE_RUNNERS
-        written = pieces.group_refs_by_shard(refs, plans, layout.tmp_dir, through_files) | "WriteShards" >> beam.ParDo(
+        how = _refs_path(refs.pipeline.options)
+        written = pieces.group_refs_by_shard(refs, plans, layout.tmp_dir, how) | "WriteShards" >> beam.ParDo(
             WriteShardFn(
                 layout.tmp_dir,
                 cfg.compression,
@@ -278,7 +287,7 @@ class WritePlannedShards(beam.PTransform):
                 resume_from=layout.resume_from,
                 object_names=layout.object_names,
                 multi_label=cfg.label_separator is not None,
-                refs_in_pieces=through_files,
+                refs_in_pieces=how != pieces.GROUP,
             ),
             beam.pvalue.AsSingleton(self._labels),
             beam.pvalue.AsSingleton(self._extra_types),

@@ -19,8 +19,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
-from typing import TypedDict
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TypedDict
 
 import apache_beam as beam
 
@@ -164,14 +164,58 @@ def make_plans(
     return plans
 
 
+# A split's table turns from a dict into one array of NUM_BUCKETS counts (2 MB) past this many buckets:
+# a dict entry costs ~100 bytes, and a run of many small images fills up to all 2**18 buckets, which the
+# local runner's side-input cache then keeps for the whole run (~0.1 KB per image up to 26 MB per split).
+DENSE_AFTER = 1 << 14
+
+
 class SplitTable:
-    """One split's part of the planner's table: estimated record bytes per bucket, and its refs' bytes."""
+    """One split's part of the planner's table: estimated record bytes per bucket (a dict, or an array of
+    NUM_BUCKETS once more than DENSE_AFTER buckets are used), and its refs' bytes."""
 
     __slots__ = ("buckets", "ref_bytes")
 
     def __init__(self, buckets: dict[int, int] | None = None, ref_bytes: int = 0) -> None:
-        self.buckets = buckets if buckets is not None else {}
+        self.buckets: dict[int, int] | Any = buckets if buckets is not None else {}
         self.ref_bytes = ref_bytes
+
+    def add(self, bucket: int, size: int) -> None:
+        buckets = self.buckets
+        if isinstance(buckets, dict):
+            buckets[bucket] = buckets.get(bucket, 0) + size
+            if len(buckets) > DENSE_AFTER:
+                self._make_dense()
+        else:
+            buckets[bucket] += size
+
+    def merge(self, other: SplitTable) -> None:
+        self.ref_bytes += other.ref_bytes
+        if isinstance(other.buckets, dict):
+            for bucket, size in other.buckets.items():
+                self.add(bucket, size)
+            return
+        if isinstance(self.buckets, dict):
+            self._make_dense()
+        self.buckets += other.buckets
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        """(bucket, bytes) of the buckets in use."""
+        buckets = self.buckets
+        if isinstance(buckets, dict):
+            return iter(buckets.items())
+        import numpy as np
+
+        used = np.flatnonzero(buckets)
+        return zip(used.tolist(), buckets[used].tolist(), strict=True)
+
+    def _make_dense(self) -> None:
+        import numpy as np
+
+        dense = np.zeros(hashing.NUM_BUCKETS, dtype=np.int64)
+        for bucket, size in self.buckets.items():
+            dense[bucket] = size
+        self.buckets = dense
 
 
 _REF_CODER = RefCoder()
@@ -194,9 +238,7 @@ class SumBucketBytes(beam.CombineFn):
         table = acc.get(ref.split)
         if table is None:
             table = acc[ref.split] = SplitTable()
-        buckets = table.buckets
-        bucket = hashing.bucket_of(ref.key)
-        buckets[bucket] = buckets.get(bucket, 0) + estimated_record_bytes(ref)
+        table.add(hashing.bucket_of(ref.key), estimated_record_bytes(ref))
         table.ref_bytes += _REF_CODER.estimate_size(ref)
         return acc
 
@@ -207,9 +249,7 @@ class SumBucketBytes(beam.CombineFn):
                 into = merged.get(split)
                 if into is None:
                     into = merged[split] = SplitTable()
-                for bucket, size in table.buckets.items():
-                    into.buckets[bucket] = into.buckets.get(bucket, 0) + size
-                into.ref_bytes += table.ref_bytes
+                into.merge(table)
         return merged
 
     def extract_output(self, acc: dict[str, SplitTable]) -> dict[str, SplitTable]:
@@ -219,7 +259,7 @@ class SumBucketBytes(beam.CombineFn):
 def plans_from_table(table: Mapping[str, SplitTable], target: int) -> dict[str, ShardPlan]:
     """{split: SplitTable} → {split: ShardPlan}."""
     return make_plans(
-        (((split, bucket), size) for split, t in table.items() for bucket, size in t.buckets.items()),
+        (((split, bucket), size) for split, t in table.items() for bucket, size in t.items()),
         target,
         {split: t.ref_bytes for split, t in table.items()},
     )

@@ -332,7 +332,7 @@ def test_fanned_out_folder_listing_equals_one_match(tmp_path, depth):
     assert len(expected_files) == 15 + 3 and len(expected_odd) == 2 + 5 * 3
     with local_pipeline() as p:
         fanned = p | ListFolder(str(root), depth=depth)
-        files = fanned[FILES] | "Paths" >> beam.Map(as_bytes)
+        files = fanned[FILES] | "Paths" >> beam.Map(lambda listed: listed[:2])
         assert_that(files, equal_to(expected_files), label="SameFiles")
         assert_that(fanned[REJECTS], equal_to(expected_odd), label="SameOddEntries")
 
@@ -357,14 +357,14 @@ def test_fanned_out_gcs_listing_equals_one_match(gcs):
     for depth in (0, 1, 2):
         with local_pipeline() as p:
             files = (p | ListFolder(root, depth=depth))[FILES]
-            paths = files | "Paths" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
+            paths = files | "Paths" >> beam.Map(lambda listed: (listed[0].decode(), listed[1]))
             assert_that(paths, equal_to(expected))
     # the whole bucket as the input root
     everything = [(m.path, m.size_in_bytes) for m in FileSystems.match([f"gs://{BUCKET}/**"])[0].metadata_list]
     for depth in (0, 2):
         with local_pipeline() as p:
             files = (p | ListFolder(f"gs://{BUCKET}", depth=depth))[FILES]
-            paths = files | "Paths" >> beam.Map(lambda m: (m.path, m.size_in_bytes))
+            paths = files | "Paths" >> beam.Map(lambda listed: (listed[0].decode(), listed[1]))
             assert_that(paths, equal_to(everything))
 
 

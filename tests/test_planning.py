@@ -144,3 +144,29 @@ def test_the_refs_size_estimate_is_near_the_encoding():
     ]
     for ref in refs:
         assert abs(coder.estimate_size(ref) - len(coder.encode(ref))) <= 4, ref
+
+
+def test_a_table_past_its_dict_size_plans_the_same_from_one_array():
+    """40k photos-sized refs, 32k in train: its table turns into one array of 2**18 counts (2 MB, where a
+    dict of that many buckets held ~100 bytes each for the whole run), in a partial and when merged with one
+    still a dict; test's 8k stay a dict; the plans equal those of the plain pairs."""
+    import pickle
+
+    from beam_pipeline.planning import DENSE_AFTER, SumBucketBytes, plans_from_table
+
+    refs = _refs([150_000 + 7 * i for i in range(40_000)])
+    refs = [r if i % 5 else Ref(r.path, r.relpath, r.size, "test", r.label, r.key) for i, r in enumerate(refs)]
+    fn = SumBucketBytes()
+    partials = []
+    for part in (refs[:30_000], refs[30_000:]):  # one partial past DENSE_AFTER per split, one not
+        acc = fn.create_accumulator()
+        for ref in part:
+            acc = fn.add_input(acc, ref)
+        partials.append(pickle.loads(pickle.dumps(acc)))  # as an accumulator crosses a shuffle
+    assert not isinstance(partials[0]["train"].buckets, dict) and len(partials[1]["train"].buckets) < DENSE_AFTER
+    merged = fn.merge_accumulators(partials)
+    assert merged["train"].buckets.nbytes == 8 * hashing.NUM_BUCKETS and isinstance(merged["test"].buckets, dict)
+    pairs = [((r.split, hashing.bucket_of(r.key)), estimated_record_bytes(r)) for r in refs]
+    plans = plans_from_table(fn.extract_output(merged), TARGET)
+    assert plans == make_plans(pairs, TARGET, {s: merged[s].ref_bytes for s in ("train", "test")})
+    assert plans["train"].num_shards > 20

@@ -11,10 +11,13 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import PipelineVisitor
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from beam_pipeline.config import ConvertConfig, Layout
 from beam_pipeline.pipeline import build_pipeline
+from beam_pipeline.planning import PlanShards
 from beam_pipeline.vocab.refs import Previous, PreviousReject, Ref
+from beam_pipeline.writer import pieces
 
 pytestmark = pytest.mark.pipeline
 
@@ -44,7 +47,7 @@ def test_per_file_work_follows_a_reshuffle_of_the_listing(tmp_path):
     steps = _producers(build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions()))
     # listed files are spread before any per-file step (refs, dedupe's hashing)
     assert steps["List/ToRefs"][0].startswith("List/SpreadFiles/")
-    assert steps["List/SpreadFiles"] == ["List/PathAndSize"]
+    assert steps["List/SpreadFiles"] == ["List/ListFolder/AllFiles"]  # (path bytes, size, mtime) as listed
     assert steps["Dedupe"] == ["List/Refs"]
     # the folder is listed level by level, each level's folders spread before they are listed
     assert steps["List/ListFolder/ListLevel1"][0].startswith("List/ListFolder/SpreadFolders0/")
@@ -102,9 +105,27 @@ def test_refs_cross_the_listing_and_the_shard_grouping_in_the_ref_coder(tmp_path
     p = build_pipeline(cfg, _layout(tmp_path, tmp_dir=str(tmp_path / "t")), PipelineOptions())
     listed = {n.full_label: n for n in _nodes(p)}
     assert listed["List/Refs"].outputs[None].element_type is Ref
-    assert _coder_of(p, "Write/GroupByShard").endswith("IterableCoder[RefCoder]]")
     assert _coder_of(p, "List/Refs") == "RefCoder"
-    assert listed["Write/AssignShard"].outputs[None].element_type.tuple_types[1] is Ref
+    # the local runner packs a shard's refs into files (RefCoder): only their paths are grouped
+    assert _coder_of(p, "Write/GroupByShard").endswith("IterableCoder[StrUtf8Coder]]")
+    assert [pc.element_type for pc in listed["Write/PackPieces"].main_inputs.values()] == [Ref]
+    # Dataflow groups the refs themselves, in RefCoder
+    with beam.Pipeline(runner=FnApiRunner()) as g:
+        refs = g | beam.Create([Ref("/in/a.jpg", "a.jpg", 3, "train", None, 5)])
+        plans = refs | PlanShards(10**6)
+        _ = pieces.group_refs_by_shard(refs, plans, str(tmp_path / "t"), pieces.GROUP)
+        assert _coder_of(g, "GroupByShard").endswith("IterableCoder[RefCoder]]")
+
+
+def test_each_runner_gets_the_path_of_a_shards_refs_it_can_carry():
+    from beam_pipeline.pipeline import _refs_path
+
+    def how(*args: str) -> str:
+        return _refs_path(PipelineOptions(list(args)))
+
+    assert how() == how("--runner=DirectRunner") == how("--runner=PrismRunner") == pieces.PACK
+    assert how("--runner=FlinkRunner") == how("--runner=SparkRunner") == how("--runner=PortableRunner") == pieces.PIECES
+    assert how("--runner=DataflowRunner") == pieces.GROUP
 
 
 def _nodes(p: beam.Pipeline) -> list:

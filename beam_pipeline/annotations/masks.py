@@ -35,7 +35,7 @@ from apache_beam.typehints.decorators import no_annotations
 
 from ..images.headers import png_problem
 from ..images.options import ORIENTATION_TRANSPOSE, Geometry, ImageInfo, ImageOptions, Rejected
-from ..sources.folders import FILES, ListFolder
+from ..sources.folders import FILES, Listed, ListFolder, _from_listed
 from ..sources.rules import REJECTS, SKIPPED, relative_path
 from ..vocab.reasons import BAD_MASK, DUPLICATE_MASK, MASK_NOT_SINGLE_CHANNEL, MASK_SIZE_MISMATCH, MISSING_MASK
 from ..vocab.refs import Ref, reject
@@ -92,18 +92,19 @@ def feature_spec() -> dict[str, dict[str, Any]]:
 
 
 class _KeyMasks(beam.DoFn):
-    """FileMetadata of a file in DIR → (key, (MASKS, LabelMap)); SKIPPED for a file that is not a ``.png``."""
+    """A listed file in DIR (path bytes, size, mtime) → (key, (MASKS, LabelMap)); SKIPPED for a file that is not a
+    ``.png``."""
 
     def __init__(self, mask_dir: str) -> None:
         self._dir = mask_dir
 
-    def process(self, meta: Any) -> Iterator[Any]:
-        rel = relative_path(meta.path, self._dir)
+    def process(self, listed: Listed) -> Iterator[Any]:
+        path, size, mtime = _from_listed(listed)
+        rel = relative_path(path, self._dir)
         if not rel.lower().endswith(".png"):
             yield beam.pvalue.TaggedOutput(SKIPPED, NOT_A_MASK)
             return
-        mtime = float(getattr(meta, "last_updated_in_seconds", 0.0) or 0.0)
-        yield (mask_key(rel), (MASKS, LabelMap(meta.path, int(meta.size_in_bytes), mtime, rel)))
+        yield (mask_key(rel), (MASKS, LabelMap(path, size, mtime, rel)))
 
 
 class _KeyRefs(beam.DoFn):

@@ -145,14 +145,14 @@ def _only_files_directly_in(root: str, pattern: str) -> bool:
     if rest != "**":  # a glob: its matches are direct entries of root when it names no sub-folder
         return "/" not in rest and "**" not in rest
     from ..config import IMAGE_EXTENSIONS
-    from ..sources.folders import FILES, _Lister
+    from ..sources.folders import FILES, _from_listed, _Lister
 
     images = 0
     for n, entry in enumerate(_Lister(root).one_level(root)):
         if isinstance(entry, str) or n >= _FLAT_CHECK_LIMIT:  # a sub-folder, or too many to look through here
             return False
         if getattr(entry, "tag", None) == FILES:
-            images += posixpath.splitext(entry.value.path)[1].lower() in IMAGE_EXTENSIONS
+            images += posixpath.splitext(_from_listed(entry.value)[0])[1].lower() in IMAGE_EXTENSIONS
     return images > 0
 
 

@@ -82,22 +82,18 @@ class ListInputs(beam.PTransform):
         layout = self._layout
         if layout.manifest:
             return self._expand_manifest(pbegin)
+        # files as (path bytes, size, mtime): the smallest element that still makes a Ref
         if lists_whole_folder(layout):
             folder = pbegin | "ListFolder" >> ListFolder(layout.root)
             files, odd = folder[FILES], folder[REJECTS]
         else:  # a glob: one match, which is how far the user's pattern can be split
             glob = pbegin | "Glob" >> beam.Create([layout.pattern])
-            files = glob | "Match" >> fileio.MatchAll()  # FileMetadata
+            files = glob | "Match" >> fileio.MatchAll() | "PathAndSize" >> beam.Map(_to_listed)
             # Beam's listing passes odd entries over only on a local disk
             local = not storage.is_remote(layout.root)
             odd = glob | "OddLocalEntries" >> beam.ParDo(_OddLocalEntries(layout)) if local else None
-        spread = (
-            files
-            | "PathAndSize" >> beam.Map(_to_listed)
-            # (path bytes, size, mtime): the fusion break after listing, with the smallest
-            # element that still makes a Ref; everything per file comes after it
-            | "SpreadFiles" >> SpreadInBatches()
-        )
+        # the fusion break after listing: everything per file comes after it
+        spread = files | "SpreadFiles" >> SpreadInBatches()
         listed = spread | "ToRefs" >> beam.ParDo(_MatchedToRef(self._settings, layout)).with_outputs(
             REJECTS, SKIPPED, main="refs"
         )

@@ -22,6 +22,20 @@ A piece's file is its refs in key order, whole or absent (written under a
 temporary name, then renamed; a GCS object appears whole), so a retried or
 duplicated attempt writes the same bytes. The files stay in the scratch
 folder and go with it after publish (resume.SCRATCH_ONLY).
+
+On the local runner (``PackPiecesFn``) there is no shuffle of refs at all:
+
+    refs ─ PackPieces ─ GroupByShard ─ the shard writer (read_refs)
+
+That runner keeps a shuffle's whole input and output in its own memory, and
+hands a stage its whole input as one message: a GroupByKey of refs cost
+three encoded copies of every ref of the run at once (its table, its
+output, the write stage's input; 0.2 KB per image). PackPieces keeps each
+shard's encoded refs of its bundle and writes them as a file when they
+reach PACK_PIECE_BYTES, all of them when the bundle's reach
+PACK_BUFFER_BYTES and when it ends. A file is named by the digest of its
+bytes: an attempt whose output the runner drops leaves a file nobody reads,
+a repeated one the same file.
 """
 
 from __future__ import annotations
@@ -31,8 +45,10 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 
 import apache_beam as beam
-from apache_beam.coders import IterableCoder
+from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 
 from .. import hashing, storage
 from ..planning import ShardPlan, assign_shard
@@ -41,8 +57,12 @@ from ..vocab.refs import Ref, RefCoder
 
 # Refs per piece, in encoded bytes: a message of the data channel (64 KB) holds one or two.
 PIECE_REF_BYTES = 32 * 1024
+# PackPiecesFn: a shard's refs are written once they reach PACK_PIECE_BYTES, and every shard's once the
+# bundle holds PACK_BUFFER_BYTES (so the memory it keeps is bounded however many shards the plan has).
+PACK_PIECE_BYTES = 1024 * 1024
+PACK_BUFFER_BYTES = 8 * 1024 * 1024
 
-_CODER = IterableCoder(RefCoder())
+_REF = RefCoder()
 
 ShardKey = tuple[str, int]
 PieceKey = tuple[str, int, int]
@@ -60,14 +80,31 @@ def assign_piece(ref: Ref, plans: Mapping[str, ShardPlan]) -> tuple[PieceKey, Re
 
 
 def piece_path(scratch: str, split: str, shard: int, piece: int) -> str:
-    # a split's name is any text a manifest gives: a digest of it names the file
-    tag = hashlib.sha256(split.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return FileSystems.join(scratch, SHARD_REFS, f"{tag}-{shard:05d}-{piece:05d}.refs")
+    return FileSystems.join(scratch, SHARD_REFS, f"{_split_tag(split)}-{shard:05d}-{piece:05d}.refs")
 
 
 def sort_key(ref: Ref) -> tuple[int, str, str]:
     """The order a shard's records are written in (and a piece's refs stored in)."""
     return ref.key, ref.relpath, ref.path
+
+
+def _frame(encoded: Iterable[bytes]) -> bytes:
+    """A piece file's bytes: each ref's RefCoder bytes after its length."""
+    out = create_OutputStream()
+    for item in encoded:
+        out.write(item, True)
+    return out.get()
+
+
+def _unframe(data: bytes) -> Iterator[Ref]:
+    stream = create_InputStream(data)
+    while stream.size() > 0:
+        yield _REF.decode(stream.read_all(True))
+
+
+def _split_tag(split: str) -> str:
+    # a split's name is any text a manifest gives: a digest of it names the file
+    return hashlib.sha256(split.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 class WritePieceFn(beam.DoFn):
@@ -80,8 +117,50 @@ class WritePieceFn(beam.DoFn):
     def process(self, element: tuple[PieceKey, Iterable[Ref]]) -> Iterator[tuple[ShardKey, str]]:
         (split, shard, piece), refs = element
         path = piece_path(self._scratch, split, shard, piece)
-        storage.backend_for(path).write_atomic(path, _CODER.encode(sorted(refs, key=sort_key)))
+        storage.backend_for(path).write_atomic(path, _frame(map(_REF.encode, sorted(refs, key=sort_key))))
         yield (split, shard), path
+
+
+class PackPiecesFn(beam.DoFn):
+    """ref → ((split, shard), a piece file of its shard's refs), written when the piece is full or the bundle
+    ends (the local runner's path: no shuffle of refs). Side input: the plans {split: ShardPlan}."""
+
+    def __init__(self, scratch: str) -> None:
+        super().__init__()
+        self._scratch = scratch
+
+    def start_bundle(self) -> None:
+        self._held: dict[ShardKey, list[bytes]] = {}
+        self._sizes: dict[ShardKey, int] = {}
+        self._total = 0
+
+    def process(self, ref: Ref, plans: Mapping[str, ShardPlan]) -> Iterator[tuple[ShardKey, str]]:
+        key = (ref.split, plans[ref.split].shard_of(hashing.bucket_of(ref.key)))
+        encoded = _REF.encode(ref)
+        self._held.setdefault(key, []).append(encoded)
+        size = self._sizes[key] = self._sizes.get(key, 0) + len(encoded)
+        self._total += len(encoded)
+        if size >= PACK_PIECE_BYTES:
+            yield self._write(key)
+        if self._total >= PACK_BUFFER_BYTES:
+            yield from self._write_all()
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        for out in self._write_all():
+            yield WindowedValue(out, GlobalWindow().max_timestamp(), [GlobalWindow()])
+
+    def _write_all(self) -> Iterator[tuple[ShardKey, str]]:
+        for key in sorted(self._held):
+            yield self._write(key)
+
+    def _write(self, key: ShardKey) -> tuple[ShardKey, str]:
+        data = _frame(self._held.pop(key))
+        self._total -= self._sizes.pop(key)
+        split, shard = key
+        name = f"{_split_tag(split)}-{shard:05d}-{hashlib.sha256(data).hexdigest()[:32]}.refs"
+        path = FileSystems.join(self._scratch, SHARD_REFS, name)
+        storage.backend_for(path).write_atomic(path, data)
+        return key, path
 
 
 def read_refs(paths: Iterable[str]) -> list[Ref]:
@@ -89,30 +168,39 @@ def read_refs(paths: Iterable[str]) -> list[Ref]:
     refs: list[Ref] = []
     for path in sorted(set(paths)):  # a duplicated attempt may name a piece twice: the same file
         with FileSystems.open(path) as fh:
-            refs.extend(_CODER.decode(fh.read()))
+            refs.extend(_unframe(fh.read()))
     refs.sort(key=sort_key)
     return refs
 
 
-def group_refs_by_shard(
-    refs: beam.PCollection, plans: beam.PCollection, scratch: str, through_files: bool
-) -> beam.PCollection:
-    """refs → ((split, shard), the shard's refs) by one GroupByKey; when ``through_files``, ((split, shard),
-    the paths of its piece files) for the writer to read (``read_refs``: in its own stage, as a step with
-    side inputs starts a stage on Flink). ``plans``: the singleton {split: ShardPlan}. Applied in the
+# How a shard's refs reach its writer (group_refs_by_shard)
+GROUP = "group"  # one GroupByKey of the refs (Dataflow: its shuffle service streams a group to the worker)
+PIECES = "pieces"  # grouped into pieces, written, the paths grouped (Flink, Spark)
+PACK = "pack"  # packed per bundle into files, the paths grouped (the local runner)
+
+
+def group_refs_by_shard(refs: beam.PCollection, plans: beam.PCollection, scratch: str, how: str) -> beam.PCollection:
+    """refs → ((split, shard), the shard's refs) by one GroupByKey (GROUP); or ((split, shard), the paths of
+    its piece files) for the writer to read (PIECES, PACK; ``read_refs``: in the writer's own stage, as a step
+    with side inputs starts a stage on Flink). ``plans``: the singleton {split: ShardPlan}. Applied in the
     caller's transform."""
     plans_input = beam.pvalue.AsSingleton(plans)
-    if not through_files:
+    if how == GROUP:
         return (
             refs
             | "AssignShard" >> beam.Map(assign_shard, plans_input).with_output_types(tuple[ShardKey, Ref])
             # ((split, shard), Ref): only references cross the shuffle, each in ~100 bytes (RefCoder)
             | "GroupByShard" >> beam.GroupByKey()
         )
-    return (
-        refs
-        | "AssignPiece" >> beam.Map(assign_piece, plans_input).with_output_types(tuple[PieceKey, Ref])
-        | "GroupByPiece" >> beam.GroupByKey()
-        | "WritePiece" >> beam.ParDo(WritePieceFn(scratch)).with_output_types(tuple[ShardKey, str])
-        | "GroupByShard" >> beam.GroupByKey()
-    )
+    if how == PACK:
+        paths = refs | "PackPieces" >> beam.ParDo(PackPiecesFn(scratch), plans_input).with_output_types(
+            tuple[ShardKey, str]
+        )
+    else:
+        paths = (
+            refs
+            | "AssignPiece" >> beam.Map(assign_piece, plans_input).with_output_types(tuple[PieceKey, Ref])
+            | "GroupByPiece" >> beam.GroupByKey()
+            | "WritePiece" >> beam.ParDo(WritePieceFn(scratch)).with_output_types(tuple[ShardKey, str])
+        )
+    return paths | "GroupByShard" >> beam.GroupByKey()
