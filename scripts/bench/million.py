@@ -13,12 +13,14 @@ the cluster's processes included for a Flink run (JobManager, TaskManager, job s
 SDK workers; the cluster's idle RSS is printed too). Printed per run: one JSON line, then a table.
 
 Flink: the cluster is started if it is not running (``scripts/cluster.sh flink start``, before each Flink run,
-so a cluster that died in one run is there for the next) and left running at the end:
-``scripts/cluster.sh flink stop`` stops it. Every process of the convert's session and of the cluster's sessions
-is sampled every 0.2 s from /proc (an SDK worker started by the worker pool is in the pool's session); the CPU
-of a process that ends between two samples is counted up to its last sample (under 0.2 s each). RSS in MB and
-KB is 2^20 and 2^10 bytes. ``cluster_idle_rss_mb`` is the cluster's RSS just before the run (JVM heaps and SDK
-workers a job left behind grow it from one run to the next); ``peak_rss_mb`` includes it.
+so a cluster that died in one run is there for the next) and left running at the end, so that later runs
+compare warm (a last line says so; ``--stop-cluster`` stops it, as ``scripts/cluster.sh flink stop`` does: a
+cluster left running holds the ports the test suite's own cluster needs). Every process of the convert's
+session and of the cluster's sessions is sampled every 0.2 s from /proc (an SDK worker started by the worker
+pool is in the pool's session); the CPU of a process that ends between two samples is counted up to its last
+sample (under 0.2 s each). RSS in MB and KB is 2^20 and 2^10 bytes. ``cluster_idle_rss_mb`` is the cluster's
+RSS just before the run (JVM heaps and SDK workers a job left behind grow it from one run to the next);
+``peak_rss_mb`` includes it.
 
 Each run writes to ``<data>/out-<runner>-<size>``, removed after the run (a 1 M run's output is ~2.5 GB)
 unless ``--keep-output``. The Flink cluster is shared: ``cluster_jobs`` is how many jobs it ran during the run
@@ -247,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--make-only", action="store_true", help="make the tiles and stop")
     parser.add_argument("--keep-output", action="store_true", help="keep each run's output (removed by default)")
     parser.add_argument("--out-json", type=Path, help="also append the JSON lines to this file")
+    parser.add_argument("--stop-cluster", action="store_true", help="stop the Flink cluster at the end")
     args = parser.parse_args(argv)
     full = make_tiles(args.data, max(args.sizes))
     made = max(int(m.name.rsplit("-", 1)[1]) for m in args.data.glob(".complete-tiles-[0-9]*"))
@@ -291,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
                   "another job's slots, CPU and RSS are in its numbers")  # fmt: skip
         if r["error"]:
             print(f"failed: {r['runner']} {r['images']:,}: {r['error']}")
+    if "flink" in runners:
+        if args.stop_cluster:
+            subprocess.run([CLUSTER, "flink", "stop"], check=False)
+        else:
+            print("the Flink cluster is still running: scripts/cluster.sh flink stop (or --stop-cluster) stops it")
     return 0 if all(r["returncode"] == 0 for r in rows) else 1
 
 
