@@ -50,7 +50,13 @@ from .sources.rules import class_values
 from .storage import open_lines
 from .vocab.dataset_info import DatasetInfo
 from .vocab.reasons import MISSING, NEAR_DUPLICATE_LEAK, UNREADABLE
-from .vocab.refs import Previous, PreviousReject, Ref, as_ref  # the previous run's record of a file: defined with Ref
+from .vocab.refs import (
+    Previous,
+    PreviousReject,
+    Ref,
+    RefCoder,
+    as_ref,
+)  # the previous run's record of a file: defined with Ref
 
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.
@@ -378,11 +384,11 @@ class MatchPreviousFn(beam.DoFn):
     def __init__(self, output: str) -> None:
         self._output = output
 
-    def process(self, element: tuple[str, Mapping[str, Iterable[Any]]]) -> Iterator[Any]:
+    def process(self, element: tuple[str, Mapping[str, Iterable[bytes]]]) -> Iterator[Any]:
         _, joined = element
-        refs = list(joined["refs"])
-        entries = list(joined["previous"])
-        rejects = list(joined.get("rejects", ()))
+        refs = [_REF_CODER.decode(ref) for ref in joined["refs"]]
+        entries = [json.loads(entry) for entry in joined["previous"]]
+        rejects = [json.loads(entry) for entry in joined.get("rejects", ())]
         if not refs:
             for entry in entries:
                 yield beam.pvalue.TaggedOutput(CHANGES, DROPPED)
@@ -402,6 +408,19 @@ class MatchPreviousFn(beam.DoFn):
             same = any(e.get("size") == ref.size and e.get("mtime") == ref.mtime for e in [*entries, *rejects])
             yield beam.pvalue.TaggedOutput(CHANGES, UNCHANGED if same else CHANGED if entries or rejects else ADDED)
             yield ref
+
+
+# What the join keeps of a previous index line: the keys ``unchanged`` and ``previous_of`` read.
+_JOINED_KEYS = ("path", "size", "mtime", "shard", "offset", "length", "sha256", "label", "label_id", "extras",
+                "converted", "phash", "confirm", "width", "height")  # fmt: skip
+_REF_CODER = RefCoder()
+
+
+def _packed(entry: Mapping[str, Any], keys: Iterable[str] | None = None) -> bytes:
+    """A previous line as it waits in the join: compact JSON (of ``keys`` only, when given). The local runner
+    keeps a shuffle's values as Python objects, ~1.5 KB for a parsed index line against ~300 bytes."""
+    kept = entry if keys is None else {k: entry[k] for k in keys if k in entry}
+    return json.dumps(kept, separators=(",", ":")).encode()
 
 
 CHANGES = "changes"
@@ -471,7 +490,7 @@ class JoinPrevious(beam.PTransform):
                 | "ParsePreviousIndex" >> beam.ParDo(ParsePreviousLine(index_entry)).with_outputs(CHANGES, main="ok")
             )
             unreadable.append(entries[CHANGES])
-            previous = entries.ok | "PreviousByPath" >> beam.Map(lambda e: (e["path"], e))
+            previous = entries.ok | "PreviousByPath" >> beam.Map(lambda e: (e["path"], _packed(e, _JOINED_KEYS)))
         else:  # its label ids are kept, nothing is reused (reuse_problem): every file counts as added
             previous = refs.pipeline | "NoPreviousIndex" >> beam.Create([])
         rejects_path = FileSystems.join(self._output, REJECTS_JSONL)
@@ -484,10 +503,13 @@ class JoinPrevious(beam.PTransform):
                 | "ParsePreviousRejects" >> beam.ParDo(ParsePreviousLine(reject_entry)).with_outputs(CHANGES, main="ok")
             )
             unreadable.append(rows[CHANGES])
-            rejects = rows.ok | "PreviousRejectByPath" >> beam.Map(lambda r: (reject_key(r, root), r))
+            rejects = rows.ok | "PreviousRejectByPath" >> beam.Map(lambda r: (reject_key(r, root), _packed(r)))
         else:
             rejects = refs.pipeline | "NoPreviousRejects" >> beam.Create([])
-        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, r)).with_output_types(tuple[str, Ref])
+        # refs as bytes too (RefCoder): a decoded Ref waiting in the join is ~400 bytes, encoded ~120
+        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, _REF_CODER.encode(r))).with_output_types(
+            tuple[str, bytes]
+        )
         matched = (
             {"refs": by_path, "previous": previous, "rejects": rejects}
             | "JoinByPath" >> beam.CoGroupByKey()
