@@ -30,7 +30,7 @@ from .leaks import DropLeaks
 from .near_duplicates import FindNearDuplicates
 from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary
 from .run.finalize import FinalizeFn, FinalizeSettings, WriteRejectPartFn, reject_bucket
-from .runner import PORTABLE_RUNNERS, is_dataflow, runner_key
+from .runner import LOCAL_RUNNERS, PORTABLE_RUNNERS, runner_key
 from .sources.listing import ListInputs
 from .sources.manifest import InferColumnTypes
 from .sources.rules import REJECTS, SKIPPED, ListSettings, label_names, with_relative_path
@@ -246,12 +246,15 @@ def _object_parts(
 
 
 def _refs_path(options: PipelineOptions) -> str:
-    """How a shard's refs reach its writer on this runner (writer/pieces.py)."""
-    if is_dataflow(options):
-        return pieces.GROUP
-    if runner_key(options.view_as(StandardOptions).runner) in PORTABLE_RUNNERS:
+    """How a shard's refs reach its writer on this runner (writer/pieces.py): packed files on the local runner,
+    whose worker processes all see the run's scratch folder; grouped pieces on Flink and Spark; one
+    GroupByKey elsewhere (Dataflow, whose shuffle streams a group to the worker, and any other runner)."""
+    name = runner_key(options.view_as(StandardOptions).runner)
+    if name in LOCAL_RUNNERS:
+        return pieces.PACK
+    if name in PORTABLE_RUNNERS:
         return pieces.PIECES
-    return pieces.PACK  # the local runner, where every worker process sees the run's scratch folder
+    return pieces.GROUP
 
 
 class WritePlannedShards(beam.PTransform):

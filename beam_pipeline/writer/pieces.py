@@ -174,7 +174,7 @@ def read_refs(paths: Iterable[str]) -> list[Ref]:
 
 
 # How a shard's refs reach its writer (group_refs_by_shard)
-GROUP = "group"  # one GroupByKey of the refs (Dataflow: its shuffle service streams a group to the worker)
+GROUP = "group"  # one GroupByKey of the refs (Dataflow, whose shuffle streams a group to the worker; unknown runners)
 PIECES = "pieces"  # grouped into pieces, written, the paths grouped (Flink, Spark)
 PACK = "pack"  # packed per bundle into files, the paths grouped (the local runner)
 
