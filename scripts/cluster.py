@@ -710,6 +710,8 @@ def start(engine: str) -> None:
     if not fetched(engine):
         fetch(engine)
     _ensure_netns(engine)
+    if not any(running(engine, role) for role in ROLES[engine]):
+        _clear_scratch(engine)  # a run killed before its stop left them
     for role in ROLES[engine]:
         pid = running(engine, role)
         if pid:
@@ -743,6 +745,19 @@ def stop(engine: str) -> None:
     name = netns(engine)
     if name and Path(f"/var/run/netns/{name}").exists():
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    if not any(running(engine, role) for role in ROLES[engine]):
+        _clear_scratch(engine)
+
+
+# What a cluster writes while it runs and nobody reads after it stops: Flink's spill and blob files, Spark's
+# per-job copies of the job server's classpath (~420 MB a job), the staged artifacts, the worker pool's /tmp.
+# One cluster layer left 2.5 GB of them; a full disk then failed the next run. The logs stay.
+SCRATCH = ("flink-tmp", "spark-tmp", "spark-work", "artifacts", "pool-tmp", "pool-cwd")
+
+
+def _clear_scratch(engine: str) -> None:
+    for name in SCRATCH:
+        shutil.rmtree(run_dir(engine) / name, ignore_errors=True)
 
 
 def _end_group(pid: int) -> None:

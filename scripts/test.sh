@@ -14,6 +14,12 @@ case "${1:-}" in
   --fast | --rest) mode="${1#--}"; shift ;;
 esac
 scripts/setup_env.sh
+# The e2e and cluster layers write a few GB at once (datasets, the clusters' spill and staged jars); a CI run
+# once failed on "No space left on device" with a Flink job half-way. Said up front, not found in a trace.
+free_gb=$(( $(df -Pk . | awk 'NR==2 {print $4}') / 1048576 ))
+if [[ "$mode" != fast && $free_gb -lt 8 ]]; then
+  echo "note: ${free_gb} GB free on this disk; the e2e and cluster layers need ~8 GB and may fail for space" >&2
+fi
 if [[ "$mode" != rest ]]; then
   .venv/bin/ruff check --quiet beam_pipeline tests scripts setup.py
   .venv/bin/ruff format --check --quiet beam_pipeline tests scripts setup.py

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.cluster
 
 CLUSTER = str(REPO / "scripts" / "cluster.sh")
 HOME = Path(os.environ.get("BEAM_CLUSTER_HOME") or REPO / ".cluster")
+SCRATCH = ("flink-tmp", "spark-tmp", "spark-work", "artifacts", "pool-tmp", "pool-cwd")  # scripts/cluster.py's
 SPLITS = ("--split-ratios", "train=0.7,validation=0.15,test=0.15")
 # dataset.json fields that describe the data (not the run: its id, timings, runner settings, versions)
 SAME_FIELDS = ("name", "splits", "examples", "bytes", "labels", "num_classes", "features", "rejects", "skipped")
@@ -49,7 +50,7 @@ def roles(engine: str = "flink") -> dict[str, int]:
 
 def running_cluster(engine: str, runner: str, names: set[str]) -> Iterator[list[str]]:
     """Starts the engine's cluster, yields the Beam options `start` printed, then stops it (by pid) and checks
-    that none of its processes is left."""
+    that none of its processes is left, nor its scratch (GBs over a cluster layer: one filled a CI disk)."""
     started = cluster("start", engine)
     if started.returncode != 0:  # what did start stops by pid, so the next start does not meet it
         stopped = cluster("stop", engine)
@@ -68,6 +69,8 @@ def running_cluster(engine: str, runner: str, names: set[str]) -> Iterator[list[
     assert cluster("status", engine).returncode == 1  # none running
     for pid in pids.values():
         assert not _alive(pid), f"pid {pid} still runs after stop"
+    left = [p.name for p in (HOME / "run" / engine).iterdir() if p.name in SCRATCH]
+    assert not left, f"stop left the cluster's scratch: {left}"
 
 
 @pytest.fixture(scope="module")
