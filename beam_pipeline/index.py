@@ -37,12 +37,14 @@ from typing import IO, Any
 
 import apache_beam as beam
 from apache_beam.coders import BytesCoder
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.pvalue import AsSingleton
 from apache_beam.typehints.decorators import no_annotations
 
 from . import examples
+from . import resume as resume_files
 from .annotations.objects import digest as annotations_digest
 from .images.phash import HEX, entry_hash
 from .metadata import REJECTS_JSONL
@@ -51,12 +53,13 @@ from .storage import open_lines
 from .vocab.dataset_info import DatasetInfo
 from .vocab.reasons import MISSING, NEAR_DUPLICATE_LEAK, UNREADABLE
 from .vocab.refs import (
+    REF_CODER,
     Previous,
     PreviousReject,
     Ref,
-    RefCoder,
     as_ref,
 )  # the previous run's record of a file: defined with Ref
+from .writer import pieces
 
 INDEX_JSONL = "index.jsonl"
 # Inside the staging folder, never published: one index part per written shard.
@@ -386,7 +389,7 @@ class MatchPreviousFn(beam.DoFn):
 
     def process(self, element: tuple[str, Mapping[str, Iterable[bytes]]]) -> Iterator[Any]:
         _, joined = element
-        refs = [_REF_CODER.decode(ref) for ref in joined["refs"]]
+        refs = [REF_CODER.decode(ref) for ref in joined["refs"]]
         entries = [json.loads(entry) for entry in joined["previous"]]
         rejects = [json.loads(entry) for entry in joined.get("rejects", ())]
         if not refs:
@@ -413,7 +416,6 @@ class MatchPreviousFn(beam.DoFn):
 # What the join keeps of a previous index line: the keys ``unchanged`` and ``previous_of`` read.
 _JOINED_KEYS = ("path", "size", "mtime", "shard", "offset", "length", "sha256", "label", "label_id", "extras",
                 "converted", "phash", "confirm", "width", "height")  # fmt: skip
-_REF_CODER = RefCoder()
 
 
 def _packed(entry: Mapping[str, Any], keys: Iterable[str] | None = None) -> bytes:
@@ -471,13 +473,82 @@ class ParsePreviousLine(beam.DoFn):
             yield beam.pvalue.TaggedOutput(CHANGES, UNREADABLE_LINE)
 
 
+# ---- the local runner's join: on disk, one bucket of paths at a time -------------------------------------------
+#
+# The local runner keeps a shuffle in its memory: a CoGroupByKey of every listed file with its previous index
+# line took ~2 KB per listed file (2.6 GB for a night over 1 M tiles). There, each side is packed per bundle
+# into files by a hash bucket of the path (writer/pieces.PackFn), only the files' paths are joined by bucket,
+# and each bucket is matched from its files: memory is one bucket's, whatever the number of files.
+
+# Previous index bytes per bucket: a bucket's lines are held as a dict while it is matched (~1.3× the bytes).
+JOIN_BUCKET_BYTES = 16 * 1024 * 1024
+
+
+def join_buckets(index_path: str) -> int:
+    """Buckets for a previous index of this size (at least 1)."""
+    try:
+        size = FileSystems.match([index_path])[0].metadata_list[0].size_in_bytes
+    except (OSError, IndexError, BeamIOError):  # gone since the launcher looked: nothing to reuse, one bucket
+        return 1
+    return max(1, -(-size // JOIN_BUCKET_BYTES))
+
+
+def _path_bucket(path: str, buckets: int) -> int:
+    digest = hashlib.blake2b(path.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % buckets
+
+
+class PackByPathFn(pieces.PackFn):
+    """(path, value bytes) → (bucket, a file of (path, value) pairs of that bucket)."""
+
+    def __init__(self, scratch: str, kind: str, buckets: int) -> None:
+        super().__init__(FileSystems.join(scratch, resume_files.JOIN_FILES))
+        self._kind = kind
+        self._buckets = buckets
+
+    def keyed(self, pair: tuple[str, bytes]) -> tuple[int, bytes]:
+        path, value = pair
+        return _path_bucket(path, self._buckets), pieces.frame([path.encode("utf-8", "surrogatepass"), value])
+
+    def file_name(self, bucket: int, digest: str) -> str:
+        return f"{self._kind}-{bucket:05d}-{digest}.pairs"
+
+    def process(self, pair: tuple[str, bytes]) -> Iterator[tuple[int, str]]:
+        return super().process(pair)
+
+
+def _pairs(paths: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+    for path in sorted(set(paths)):  # a repeated attempt's file is the same file
+        for item in pieces.items_of(path):
+            key, value = pieces.unframe(item)
+            yield key.decode("utf-8", "surrogatepass"), value
+
+
+class MatchBucketFn(beam.DoFn):
+    """(bucket, {"refs", "previous", "rejects": file paths}) → what MatchPreviousFn gives for each path of it."""
+
+    def __init__(self, output: str) -> None:
+        self._match = MatchPreviousFn(output)
+
+    def process(self, element: tuple[int, Mapping[str, Iterable[str]]]) -> Iterator[Any]:
+        _, files = element
+        joined: dict[str, dict[str, list[bytes]]] = {}
+        for kind in ("refs", "previous", "rejects"):
+            for path, value in _pairs(files.get(kind, ())):
+                joined.setdefault(path, {"refs": [], "previous": [], "rejects": []})[kind].append(value)
+        for path in sorted(joined):
+            yield from self._match.process((path, joined.pop(path)))
+
+
 class JoinPrevious(beam.PTransform):
     """refs → {"refs": refs (unchanged files carry ``previous``), CHANGES: {kind: count} (one element)}."""
 
-    def __init__(self, output: str, root: str) -> None:
+    def __init__(self, output: str, root: str, scratch: str | None = None) -> None:
         super().__init__()
         self._output = output
         self._root = root  # this run's input root: previous rejects join on their path relative to it
+        # the local runner: the join goes through files in this scratch folder, one bucket at a time
+        self._scratch = scratch
 
     @no_annotations  # a dict or tuple of PCollections has no Beam type hint; each PCollection has its own
     def expand(self, refs: beam.PCollection) -> dict[str, beam.PCollection]:
@@ -507,15 +578,29 @@ class JoinPrevious(beam.PTransform):
         else:
             rejects = refs.pipeline | "NoPreviousRejects" >> beam.Create([])
         # refs as bytes too (RefCoder): a decoded Ref waiting in the join is ~400 bytes, encoded ~120
-        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, _REF_CODER.encode(r))).with_output_types(
+        by_path = refs | "RefByPath" >> beam.Map(lambda r: (r.relpath, REF_CODER.encode(r))).with_output_types(
             tuple[str, bytes]
         )
-        matched = (
-            {"refs": by_path, "previous": previous, "rejects": rejects}
-            | "JoinByPath" >> beam.CoGroupByKey()
-            | "MatchPrevious"
-            >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, DROPPED_PATHS, main="refs")
-        )
+        sides = {"refs": by_path, "previous": previous, "rejects": rejects}
+        if self._scratch is None:
+            matched = (
+                sides
+                | "JoinByPath" >> beam.CoGroupByKey()
+                | "MatchPrevious"
+                >> beam.ParDo(MatchPreviousFn(self._output)).with_outputs(CHANGES, DROPPED_PATHS, main="refs")
+            )
+        else:
+            buckets = join_buckets(index_path)
+            files = {
+                kind: side | f"Pack_{kind}" >> beam.ParDo(PackByPathFn(self._scratch, kind, buckets))
+                for kind, side in sides.items()
+            }
+            matched = (
+                files
+                | "JoinByBucket" >> beam.CoGroupByKey()
+                | "MatchPrevious"
+                >> beam.ParDo(MatchBucketFn(self._output)).with_outputs(CHANGES, DROPPED_PATHS, main="refs")
+            )
         first_dropped = matched[DROPPED_PATHS] | "FirstDropped" >> beam.combiners.Top.Smallest(DROPPED_NAMED)
         counts = (
             (matched[CHANGES], *unreadable)

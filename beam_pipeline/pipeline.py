@@ -196,7 +196,9 @@ def _list_refs(p: beam.Pipeline, cfg: ConvertConfig, layout: Layout) -> Listed:
     previous, changes = None, None
     if layout.previous:
         # unchanged files (same path, size, mtime) carry where the previous run stored their record
-        joined = refs | "Previous" >> index.JoinPrevious(layout.previous, layout.root)
+        # the local runner joins through files in the scratch folder, one bucket of paths at a time
+        on_disk = layout.tmp_dir if _refs_path(p.options) == pieces.PACK else None
+        joined = refs | "Previous" >> index.JoinPrevious(layout.previous, layout.root, on_disk)
         refs, changes = joined["refs"], joined[index.CHANGES]
         info = DatasetInfo.from_json(read_json(FileSystems.join(layout.previous, metadata.DATASET_JSON)))
         previous = index.reusable_run(layout.previous, info, cfg.as_dict())

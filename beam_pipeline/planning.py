@@ -28,7 +28,7 @@ from . import hashing
 from .config import case_twins_problem
 from .errors import UsageError
 from .sources.rules import label_names
-from .vocab.refs import Ref, RefCoder
+from .vocab.refs import REF_CODER, Ref
 
 
 class _SplitPlan(TypedDict):
@@ -218,9 +218,6 @@ class SplitTable:
         self.buckets = dense
 
 
-_REF_CODER = RefCoder()
-
-
 class SumBucketBytes(beam.CombineFn):
     """refs → {split: SplitTable}: the planner's table, as one dict.
 
@@ -239,7 +236,7 @@ class SumBucketBytes(beam.CombineFn):
         if table is None:
             table = acc[ref.split] = SplitTable()
         table.add(hashing.bucket_of(ref.key), estimated_record_bytes(ref))
-        table.ref_bytes += _REF_CODER.estimate_size(ref)
+        table.ref_bytes += REF_CODER.estimate_size(ref)
         return acc
 
     def merge_accumulators(self, accs: Iterable[dict[str, SplitTable]]) -> dict[str, SplitTable]:

@@ -71,7 +71,8 @@ RUN_LOCK = "_run.lock"  # held by a local run's launcher while it runs
 RENAMED = "renamed.jsonl"  # inside DONE: {"from": temp shard, "to": staged shard} per line, written by finalize
 SHARD_REFS = "_shard_refs"  # a shard's refs in pieces, on Flink and Spark (writer/pieces.py)
 # Paths (relative to a scratch folder) that never leave it.
-SCRATCH_ONLY = (DONE + "/", RUN_LOCK, SHARD_REFS + "/")
+JOIN_FILES = "_previous_join"  # --incremental-from's join on the local runner (index.JoinPrevious)
+SCRATCH_ONLY = (DONE + "/", RUN_LOCK, SHARD_REFS + "/", JOIN_FILES + "/")
 MARKER_FORMAT = 2
 # Earlier runs' scratch folders a writer looks in, newest first (each is one lookup per shard).
 MAX_SOURCES = 4

@@ -150,6 +150,11 @@ def _nodes(p: beam.Pipeline) -> list:
         Ref("gs://b/x/\udcff.jpg", "other/\udcff.jpg", 0, "test", ("a", "b"), 0, (("w", 1.5), ("n", None))),
         Ref("p.png", "p.png", 1, "val", None, 7, previous=Previous("s", 1, 2, "f" * 64, "l", 3, "e", size=(4, 5))),
         Ref("q.png", "", 1, "train", "", 7, previous=PreviousReject("truncated", "cut at 10 bytes")),
+        # a Previous's odd shapes: a label not the ref's, multi-label ids, no id, text where hex is expected,
+        # upper-case hex (kept as text), converted and extras set, with extra columns beside it
+        Ref("a.jpg", "a.jpg", 1, "train", ("a", "b"), 1, previous=Previous("s", 0, 0, "F" * 64, ("a",), [0, 2], "")),
+        Ref("b.jpg", "b.jpg", 1, "val", "x", 1, previous=Previous("s", 2**40, 1, "zz", "y", None, "{}", "png", "abc")),
+        Ref("c.jpg", "c.jpg", 1, "test", None, 1, (("w", 2),), previous=Previous("\udcff", 1, 1, "", None, None, "")),
     ],
 )
 def test_the_ref_coder_gives_back_every_field_in_half_the_fallbacks_bytes(ref):
@@ -160,6 +165,19 @@ def test_the_ref_coder_gives_back_every_field_in_half_the_fallbacks_bytes(ref):
     assert coder.encode(back) == encoded  # deterministic
     if ref.relpath == "class_3/0123453.jpg":  # a listed file: ~70 bytes, where Beam's fallback pickle takes ~150
         assert len(encoded) <= 80 and 2 * len(encoded) <= len(beam.coders.FastPrimitivesCoder().encode(ref))
+
+
+def test_a_nights_unchanged_tile_carries_its_previous_record_in_half_the_primitives_bytes():
+    """An --incremental-from night's refs carry where the previous run stored each record; they wait in every
+    buffer of the night as a first run's refs do (docs/how-it-works.md)."""
+    coder = beam.coders.registry.get_coder(Ref)
+    ref = Ref("/data/tiles/class_3/0123453.jpg", "class_3/0123453.jpg", 2345, "train", "class_3", 2**63, mtime=1.5)
+    shard = "/data/out/train-00003-of-00017.tfrecord"
+    previous = Previous(shard, 123456789, 2600, "ab" * 32, "class_3", 3, "", None, "0f" * 24, (96, 96))
+    night = coder.encode(Ref(**{**{f: getattr(ref, f) for f in ref.__slots__}, "previous": previous}))
+    alone = len(beam.coders.FastPrimitivesCoder().encode(tuple(previous)))
+    assert len(night) - len(coder.encode(ref)) <= alone / 2 + len(shard) / 2
+    assert coder.decode(night).previous == previous
 
 
 def test_a_cluster_run_sends_the_workers_small_data_messages_unless_told_otherwise():

@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
@@ -53,7 +54,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from .. import hashing, storage
 from ..planning import ShardPlan, assign_shard
 from ..resume import SHARD_REFS
-from ..vocab.refs import Ref, RefCoder
+from ..vocab.refs import REF_CODER, Ref
 
 # Refs per piece, in encoded bytes: a message of the data channel (64 KB) holds one or two.
 PIECE_REF_BYTES = 32 * 1024
@@ -62,7 +63,6 @@ PIECE_REF_BYTES = 32 * 1024
 PACK_PIECE_BYTES = 1024 * 1024
 PACK_BUFFER_BYTES = 8 * 1024 * 1024
 
-_REF = RefCoder()
 
 ShardKey = tuple[str, int]
 PieceKey = tuple[str, int, int]
@@ -88,18 +88,25 @@ def sort_key(ref: Ref) -> tuple[int, str, str]:
     return ref.key, ref.relpath, ref.path
 
 
-def _frame(encoded: Iterable[bytes]) -> bytes:
-    """A piece file's bytes: each ref's RefCoder bytes after its length."""
+def frame(encoded: Iterable[bytes]) -> bytes:
+    """Items after their lengths (a piece file's bytes: each ref's RefCoder bytes)."""
     out = create_OutputStream()
     for item in encoded:
         out.write(item, True)
     return out.get()
 
 
-def _unframe(data: bytes) -> Iterator[Ref]:
+def unframe(data: bytes) -> list[bytes]:
+    """The items ``frame`` gave ``data`` of."""
     stream = create_InputStream(data)
+    items = []
     while stream.size() > 0:
-        yield _REF.decode(stream.read_all(True))
+        items.append(stream.read_all(True))
+    return items
+
+
+def _unframe(data: bytes) -> Iterator[Ref]:
+    return map(REF_CODER.decode, unframe(data))
 
 
 def _split_tag(split: str) -> str:
@@ -117,29 +124,36 @@ class WritePieceFn(beam.DoFn):
     def process(self, element: tuple[PieceKey, Iterable[Ref]]) -> Iterator[tuple[ShardKey, str]]:
         (split, shard, piece), refs = element
         path = piece_path(self._scratch, split, shard, piece)
-        storage.backend_for(path).write_atomic(path, _frame(map(_REF.encode, sorted(refs, key=sort_key))))
+        storage.backend_for(path).write_atomic(path, frame(map(REF_CODER.encode, sorted(refs, key=sort_key))))
         yield (split, shard), path
 
 
-class PackPiecesFn(beam.DoFn):
-    """ref → ((split, shard), a piece file of its shard's refs), written when the piece is full or the bundle
-    ends (the local runner's path: no shuffle of refs). Side input: the plans {split: ShardPlan}."""
+class PackFn(beam.DoFn):
+    """element → (key, a file of the bundle's items of that key): items (bytes) are held per key and written as one
+    file, named by the digest of its bytes, when a key's reach PACK_PIECE_BYTES, every key's when the bundle
+    holds PACK_BUFFER_BYTES, and the rest when the bundle ends. Subclasses say what an element's key and item
+    are (``keyed``) and name the file (``file_name``)."""
 
-    def __init__(self, scratch: str) -> None:
+    def __init__(self, folder: str) -> None:
         super().__init__()
-        self._scratch = scratch
+        self._folder = folder
 
     def start_bundle(self) -> None:
-        self._held: dict[ShardKey, list[bytes]] = {}
-        self._sizes: dict[ShardKey, int] = {}
+        self._held: dict[Any, list[bytes]] = {}
+        self._sizes: dict[Any, int] = {}
         self._total = 0
 
-    def process(self, ref: Ref, plans: Mapping[str, ShardPlan]) -> Iterator[tuple[ShardKey, str]]:
-        key = (ref.split, plans[ref.split].shard_of(hashing.bucket_of(ref.key)))
-        encoded = _REF.encode(ref)
-        self._held.setdefault(key, []).append(encoded)
-        size = self._sizes[key] = self._sizes.get(key, 0) + len(encoded)
-        self._total += len(encoded)
+    def keyed(self, element: Any, *side: Any) -> tuple[Any, bytes]:
+        raise NotImplementedError
+
+    def file_name(self, key: Any, digest: str) -> str:
+        raise NotImplementedError
+
+    def process(self, element: Any, *side: Any) -> Iterator[tuple[Any, str]]:
+        key, item = self.keyed(element, *side)
+        self._held.setdefault(key, []).append(item)
+        size = self._sizes[key] = self._sizes.get(key, 0) + len(item)
+        self._total += len(item)
         if size >= PACK_PIECE_BYTES:
             yield self._write(key)
         if self._total >= PACK_BUFFER_BYTES:
@@ -149,18 +163,40 @@ class PackPiecesFn(beam.DoFn):
         for out in self._write_all():
             yield WindowedValue(out, GlobalWindow().max_timestamp(), [GlobalWindow()])
 
-    def _write_all(self) -> Iterator[tuple[ShardKey, str]]:
+    def _write_all(self) -> Iterator[tuple[Any, str]]:
         for key in sorted(self._held):
             yield self._write(key)
 
-    def _write(self, key: ShardKey) -> tuple[ShardKey, str]:
-        data = _frame(self._held.pop(key))
+    def _write(self, key: Any) -> tuple[Any, str]:
+        data = frame(self._held.pop(key))
         self._total -= self._sizes.pop(key)
-        split, shard = key
-        name = f"{_split_tag(split)}-{shard:05d}-{hashlib.sha256(data).hexdigest()[:32]}.refs"
-        path = FileSystems.join(self._scratch, SHARD_REFS, name)
+        path = FileSystems.join(self._folder, self.file_name(key, hashlib.sha256(data).hexdigest()[:32]))
         storage.backend_for(path).write_atomic(path, data)
         return key, path
+
+
+class PackPiecesFn(PackFn):
+    """ref → ((split, shard), a piece file of its shard's refs) (the local runner's path: no shuffle of refs).
+    Side input: the plans {split: ShardPlan}."""
+
+    def __init__(self, scratch: str) -> None:
+        super().__init__(FileSystems.join(scratch, SHARD_REFS))
+
+    def keyed(self, ref: Ref, plans: Mapping[str, ShardPlan]) -> tuple[ShardKey, bytes]:
+        return (ref.split, plans[ref.split].shard_of(hashing.bucket_of(ref.key))), REF_CODER.encode(ref)
+
+    def file_name(self, key: ShardKey, digest: str) -> str:
+        split, shard = key
+        return f"{_split_tag(split)}-{shard:05d}-{digest}.refs"
+
+    def process(self, ref: Ref, plans: Mapping[str, ShardPlan]) -> Iterator[tuple[ShardKey, str]]:
+        return super().process(ref, plans)
+
+
+def items_of(path: str) -> list[bytes]:
+    """The items of a file PackFn wrote, in its order."""
+    with FileSystems.open(path) as fh:
+        return unframe(fh.read())
 
 
 def read_refs(paths: Iterable[str]) -> list[Ref]:
