@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "near-dup-scale": ("near_dup_scale", "default search against off on many near-duplicates: time, RSS, lines listed"),
     "engines": ("engines", "the same data locally and on the local Flink/Spark cluster"),
     "million": ("million", "80k, 320k and 1 M small tiles, local and on the local Flink cluster: wall, RSS"),
+    "tiles": ("tiles", "the tutorial loop against convert (check off, defaults; 1 and 2 processes) on small tiles"),
     "measure": ("common", "wall time, CPU and peak RSS of any command's process tree (one JSON line)"),
 }
 DEFAULT = "contenders"

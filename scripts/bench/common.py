@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import resource
 import shutil
@@ -152,6 +153,100 @@ def steady_rate(big_seconds: float, small_seconds: float, items: int) -> float:
 def load() -> str:
     """``uptime``'s load averages (1, 5, 15 min)."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+# --- the tutorial loop (contenders, tiles): read, Pillow decode, build the Example, one TFRecordWriter --------
+# argv: a file of paths (one per line), the output file; the label is the parent folder's name
+
+TUTORIAL = r"""
+import io, sys, glob, os
+import tensorflow as tf
+from PIL import Image
+files = [l.strip() for l in open(sys.argv[1])]
+with tf.io.TFRecordWriter(sys.argv[2]) as w:
+    for path in files:
+        data = open(path, "rb").read()
+        img = Image.open(io.BytesIO(data)); img.load()
+        label = os.path.basename(os.path.dirname(path))
+        ex = tf.train.Example(features=tf.train.Features(feature={
+            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+            "image/height": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.height])),
+            "image/width": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.width])),
+            "image/class/text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[label.encode()])),
+        }))
+        w.write(ex.SerializeToString())
+"""
+
+
+# --- small tiles (million, tiles) ---------------------------------------------------------------
+
+TILE_CLASSES = 10
+TILE_SIDE = 96
+TILE_SEED = 45
+
+
+def tile(folder: Path, i: int) -> None:
+    """Tile ``i``: a soft two-colour gradient with a few flat blocks, JPEG quality 85 (~2.4 KB)."""
+    import numpy as np
+    from PIL import Image
+
+    path = folder / f"class_{i % TILE_CLASSES}" / f"{i:07d}.jpg"
+    if path.exists():
+        return
+    rng = np.random.default_rng((TILE_SEED, i))
+    a, b = rng.integers(0, 256, size=3), rng.integers(0, 256, size=3)
+    ramp = np.linspace(0.0, 1.0, TILE_SIDE)[:, None, None]
+    if rng.random() < 0.5:
+        ramp = ramp.transpose(1, 0, 2)
+    pixels = a + (b - a) * ramp * np.ones((TILE_SIDE, TILE_SIDE, 1))
+    for _ in range(int(rng.integers(2, 6))):
+        x, y = rng.integers(0, TILE_SIDE - 16, size=2)
+        w, h = rng.integers(8, 40, size=2)
+        pixels[y : y + h, x : x + w] = rng.integers(0, 256, size=3)
+    noise = rng.integers(-6, 7, size=(TILE_SIDE, TILE_SIDE, 1))
+    Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8), "RGB").save(path, "JPEG", quality=85)
+
+
+def _make_range(job: tuple[str, int, int]) -> int:
+    folder, start, stop = job
+    for i in range(start, stop):
+        tile(Path(folder), i)
+    return stop - start
+
+
+def make_tiles(data: Path, count: int, workers: int = 2) -> Path:
+    """The full set of ``count`` tiles under ``data/tiles``, made once (a marker says it is whole)."""
+    folder = data / "tiles"
+    done = data / f".complete-tiles-{count}"
+    if done.exists():
+        return folder
+    for k in range(TILE_CLASSES):
+        (folder / f"class_{k}").mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    step = 2000
+    jobs = [(str(folder), s, min(s + step, count)) for s in range(0, count, step)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        made = sum(pool.imap_unordered(_make_range, jobs))
+    done.touch()
+    print(f"tiles: {made:,} made in {folder} in {time.monotonic() - started:.0f} s")
+    return folder
+
+
+def tile_subset(data: Path, full: Path, count: int) -> Path:
+    """The first ``count`` tiles of the full set, as hard links (made once)."""
+    folder = data / f"tiles-{count}"
+    done = data / f".complete-tiles-subset-{count}"
+    if done.exists():
+        return folder
+    for k in range(TILE_CLASSES):
+        (folder / f"class_{k}").mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        name = f"class_{i % TILE_CLASSES}/{i:07d}.jpg"
+        target = folder / name
+        if not target.exists():
+            os.link(full / name, target)
+    done.touch()
+    return folder
 
 
 # --- data: generated, listed, linked ------------------------------------------------------------

@@ -42,26 +42,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from beam_pipeline.images.convert import prepare_image
-from bench.common import interleaved, link_files, list_images, make_samples, measure, steady_ms, steady_rate
-
-TUTORIAL = r"""
-import io, sys, glob, os
-import tensorflow as tf
-from PIL import Image
-files = [l.strip() for l in open(sys.argv[1])]
-with tf.io.TFRecordWriter(sys.argv[2]) as w:
-    for path in files:
-        data = open(path, "rb").read()
-        img = Image.open(io.BytesIO(data)); img.load()
-        label = os.path.basename(os.path.dirname(path))
-        ex = tf.train.Example(features=tf.train.Features(feature={
-            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
-            "image/height": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.height])),
-            "image/width": tf.train.Feature(int64_list=tf.train.Int64List(value=[img.width])),
-            "image/class/text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[label.encode()])),
-        }))
-        w.write(ex.SerializeToString())
-"""
+from bench.common import TUTORIAL, interleaved, link_files, list_images, make_samples, measure, steady_ms, steady_rate
 
 TEXTBOOK = r"""
 import io, os, sys

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import multiprocessing
 import os
 import shlex
 import shutil
@@ -49,77 +48,20 @@ from typing import Any
 
 from cluster import port  # scripts/cluster.py (scripts/benchmark.py puts scripts/ on sys.path)
 
-from bench.common import REPO, TreeSampler, beam_pipeline, cluster_sessions, idle_rss, load, markdown_table
+from bench.common import (
+    REPO,
+    TreeSampler,
+    beam_pipeline,
+    cluster_sessions,
+    idle_rss,
+    load,
+    make_tiles,
+    markdown_table,
+    tile_subset,
+)
 
-CLASSES = 10
-SIDE = 96
-SEED = 45
 CLUSTER = str(REPO / "scripts" / "cluster.sh")
 MB = 2**20
-
-
-def tile(folder: Path, i: int) -> None:
-    """Tile ``i``: a soft two-colour gradient with a few flat blocks, JPEG quality 85 (~2.4 KB)."""
-    import numpy as np
-    from PIL import Image
-
-    path = folder / f"class_{i % CLASSES}" / f"{i:07d}.jpg"
-    if path.exists():
-        return
-    rng = np.random.default_rng((SEED, i))
-    a, b = rng.integers(0, 256, size=3), rng.integers(0, 256, size=3)
-    ramp = np.linspace(0.0, 1.0, SIDE)[:, None, None]
-    if rng.random() < 0.5:
-        ramp = ramp.transpose(1, 0, 2)
-    pixels = a + (b - a) * ramp * np.ones((SIDE, SIDE, 1))
-    for _ in range(int(rng.integers(2, 6))):
-        x, y = rng.integers(0, SIDE - 16, size=2)
-        w, h = rng.integers(8, 40, size=2)
-        pixels[y : y + h, x : x + w] = rng.integers(0, 256, size=3)
-    noise = rng.integers(-6, 7, size=(SIDE, SIDE, 1))
-    Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8), "RGB").save(path, "JPEG", quality=85)
-
-
-def _make_range(job: tuple[str, int, int]) -> int:
-    folder, start, stop = job
-    for i in range(start, stop):
-        tile(Path(folder), i)
-    return stop - start
-
-
-def make_tiles(data: Path, count: int, workers: int = 2) -> Path:
-    """The full set of ``count`` tiles under ``data/tiles``, made once (a marker says it is whole)."""
-    folder = data / "tiles"
-    done = data / f".complete-tiles-{count}"
-    if done.exists():
-        return folder
-    for k in range(CLASSES):
-        (folder / f"class_{k}").mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    step = 2000
-    jobs = [(str(folder), s, min(s + step, count)) for s in range(0, count, step)]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        made = sum(pool.imap_unordered(_make_range, jobs))
-    done.touch()
-    print(f"tiles: {made:,} made in {folder} in {time.monotonic() - started:.0f} s")
-    return folder
-
-
-def subset(data: Path, full: Path, count: int) -> Path:
-    """The first ``count`` tiles of the full set, as hard links (made once)."""
-    folder = data / f"tiles-{count}"
-    done = data / f".complete-tiles-subset-{count}"
-    if done.exists():
-        return folder
-    for k in range(CLASSES):
-        (folder / f"class_{k}").mkdir(parents=True, exist_ok=True)
-    for i in range(count):
-        name = f"class_{i % CLASSES}/{i:07d}.jpg"
-        target = folder / name
-        if not target.exists():
-            os.link(full / name, target)
-    done.touch()
-    return folder
 
 
 # --- a process tree by sessions, sampled from /proc (as bench/engines.py does; modules share only common) ------
@@ -254,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     full = make_tiles(args.data, max(args.sizes))
     made = max(int(m.name.rsplit("-", 1)[1]) for m in args.data.glob(".complete-tiles-[0-9]*"))
     # the full set only where it is the size asked for: a 1 M set made earlier is not the 320k set
-    sets = {n: full if n == made else subset(args.data, full, n) for n in args.sizes}
+    sets = {n: full if n == made else tile_subset(args.data, full, n) for n in args.sizes}
     warm(full)
     if args.make_only:
         return 0
