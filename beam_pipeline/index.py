@@ -437,8 +437,8 @@ def index_entry(entry: Any) -> bool:
         and isinstance(entry.get("path"), str)
         and isinstance(entry.get("shard"), str)
         and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("offset", "length"))
-        and entry["offset"] >= 0
-        and entry["length"] >= 0
+        and 0 <= entry["offset"] < 2**63
+        and 0 <= entry["length"] < 2**63
         and isinstance(entry.get("sha256"), str)
     )
 
@@ -482,15 +482,18 @@ class ParsePreviousLine(beam.DoFn):
 
 # Previous index bytes per bucket: a bucket's lines are held as a dict while it is matched (~1.3× the bytes).
 JOIN_BUCKET_BYTES = 16 * 1024 * 1024
+# Tonight's refs are not counted before the join: a night that lists far more files than the previous index
+# holds (a dataset grown tenfold) shares them over at least this many buckets (~6 MB of refs each per 1 M).
+MIN_JOIN_BUCKETS = 16
 
 
 def join_buckets(index_path: str) -> int:
-    """Buckets for a previous index of this size (at least 1)."""
+    """Buckets for a previous index of this size."""
     try:
         size = FileSystems.match([index_path])[0].metadata_list[0].size_in_bytes
-    except (OSError, IndexError, BeamIOError):  # gone since the launcher looked: nothing to reuse, one bucket
-        return 1
-    return max(1, -(-size // JOIN_BUCKET_BYTES))
+    except (OSError, IndexError, BeamIOError):  # gone since the launcher looked: nothing to reuse
+        return MIN_JOIN_BUCKETS
+    return max(MIN_JOIN_BUCKETS, -(-size // JOIN_BUCKET_BYTES))
 
 
 def _path_bucket(path: str, buckets: int) -> int:
@@ -518,7 +521,7 @@ class PackByPathFn(pieces.PackFn):
 
 
 def _pairs(paths: Iterable[str]) -> Iterator[tuple[str, bytes]]:
-    for path in sorted(set(paths)):  # a repeated attempt's file is the same file
+    for path in sorted(paths):  # only committed bundles' files; a file named twice held its items twice
         for item in pieces.items_of(path):
             key, value = pieces.unframe(item)
             yield key.decode("utf-8", "surrogatepass"), value

@@ -67,7 +67,9 @@ def test_the_join_through_files_gives_what_one_cogroupbykey_gives(tmp_path, monk
     files stay in the scratch folder."""
     out = tmp_path / "prev"
     _previous(out, 2_000)
+    assert index.join_buckets(str(out / "index.jsonl")) == index.MIN_JOIN_BUCKETS  # a small index: the floor
     monkeypatch.setattr(index, "JOIN_BUCKET_BYTES", 50_000)
+    monkeypatch.setattr(index, "MIN_JOIN_BUCKETS", 1)
     assert index.join_buckets(str(out / "index.jsonl")) >= 5
     refs = _refs(2_000)
     whole = _join(refs, out, None, tmp_path / "a")

@@ -155,6 +155,8 @@ def _nodes(p: beam.Pipeline) -> list:
         Ref("a.jpg", "a.jpg", 1, "train", ("a", "b"), 1, previous=Previous("s", 0, 0, "F" * 64, ("a",), [0, 2], "")),
         Ref("b.jpg", "b.jpg", 1, "val", "x", 1, previous=Previous("s", 2**40, 1, "zz", "y", None, "{}", "png", "abc")),
         Ref("c.jpg", "c.jpg", 1, "test", None, 1, (("w", 2),), previous=Previous("\udcff", 1, 1, "", None, None, "")),
+        # a damaged index line's numbers past what a varint holds (the run converted such a file again before)
+        Ref("d.jpg", "d.jpg", 1, "test", "x", 1, previous=Previous("s", 1, 1, "", "x", 2**64, "", size=(2**63, 1))),
     ],
 )
 def test_the_ref_coder_gives_back_every_field_in_half_the_fallbacks_bytes(ref):
@@ -165,6 +167,14 @@ def test_the_ref_coder_gives_back_every_field_in_half_the_fallbacks_bytes(ref):
     assert coder.encode(back) == encoded  # deterministic
     if ref.relpath == "class_3/0123453.jpg":  # a listed file: ~70 bytes, where Beam's fallback pickle takes ~150
         assert len(encoded) <= 80 and 2 * len(encoded) <= len(beam.coders.FastPrimitivesCoder().encode(ref))
+
+
+def test_a_previous_index_line_with_an_offset_past_any_shard_is_not_reused():
+    from beam_pipeline.index import index_entry
+
+    line = {"path": "a.jpg", "shard": "s", "offset": 0, "length": 10, "sha256": "ab"}
+    assert index_entry(line)
+    assert not index_entry({**line, "offset": 2**63}) and not index_entry({**line, "length": 2**64})
 
 
 def test_a_nights_unchanged_tile_carries_its_previous_record_in_half_the_primitives_bytes():

@@ -83,8 +83,9 @@ class RefCoder(coders.Coder):
     grouped by shard, the local runner's buffers), so their size is most of the memory a run needs per image
     and what one element of the shard write carries to a worker (docs/engines.md). A listed file's path is
     its folder's root followed by its relative path: only the root part is stored beside the relative path.
-    The rare fields (a manifest row's extra columns, the previous run's record of an unchanged file, an
-    annotation source's objects) follow as one tuple in Beam's ``FastPrimitivesCoder``. Deterministic.
+    A night's previous record of an unchanged file (a ``Previous``) follows field by field. The rare fields (a
+    manifest row's extra columns, a kept previous reject, an annotation source's objects) follow as one tuple
+    in Beam's ``FastPrimitivesCoder``. Deterministic.
     Text is UTF-8 with lone surrogates passed through (a manifest may name any path).
     """
 
@@ -239,7 +240,8 @@ def _read_text(stream: InputStream) -> str:
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """An int a varint holds (a damaged index line may carry any JSON number: those take the primitives coder)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def _write_hex(out: OutputStream, text: str) -> None:
