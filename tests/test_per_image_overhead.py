@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -275,7 +276,8 @@ class _CountingPool(ThreadPoolExecutor):
 
 
 @pytest.mark.e2e
-def test_batches_keep_order_budget_and_raise_at_their_item() -> None:
+@pytest.mark.parametrize("read_inline", [False, True])
+def test_batches_keep_order_budget_and_raise_at_their_item(read_inline: bool) -> None:
     budget = Budget(10_000)
     read_at: list[int] = []
 
@@ -294,7 +296,7 @@ def test_batches_keep_order_budget_and_raise_at_their_item() -> None:
         results = read_then_convert(
             range(50), read, convert, io_pool, decode_pool,
             window=4, budget=budget, cost=lambda i: 100, size=lambda r: 0 if isinstance(r, Rejected) else len(r),
-            batch_bytes=1000,
+            batch_bytes=1000, read_inline=read_inline,
         )  # fmt: skip
         seen = []
         with pytest.raises(ConnectionError):
@@ -303,13 +305,40 @@ def test_batches_keep_order_budget_and_raise_at_their_item() -> None:
                 assert isinstance(result, Rejected) if i % 7 == 0 else result == b"r" * 300
         assert seen == list(range(37))  # every item before the failed read, in order; none after it
         assert io_pool.submitted <= 6 and decode_pool.submitted <= 6  # batches of 10, not 50 futures each
+        if read_inline:
+            assert io_pool.submitted == 0  # read on the decode thread, no hand-off
         results = read_then_convert(
             range(80, 100), lambda i: b"r", convert, io_pool, decode_pool,
-            window=2, budget=budget, cost=lambda i: 100, size=len, batch_bytes=1000,
+            window=2, budget=budget, cost=lambda i: 100, size=len, batch_bytes=1000, read_inline=read_inline,
         )  # fmt: skip
         with pytest.raises(MemoryError):
             assert [i for i, _ in results] == list(range(80, 90))
     assert _wait_for(lambda: budget.held == 0)
+
+
+def test_inline_reads_go_back_to_reading_ahead_once_reads_outlast_conversions() -> None:
+    """Local batches are read on the decode thread; a batch whose reads took longer than its conversions
+    (a network filesystem) sends the later ones to the read pool, where they are read ahead again."""
+    slow: set[int] = set(range(20, 100))
+    read_on: dict[int, str] = {}
+
+    def read(i: int) -> bytes:
+        read_on[i] = threading.current_thread().name
+        if i in slow:
+            time.sleep(0.002)
+        return b"r"
+
+    with ThreadPoolExecutor(4, thread_name_prefix="io") as io_pool:
+        with ThreadPoolExecutor(1, thread_name_prefix="decode") as decode_pool:
+            results = read_then_convert(
+                range(100), read, lambda i, data: data * 2, io_pool, decode_pool,
+                window=2, budget=Budget(10_000), cost=lambda i: 100, batch_bytes=1000, read_inline=True,
+            )  # fmt: skip
+            assert [(i, r) for i, r in results] == [(i, b"rr") for i in range(100)]
+    assert all(read_on[i].startswith("decode") for i in range(20))  # fast reads: no hand-off
+    switched = min(i for i in range(100) if read_on[i].startswith("io"))
+    assert 20 < switched <= 50  # the first slow batch (items 20-29) decided; at most two batches were in flight
+    assert all(read_on[i].startswith("io") for i in range(switched, 100))
 
 
 def _wait_for(check: object, seconds: float = 5.0) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -73,6 +74,7 @@ def read_then_convert(
     cost: Callable[[Any], int],
     size: Callable[[Any], int] | None = None,
     batch_bytes: int = 0,
+    read_inline: bool = False,
 ) -> Iterator[tuple[Any, Any]]:
     """(item, convert(item, read(item))) in input order; ``read`` may return a Rejected, which is passed through.
 
@@ -92,6 +94,14 @@ def read_then_convert(
     blocks on the budget; the results may take the budget over its capacity,
     and then nothing new starts until taken results give bytes back.
 
+    ``read_inline`` (local files): a batch is read and converted by one task on
+    ``decode_pool``, with no hand-off to ``io_pool`` in between. On small images
+    that hand-off was most of the cost: one more thread contending for the GIL
+    made every read and check ~2x dearer in CPU (docs/benchmarks.md, "Tiles").
+    The task times both halves; once a batch's reads take longer than its
+    conversions (a cold disk, a network filesystem mounted locally), the later
+    batches are read ahead on ``io_pool`` again.
+
     When the budget is short the caller's earlier results are taken first
     (they give bytes back); only with nothing of its own in flight does it
     wait for other writers of the process, so it never waits on itself. An
@@ -101,6 +111,7 @@ def read_then_convert(
     """
     pending: collections.deque[_InFlight] = collections.deque()
     lock = threading.Lock()
+    inline = [read_inline]  # turned off for good by the first batch whose reads outlast its conversions
 
     def settle(entry: _InFlight, results: list[Any]) -> list[Any]:
         if size is not None:
@@ -131,19 +142,36 @@ def read_then_convert(
         results += [results[-1]] * (len(entry.items) - len(results))
         return settle(entry, results)
 
+    def read_all(entry: _InFlight) -> list[Any]:
+        data: list[Any] = []
+        for item in entry.items:
+            try:
+                data.append(read(item))
+            except Exception as e:  # noqa: BLE001 - raised where the caller reaches this item
+                data += [_Raised(e)] * (len(entry.items) - len(data))  # the rest is never taken
+                break
+        return data
+
     def start(entry: _InFlight) -> Future:
         def run() -> Any:
-            data: list[Any] = []
-            for item in entry.items:
-                try:
-                    data.append(read(item))
-                except Exception as e:  # noqa: BLE001 - raised where the caller reaches this item
-                    data += [_Raised(e)] * (len(entry.items) - len(data))  # the rest is never taken
-                    break
+            data = read_all(entry)
             if all(isinstance(d, (Rejected, _Raised)) for d in data):
                 return _done(settle(entry, data))
             return decode_pool.submit(convert_all, entry, data)
 
+        def run_inline() -> Any:
+            began = time.perf_counter()
+            data = read_all(entry)
+            read_s = time.perf_counter() - began
+            if all(isinstance(d, (Rejected, _Raised)) for d in data):
+                return _done(settle(entry, data))
+            results = convert_all(entry, data)
+            if read_s > time.perf_counter() - began - read_s:
+                inline[0] = False
+            return _done(results)
+
+        if inline[0]:
+            return decode_pool.submit(run_inline)
         return io_pool.submit(run)
 
     def take() -> Iterator[tuple[Any, Any]]:

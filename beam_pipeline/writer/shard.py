@@ -4,7 +4,9 @@
 sorts them by shuffle key, reads them on a pool of I/O threads (more reads
 in flight than decode threads, so small objects on GCS are not
 latency-bound), decodes them on a pool of one thread per core (Pillow and
-hashlib release the GIL); both pools are the process's, shared by every
+hashlib release the GIL); local files are read by the decode thread itself,
+in batches, unless reads turn out slower than decodes (``read_then_convert``).
+Both pools are the process's, shared by every
 writer instance in it (a Dataflow SDK process runs one per bundle thread).
 It takes the results in order and streams TFRecords to
 a uniquely named temp file through Beam ``FileSystems``.  Finalize later gives
@@ -310,6 +312,7 @@ class ShardWrite:
             cost=functools.partial(read_cost, reuse=self._reuse, limit=fn._image_options.max_file_bytes),
             size=result_bytes,
             batch_bytes=LOCAL_BATCH_BYTES if local else 0,
+            read_inline=local,
         )
         # closing(): if writing fails, the reads still in flight give their bytes back at once.
         with contextlib.closing(results), contextlib.ExitStack() as self._files:
