@@ -44,20 +44,52 @@ DATA_BUFFER_BYTES = 64 * 1024
 # (~4.3) of cores busy, however many decode threads it runs.
 CPU_MS_PER_IMAGE = 1.87
 GIL_MS_PER_IMAGE = 0.43
+PHOTO_BYTES = 93_000
+# The GIL-held part is per image (Python around each file: Pillow's header parsing, the Example, the
+# index line), the rest grows with the file (libjpeg, sha256, CRC32C, with the GIL released). On 96 px
+# tiles of 2.4 KB this gives 0.47 ms, almost all of it holding the GIL (measured: ~0.45 ms, and one
+# process kept ~1.1 of 2 cores busy; docs/benchmarks.md, "Tiles").
+CPU_MS_PER_BYTE = (CPU_MS_PER_IMAGE - GIL_MS_PER_IMAGE) / PHOTO_BYTES
+# What a local worker process adds to a run's start-up (its own Beam import, the runner's connections),
+# measured on 2 cores: a 40-image job took 4.2 s in one process, 8.3 s on 2 worker processes.
+WORKER_START_S = 4.0
+# Each local worker process holds ~250 MB of its own (Beam, Pillow, numpy, its buffers) besides its share of
+# the memory budget: the default starts at most one per this much of the machine's memory.
+MEMORY_PER_PROCESS = 512 * 2**20
 # Set in each worker process of a local multi_processing run (run/sdk_worker.py, from its command line): how
 # many share the machine (writer/budget.py divides the memory budget and the decode threads by it).
 LOCAL_PROCESSES_ENV = "BEAM_PIPELINE_LOCAL_PROCESSES"
 
 
-def single_process_ceiling() -> float:
-    """How many cores' worth of conversion one process can use: CPU per image over GIL-held time per image."""
-    return CPU_MS_PER_IMAGE / GIL_MS_PER_IMAGE
+def cpu_ms_per_image(image_bytes: float | None = None) -> float:
+    """CPU a conversion spends on an image of ``image_bytes`` (None: the photos it was measured on)."""
+    if image_bytes is None:
+        return CPU_MS_PER_IMAGE
+    return GIL_MS_PER_IMAGE + CPU_MS_PER_BYTE * max(0.0, image_bytes)
 
 
-def local_processes(cores: int) -> int:
-    """The local default's worker processes for ``cores``: one while one process can feed them all (up to
-    4 cores), then one more per ~4.3 cores (8 cores: 2, 16: 4)."""
-    return max(1, math.ceil(cores / single_process_ceiling()))
+def single_process_ceiling(image_bytes: float | None = None) -> float:
+    """How many cores' worth of conversion one process can use: CPU per image over GIL-held time per image
+    (photos: ~4.3; 2.4 KB tiles: ~1.1)."""
+    return cpu_ms_per_image(image_bytes) / GIL_MS_PER_IMAGE
+
+
+def local_processes(cores: int, image_bytes: float | None = None, images: int | None = None) -> int:
+    """The local default's worker processes for ``cores``, for images of ``image_bytes`` on average (None:
+    photos), ``images`` of them (None: many).
+
+    Enough processes that their GIL-bound ceilings cover the cores: photos one up to 4 cores, then one more
+    per ~4.3 (8 cores: 2, 16: 4); tiles one per core. Then one process after all when the images are too few
+    for the faster rate to win back the extra processes' start-up (``WORKER_START_S``).
+    """
+    ceiling = single_process_ceiling(image_bytes)
+    processes = max(1, math.ceil(cores / ceiling))
+    if processes > 1 and images is not None:
+        cpu_s = cpu_ms_per_image(image_bytes) / 1000
+        saved_s = images * cpu_s * (1 / min(ceiling, cores) - 1 / min(processes * ceiling, cores))
+        if saved_s < WORKER_START_S:
+            return 1
+    return processes
 
 
 def usable_cores() -> int:
@@ -66,6 +98,15 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def memory_cap() -> int:
+    """How many local worker processes this machine's memory allows (``MEMORY_PER_PROCESS`` each)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # not POSIX: the cores decide alone
+        return 1 << 16
+    return max(1, total // MEMORY_PER_PROCESS)
 
 
 def runner_key(name: str | None) -> str:
@@ -91,9 +132,12 @@ def check_runner_options(options: PipelineOptions) -> None:
         raise UsageError(f"--direct_num_workers {workers}: must be 0 (one worker per core) or more")
 
 
-def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
+def make_options(
+    beam_args: Sequence[str], image_bytes: float | None = None, images: int | None = None
+) -> tuple[PipelineOptions, Any]:
     """PipelineOptions plus the runner object to use (the Python engine for local runs); UsageError for options
-    ``check_runner_options`` refuses."""
+    ``check_runner_options`` refuses. ``image_bytes`` and ``images``: what a look at the input found (its
+    mean file size, how many), for the local default's process count (``local_processes``)."""
     options = PipelineOptions(list(beam_args))
     check_runner_options(options)
     runner_name = runner_key(options.view_as(StandardOptions).runner)
@@ -107,12 +151,13 @@ def make_options(beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
         # Measured (README, "Local runs"): one in-process worker whose shard
         # writer decodes on one thread per core is as fast as multi_threading
         # with a worker per core, and needs ~100 MB less (no gRPC buffers).
-        # Past what one interpreter can feed (local_processes), several worker processes, as on Dataflow.
+        # Past what one interpreter can feed (local_processes: photos ~4.3 cores, small images ~1), several
+        # worker processes, as on Dataflow.
         # Either flag given: the user's choice, with Beam's default for the other (in_memory, 1 worker).
         direct = options.view_as(DirectOptions)
         given = " ".join(beam_args)
         if "direct_running_mode" not in given and "direct_num_workers" not in given:
-            processes = local_processes(usable_cores())
+            processes = min(local_processes(usable_cores(), image_bytes, images), memory_cap())
             direct.direct_running_mode = "in_memory" if processes == 1 else "multi_processing"
             direct.direct_num_workers = processes
         if direct.direct_running_mode == "multi_processing":

@@ -32,6 +32,56 @@ def test_one_process_while_one_can_feed_the_cores_then_one_per_ceiling():
     assert [runner.local_processes(c) for c in (1, 2, 4, 5, 8, 9, 16, 64)] == [1, 1, 1, 2, 2, 3, 4, 15]
 
 
+def test_small_images_get_a_process_per_core_unless_too_few_to_pay_for_starting_them():
+    assert 1.0 < runner.single_process_ceiling(2_400) < 1.2  # a 96 px tile: almost all of its CPU holds the GIL
+    assert [runner.local_processes(c, 2_400) for c in (1, 2, 4, 8)] == [1, 2, 4, 8]
+    assert [runner.local_processes(c, 40_000) for c in (2, 4, 8)] == [1, 2, 4]  # 640x480 JPEGs of 40 KB
+    assert runner.local_processes(2, 93_000) == runner.local_processes(2) == 1  # the photos it was measured on
+    # 2 processes save ~0.2 ms per tile on 2 cores: ~20,000 tiles pay for the second one's start-up
+    assert runner.local_processes(2, 2_400, images=10_000) == 1
+    assert runner.local_processes(2, 2_400, images=30_000) == 2
+    assert runner.local_processes(8, 93_000, images=200) == 1 and runner.local_processes(8, 93_000, 50_000) == 2
+
+
+def test_the_default_looks_at_a_local_inputs_image_sizes(monkeypatch, tmp_path):
+    from beam_pipeline.config import ConvertConfig
+    from beam_pipeline.run import sizing, workers
+
+    monkeypatch.delenv(runner.LOCAL_PROCESSES_ENV, raising=False)
+    monkeypatch.setattr(runner, "usable_cores", lambda: 2)
+    for label in ("a", "b"):
+        (tmp_path / "tiles" / label).mkdir(parents=True)
+        for i in range(30):
+            (tmp_path / "tiles" / label / f"{i}.jpg").write_bytes(b"t" * 2_400)
+    (tmp_path / "tiles" / "a" / "notes.txt").write_bytes(b"n" * 10**6)  # not an image: not in the mean
+    cfg = ConvertConfig(input=str(tmp_path / "tiles"), output=str(tmp_path / "out"), name="t")
+    assert sizing.input_sample(cfg) == sizing.InputSample(60, 2_400.0, capped=False)
+    options, _ = workers.make_local_aware_options(cfg, [])
+    assert _direct(options) == ("in_memory", 1)  # 60 tiles: done before a second process has started
+
+    monkeypatch.setattr(sizing, "SAMPLE_NAMES", 50)  # as if the folder held past the cap
+    options, engine = workers.make_local_aware_options(cfg, [])
+    assert _direct(options) == ("multi_processing", 2) and _worker_command(engine).endswith(" 2")
+    options, _ = workers.make_local_aware_options(cfg, ["--direct_running_mode=in_memory"])  # the user's choice
+    assert _direct(options) == ("in_memory", 1)
+    monkeypatch.setattr(runner, "memory_cap", lambda: 1)  # a machine without the memory for a second one
+    assert _direct(workers.make_local_aware_options(cfg, [])[0]) == ("in_memory", 1)
+
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("path,label\n" + "".join(f"tiles/a/{i}.jpg,a\n" for i in range(30)) + "gone.jpg,a\n")
+    assert sizing.input_sample(ConvertConfig(manifest=str(manifest), output="o", name="t")) == sizing.InputSample(
+        31, 2_400.0, capped=False
+    )  # a listed file that is missing is named, not sized
+    glob_cfg = ConvertConfig(input=str(tmp_path / "tiles" / "*" / "1*.jpg"), output="o", name="t")
+    assert sizing.input_sample(glob_cfg) == sizing.InputSample(22, 2_400.0, capped=False)
+    for nothing in (
+        ConvertConfig(input="gs://bucket/tiles", output="o", name="t"),  # a bucket is not looked at: the rule for photos
+        ConvertConfig(input=str(tmp_path / "missing"), output="o", name="t"),  # preflight names it, not this
+        ConvertConfig(manifest=str(tmp_path / "missing.csv"), output="o", name="t"),
+    ):
+        assert sizing.input_sample(nothing) is None
+
+
 def _direct(options) -> tuple[str, int]:
     d = options.view_as(DirectOptions)
     return d.direct_running_mode, d.direct_num_workers

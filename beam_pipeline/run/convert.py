@@ -36,7 +36,7 @@ from .local import RUN_TEMPORARY_FOLDER, LiveProgress, wait_for
 from .outcome import raise_unless_publishable
 from .poststeps import PostStepsSettings, run_post_steps
 from .preflight import prepare
-from .workers import options_for, with_worker_packages
+from .workers import make_local_aware_options, options_for, with_worker_packages
 
 if TYPE_CHECKING:
     from ..planning import PlanSummary
@@ -122,7 +122,7 @@ def _run_claimed(
                 plan_path = FileSystems.join(layout.tmp_dir, "plan.json")
                 wait_for(build_plan_pipeline(cfg, layout, options, plan_path, runner=runner).run())
                 wtt_shards = {s: d["num_shards"] for s, d in read_json(plan_path)["splits"].items()}
-                options, runner = make_options(beam_args)
+                options, runner = make_local_aware_options(cfg, beam_args)
             pipeline = build_pipeline(cfg, layout, options, runner=runner, wtt_shards=wtt_shards)
             template = options.view_as(GoogleCloudOptions).template_location
             if template and runner is None:

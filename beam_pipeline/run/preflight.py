@@ -156,7 +156,7 @@ def _only_files_directly_in(root: str, pattern: str) -> bool:
     return images > 0
 
 
-def _manifest_format(path: str) -> str:
+def manifest_format(path: str) -> str:
     lower = path.lower()
     if lower.endswith((".jsonl", ".ndjson", ".json")):
         return "jsonl"
@@ -411,7 +411,7 @@ def _manifest_input(cfg: ConvertConfig) -> _Input:
     manifest = absolute(cfg.manifest or "")
     if not storage.is_file(manifest):
         raise UsageError(f"--manifest {cfg.manifest}: no such file")
-    fmt = _manifest_format(manifest)
+    fmt = manifest_format(manifest)
     columns = _manifest_columns(manifest, fmt)
     if PATH_COLUMN not in columns:
         found = ", ".join(columns) or "none"

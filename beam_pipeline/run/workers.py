@@ -15,19 +15,22 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
+    DirectOptions,
     GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
+    StandardOptions,
     WorkerOptions,
 )
 
 from .. import storage
 from ..config import LATEST, ConvertConfig
 from ..errors import UsageError
-from ..runner import is_dataflow, make_options
+from ..runner import LOCAL_RUNNERS, is_dataflow, make_options, runner_key
 from .common import note
 from .local import RUN_TEMPORARY_FOLDER
 from .preflight import ask_gcs, gcs_locations, run_locations
+from .sizing import input_sample
 
 _LOG = logging.getLogger(__name__)
 
@@ -270,10 +273,29 @@ def _built_sdist(setup_file: str, folder: str) -> str:
     return archives[0]
 
 
+def make_local_aware_options(cfg: ConvertConfig, beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
+    """make_options, told what a look at a local input found (its images' mean size, how many: the local
+    default's process count depends on them; run/sizing.py). Remote runners are not looked for."""
+    if runner_key(PipelineOptions(list(beam_args)).view_as(StandardOptions).runner) not in LOCAL_RUNNERS:
+        return make_options(beam_args)
+    sample = input_sample(cfg)
+    if sample is None:
+        return make_options(beam_args)
+    images = None if sample.capped else sample.images
+    options, runner = make_options(beam_args, sample.mean_bytes, images)
+    direct = options.view_as(DirectOptions)
+    _LOG.info(
+        "local run: %s process(es), %s mode (input: %s%d images, %.1f KB on average)",
+        direct.direct_num_workers, direct.direct_running_mode, "at least " if sample.capped else "",
+        sample.images, sample.mean_bytes / 1000,
+    )  # fmt: skip
+    return options, runner
+
+
 def options_for(cfg: ConvertConfig, beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
     """make_options, checked against the run before anything is read or staged (Dataflow: no local path, its
     buckets answer), with the GCS credentials settled and FileSystems set to the same options."""
-    options, runner = make_options(beam_args)
+    options, runner = make_local_aware_options(cfg, beam_args)
     check_dataflow_paths(cfg, options)
     _settle_gcs_credentials(cfg, options)
     # gs:// checks before the pipeline use the same options.
