@@ -75,7 +75,7 @@ def test_the_default_looks_at_a_local_inputs_image_sizes(monkeypatch, tmp_path):
     glob_cfg = ConvertConfig(input=str(tmp_path / "tiles" / "*" / "1*.jpg"), output="o", name="t")
     assert sizing.input_sample(glob_cfg) == sizing.InputSample(22, 2_400.0, capped=False)
     for nothing in (
-        ConvertConfig(input="gs://bucket/tiles", output="o", name="t"),  # a bucket is not looked at: the rule for photos
+        ConvertConfig(input="gs://bucket/tiles", output="o", name="t"),  # a bucket: not looked at, photos assumed
         ConvertConfig(input=str(tmp_path / "missing"), output="o", name="t"),  # preflight names it, not this
         ConvertConfig(manifest=str(tmp_path / "missing.csv"), output="o", name="t"),
     ):
