@@ -118,8 +118,16 @@ def _tiff_handler(kind: str) -> Any:
     return _TIFF_HANDLER(handle)
 
 
+def _installed_filters() -> tuple[int, int]:
+    """Which list ``warnings.filters`` is and how long: a change to it (``filterwarnings``, ``resetwarnings``,
+    ``catch_warnings``) changes one of them."""
+    return id(warnings.filters), len(warnings.filters)
+
+
 def _install() -> None:
     """Installs the three hooks, once per process (again for ``warnings`` if someone replaced it since)."""
+    if warnings.showwarning is _show_warning and _INSTALLED.get("filters") == _installed_filters():
+        return  # nothing changed since: no lock, no look through the filters (once per image)
     with _LOCK:
         if warnings.showwarning is not _show_warning:
             _INSTALLED["showwarning"] = warnings.showwarning
@@ -145,6 +153,7 @@ def _install() -> None:
                 lib.TIFFSetErrorHandler(handlers[0])
                 lib.TIFFSetWarningHandler(handlers[1])
             _INSTALLED["libtiff"] = handlers
+        _INSTALLED["filters"] = _installed_filters()
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import operator
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -190,7 +191,7 @@ def _pillow_open(data: bytes) -> ImageFile.ImageFile:
     raise UnidentifiedImageError("cannot identify image file")
 
 
-_PLUGIN_ORDERS: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[Any, ...], tuple[tuple[Any, Any], ...]]] = {}
+_PLUGIN_ORDERS: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[Any, ...], tuple[tuple[Any, Any], ...], Any]] = {}
 
 
 def _plugin_order(registered: tuple[str, ...], tried: tuple[str, ...]) -> tuple[tuple[Any, Any], ...]:
@@ -202,13 +203,19 @@ def _plugin_order(registered: tuple[str, ...], tried: tuple[str, ...]) -> tuple[
     among those, can open as another format than Image.open gives it. Kept per list of names, and made
     again when a plugin registered again under a known name changed Image.OPEN.
     """
-    fresh = [fmt for fmt in registered if fmt not in tried]
     kept = _PLUGIN_ORDERS.get((registered, tried))
-    if kept is not None and all(Image.OPEN.get(fmt) is plugin for fmt, plugin in zip(fresh, kept[0], strict=True)):
-        return kept[1]
+    if kept is not None:
+        try:
+            now = kept[2](Image.OPEN)  # the plugins registered now under those names, in one C call
+        except KeyError:
+            now = None
+        if now == kept[0]:  # compared by identity first, element by element: ~1 µs, not 44 lookups
+            return kept[1]
+    fresh = [fmt for fmt in registered if fmt not in tried]
     plugins = tuple(Image.OPEN[fmt] for fmt in fresh)
     order = tuple(p for p in plugins if p[1] is not None) + tuple(p for p in plugins if p[1] is None)
-    _PLUGIN_ORDERS[(registered, tried)] = (plugins, order)
+    lookup = operator.itemgetter(*fresh) if len(fresh) > 1 else (lambda table: (table[fresh[0]],) if fresh else ())
+    _PLUGIN_ORDERS[(registered, tried)] = (plugins, order, lookup)
     return order
 
 
