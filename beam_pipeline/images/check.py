@@ -191,7 +191,9 @@ def _pillow_open(data: bytes) -> ImageFile.ImageFile:
     raise UnidentifiedImageError("cannot identify image file")
 
 
-_PLUGIN_ORDERS: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[Any, ...], tuple[tuple[Any, Any], ...], Any]] = {}
+_PLUGIN_ORDERS: dict[
+    tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[Any, ...], tuple[tuple[Any, Any], ...], Any]
+] = {}
 
 
 def _plugin_order(registered: tuple[str, ...], tried: tuple[str, ...]) -> tuple[tuple[Any, Any], ...]:
