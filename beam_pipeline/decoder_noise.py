@@ -118,15 +118,16 @@ def _tiff_handler(kind: str) -> Any:
     return _TIFF_HANDLER(handle)
 
 
-def _installed_filters() -> tuple[int, int]:
-    """Which list ``warnings.filters`` is and how long: a change to it (``filterwarnings``, ``resetwarnings``,
-    ``catch_warnings``) changes one of them."""
-    return id(warnings.filters), len(warnings.filters)
+def _filters_unchanged() -> bool:
+    """Whether ``warnings.filters`` is the list the hooks were last installed into, as long as it was then: a
+    change to it (``filterwarnings``, ``simplefilter``, ``resetwarnings``, ``catch_warnings``) changes one."""
+    kept = _INSTALLED.get("filters")
+    return kept is not None and kept[0] is warnings.filters and kept[1] == len(warnings.filters)
 
 
 def _install() -> None:
     """Installs the three hooks, once per process (again for ``warnings`` if someone replaced it since)."""
-    if warnings.showwarning is _show_warning and _INSTALLED.get("filters") == _installed_filters():
+    if warnings.showwarning is _show_warning and _filters_unchanged():
         return  # nothing changed since: no lock, no look through the filters (once per image)
     with _LOCK:
         if warnings.showwarning is not _show_warning:
@@ -153,7 +154,7 @@ def _install() -> None:
                 lib.TIFFSetErrorHandler(handlers[0])
                 lib.TIFFSetWarningHandler(handlers[1])
             _INSTALLED["libtiff"] = handlers
-        _INSTALLED["filters"] = _installed_filters()
+        _INSTALLED["filters"] = (warnings.filters, len(warnings.filters))  # the list itself: its id is never reused
 
 
 @contextlib.contextmanager

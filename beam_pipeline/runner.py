@@ -100,12 +100,26 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+# A container's memory limit (cgroup v2, then v1): lower than the machine's memory it runs on.
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def memory_cap() -> int:
-    """How many local worker processes this machine's memory allows (``MEMORY_PER_PROCESS`` each)."""
+    """How many local worker processes this machine's memory (or its container's limit) allows
+    (``MEMORY_PER_PROCESS`` each)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):  # not POSIX: the cores decide alone
         return 1 << 16
+    for path in CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            total = min(total, int(text))
+        break
     return max(1, total // MEMORY_PER_PROCESS)
 
 

@@ -54,6 +54,9 @@ def test_the_default_looks_at_a_local_inputs_image_sizes(monkeypatch, tmp_path):
         for i in range(30):
             (tmp_path / "tiles" / label / f"{i}.jpg").write_bytes(b"t" * 2_400)
     (tmp_path / "tiles" / "a" / "notes.txt").write_bytes(b"n" * 10**6)  # not an image: not in the mean
+    (tmp_path / "tiles" / "a" / "._0.jpg").write_bytes(b"m" * 4096)  # macOS metadata: the listing skips it too
+    (tmp_path / "tiles" / ".thumbnails").mkdir()
+    (tmp_path / "tiles" / ".thumbnails" / "0.jpg").write_bytes(b"m" * 4096)
     cfg = ConvertConfig(input=str(tmp_path / "tiles"), output=str(tmp_path / "out"), name="t")
     assert sizing.input_sample(cfg) == sizing.InputSample(60, 2_400.0, capped=False)
     options, _ = workers.make_local_aware_options(cfg, [])
@@ -66,6 +69,11 @@ def test_the_default_looks_at_a_local_inputs_image_sizes(monkeypatch, tmp_path):
     assert _direct(options) == ("in_memory", 1)
     monkeypatch.setattr(runner, "memory_cap", lambda: 1)  # a machine without the memory for a second one
     assert _direct(workers.make_local_aware_options(cfg, [])[0]) == ("in_memory", 1)
+    monkeypatch.setattr(sizing, "SAMPLE_NAMES", 32_768)
+    monkeypatch.setattr(sizing, "SAMPLE_ENTRIES", 20)  # a look cut short (time or entries): as many images
+    cut = sizing.input_sample(cfg)
+    assert cut is not None and cut.capped and cut.images < 20 and cut.mean_bytes == 2_400.0
+    monkeypatch.setattr(sizing, "SAMPLE_ENTRIES", 4 * 32_768)
 
     manifest = tmp_path / "list.csv"
     manifest.write_text("path,label\n" + "".join(f"tiles/a/{i}.jpg,a\n" for i in range(30)) + "gone.jpg,a\n")
@@ -80,6 +88,18 @@ def test_the_default_looks_at_a_local_inputs_image_sizes(monkeypatch, tmp_path):
         ConvertConfig(manifest=str(tmp_path / "missing.csv"), output="o", name="t"),
     ):
         assert sizing.input_sample(nothing) is None
+
+
+def test_the_memory_cap_follows_a_containers_limit(monkeypatch, tmp_path):
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(runner, "CGROUP_MEMORY_LIMITS", (str(limit), str(tmp_path / "v1")))
+    limit.write_text("max\n")
+    unlimited = runner.memory_cap()
+    assert unlimited >= 1
+    limit.write_text(f"{3 * runner.MEMORY_PER_PROCESS}\n")
+    assert runner.memory_cap() == min(3, unlimited)
+    limit.write_text("1000\n")
+    assert runner.memory_cap() == 1
 
 
 def _direct(options) -> tuple[str, int]:

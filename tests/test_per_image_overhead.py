@@ -290,6 +290,7 @@ def test_batches_keep_order_budget_and_raise_at_their_item(read_inline: bool) ->
     def convert(i: int, data: bytes) -> bytes:
         if i == 90:
             raise MemoryError
+        time.sleep(0.0005)  # clearly slower than a read: inline reads stay inline
         return data * 3
 
     with _CountingPool(4) as io_pool, _CountingPool(2) as decode_pool:
@@ -325,13 +326,17 @@ def test_inline_reads_go_back_to_reading_ahead_once_reads_outlast_conversions() 
     def read(i: int) -> bytes:
         read_on[i] = threading.current_thread().name
         if i in slow:
-            time.sleep(0.002)
+            time.sleep(0.005)
         return b"r"
+
+    def convert(i: int, data: bytes) -> bytes:
+        time.sleep(0.001)
+        return data * 2
 
     with ThreadPoolExecutor(4, thread_name_prefix="io") as io_pool:
         with ThreadPoolExecutor(1, thread_name_prefix="decode") as decode_pool:
             results = read_then_convert(
-                range(100), read, lambda i, data: data * 2, io_pool, decode_pool,
+                range(100), read, convert, io_pool, decode_pool,
                 window=2, budget=Budget(10_000), cost=lambda i: 100, batch_bytes=1000, read_inline=True,
             )  # fmt: skip
             assert [(i, r) for i, r in results] == [(i, b"rr") for i in range(100)]

@@ -167,7 +167,7 @@ def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> PlanSummary:
 
     from ..pipeline import build_plan_pipeline
 
-    options, runner = options_for(cfg, beam_args)
+    options, runner = options_for(cfg, beam_args, images=False)
     cfg, layout = prepare(cfg, check_output=False)
     with tempfile.TemporaryDirectory(prefix="beam_pipeline-plan-") as work:
         plan_path = os.path.join(work, "plan.json")

@@ -278,6 +278,8 @@ def make_local_aware_options(cfg: ConvertConfig, beam_args: Sequence[str]) -> tu
     default's process count depends on them; run/sizing.py). Remote runners are not looked for."""
     if runner_key(PipelineOptions(list(beam_args)).view_as(StandardOptions).runner) not in LOCAL_RUNNERS:
         return make_options(beam_args)
+    if any(flag in " ".join(beam_args) for flag in ("direct_running_mode", "direct_num_workers")):
+        return make_options(beam_args)  # the user's choice: nothing to look at
     sample = input_sample(cfg)
     if sample is None:
         return make_options(beam_args)
@@ -292,10 +294,11 @@ def make_local_aware_options(cfg: ConvertConfig, beam_args: Sequence[str]) -> tu
     return options, runner
 
 
-def options_for(cfg: ConvertConfig, beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
+def options_for(cfg: ConvertConfig, beam_args: Sequence[str], *, images: bool = True) -> tuple[PipelineOptions, Any]:
     """make_options, checked against the run before anything is read or staged (Dataflow: no local path, its
-    buckets answer), with the GCS credentials settled and FileSystems set to the same options."""
-    options, runner = make_local_aware_options(cfg, beam_args)
+    buckets answer), with the GCS credentials settled and FileSystems set to the same options. ``images``: the
+    run decodes images (``plan`` does not: one process, whatever the input)."""
+    options, runner = make_local_aware_options(cfg, beam_args) if images else make_options(beam_args)
     check_dataflow_paths(cfg, options)
     _settle_gcs_credentials(cfg, options)
     # gs:// checks before the pipeline use the same options.

@@ -312,7 +312,9 @@ class ShardWrite:
             cost=functools.partial(read_cost, reuse=self._reuse, limit=fn._image_options.max_file_bytes),
             size=result_bytes,
             batch_bytes=LOCAL_BATCH_BYTES if local else 0,
-            read_inline=local,
+            # a night's reused records are read from the previous shards, and convert does nothing with them:
+            # their reads would always look slower than their conversions
+            read_inline=local and not self._reuse,
         )
         # closing(): if writing fails, the reads still in flight give their bytes back at once.
         with contextlib.closing(results), contextlib.ExitStack() as self._files:
