@@ -8,17 +8,20 @@ as the job's last step), so none of them imports another for it.
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from apache_beam.options.pipeline_options import DebugOptions, DirectOptions, PipelineOptions, StandardOptions
 
 from .errors import UsageError
+
+_LOG = logging.getLogger(__name__)
 
 # Runner names that mean "run it here": always the Python engine, never Prism
 # (which downloads a binary at run time). SwitchingDirectRunner is what DirectRunner names in Beam.
@@ -48,7 +51,7 @@ PHOTO_BYTES = 93_000
 # The GIL-held part is per image (Python around each file: Pillow's header parsing, the Example, the
 # index line), the rest grows with the file (libjpeg, sha256, CRC32C, with the GIL released). On 96 px
 # tiles of 2.4 KB this gives 0.47 ms, almost all of it holding the GIL (measured: ~0.45 ms, and one
-# process kept ~1.1 of 2 cores busy; docs/benchmarks.md, "Tiles").
+# process kept ~1.1 of 2 cores busy; docs/benchmarks.md, "Small images against the tutorial loop").
 CPU_MS_PER_BYTE = (CPU_MS_PER_IMAGE - GIL_MS_PER_IMAGE) / PHOTO_BYTES
 # What a local worker process adds to a run's start-up (its own Beam import, the runner's connections),
 # measured on 2 cores: a 40-image job took 4.2 s in one process, 8.3 s on 2 worker processes.
@@ -146,12 +149,11 @@ def check_runner_options(options: PipelineOptions) -> None:
         raise UsageError(f"--direct_num_workers {workers}: must be 0 (one worker per core) or more")
 
 
-def make_options(
-    beam_args: Sequence[str], image_bytes: float | None = None, images: int | None = None
-) -> tuple[PipelineOptions, Any]:
+def make_options(beam_args: Sequence[str], look: Callable[[], Any] | None = None) -> tuple[PipelineOptions, Any]:
     """PipelineOptions plus the runner object to use (the Python engine for local runs); UsageError for options
-    ``check_runner_options`` refuses. ``image_bytes`` and ``images``: what a look at the input found (its
-    mean file size, how many), for the local default's process count (``local_processes``)."""
+    ``check_runner_options`` refuses. ``look``: called only when the local default picks the process count,
+    it returns what a look at the input found (``run.sizing.InputSample``: ``mean_bytes``, ``images``,
+    ``capped``) or None (``local_processes`` then assumes photos, many of them)."""
     options = PipelineOptions(list(beam_args))
     check_runner_options(options)
     runner_name = runner_key(options.view_as(StandardOptions).runner)
@@ -171,9 +173,20 @@ def make_options(
         direct = options.view_as(DirectOptions)
         given = " ".join(beam_args)
         if "direct_running_mode" not in given and "direct_num_workers" not in given:
-            processes = min(local_processes(usable_cores(), image_bytes, images), memory_cap())
+            sample = look() if look is not None else None
+            if sample is None:
+                processes = local_processes(usable_cores())
+            else:
+                images = None if sample.capped else sample.images
+                processes = local_processes(usable_cores(), sample.mean_bytes, images)
+            processes = min(processes, memory_cap())
             direct.direct_running_mode = "in_memory" if processes == 1 else "multi_processing"
             direct.direct_num_workers = processes
+            if sample is not None:
+                _LOG.info(
+                    "local run: %d process(es) (input: %s%d images, %.1f KB on average)",
+                    processes, "at least " if sample.capped else "", sample.images, sample.mean_bytes / 1000,
+                )  # fmt: skip
         if direct.direct_running_mode == "multi_processing":
             # as Beam counts them: 0 is one per core
             processes = direct.direct_num_workers or multiprocessing.cpu_count()

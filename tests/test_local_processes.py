@@ -90,6 +90,17 @@ def test_the_default_looks_at_a_local_inputs_image_sizes(monkeypatch, tmp_path):
         assert sizing.input_sample(nothing) is None
 
 
+def test_the_input_is_looked_at_only_when_the_default_picks_the_processes():
+    def refuse():
+        raise AssertionError("looked at the input")
+
+    for flags in (["--direct_running_mode=in_memory"], ["--direct_num_workers=2"], ["--runner=FlinkRunner"]):
+        runner.make_options(flags, look=refuse)  # the user's choice, or not a local run: nothing to look at
+    looked = []
+    runner.make_options([], look=lambda: looked.append(1))  # None: the rule for photos
+    assert looked == [1]
+
+
 def test_the_memory_cap_follows_a_containers_limit(monkeypatch, tmp_path):
     limit = tmp_path / "memory.max"
     monkeypatch.setattr(runner, "CGROUP_MEMORY_LIMITS", (str(limit), str(tmp_path / "v1")))

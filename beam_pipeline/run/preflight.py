@@ -37,7 +37,7 @@ from .previous import (
 )
 from .publish import PUBLISHED_DIRS, PUBLISHED_FILES, TFT_DIRS, untold_tft_files
 
-_GLOB_CHARS = re.compile(r"[*?\[]")
+GLOB_CHARS = re.compile(r"[*?\[]")  # what makes a path a glob
 
 
 def _exists_any(pattern: str, flag: str, text: str) -> bool:
@@ -80,7 +80,7 @@ def gcs_locations(cfg: ConvertConfig) -> list[tuple[str, str, bool]]:
 def ask_gcs(flag: str, value: str, *, folder: bool) -> bool:
     """storage.gcs_check of a location (a glob: the folder before its first wildcard); a UsageError naming the
     flag when GCS cannot be asked or refuses."""
-    glob = _GLOB_CHARS.search(value)
+    glob = GLOB_CHARS.search(value)
     path = value[: glob.start()].rsplit("/", 1)[0] if glob else value
     try:
         return storage.gcs_check(path, folder=folder)
@@ -93,7 +93,7 @@ def _check_gcs_locations(cfg: ConvertConfig) -> None:
     a missing bucket, missing credentials or a refused permission is one line naming the flag and the cause.
     A folder input with nothing under it, or a file that is not there, is said here too."""
     for flag, value, folder in gcs_locations(cfg):
-        if ask_gcs(flag, value, folder=folder) or _GLOB_CHARS.search(value):
+        if ask_gcs(flag, value, folder=folder) or GLOB_CHARS.search(value):
             continue
         if not folder:
             raise UsageError(f"{flag} {value}: no such file")
@@ -103,9 +103,9 @@ def _check_gcs_locations(cfg: ConvertConfig) -> None:
 
 def _input_root_and_pattern(text: str) -> tuple[str, str]:
     """(root, glob): a folder lists recursively; a glob's root is the folder before its first wildcard."""
-    if _GLOB_CHARS.search(text):
+    if GLOB_CHARS.search(text):
         pattern = storage.absolute_pattern(text)
-        prefix = pattern[: _GLOB_CHARS.search(pattern).start()]
+        prefix = pattern[: GLOB_CHARS.search(pattern).start()]
         root = prefix.rsplit("/", 1)[0] or "/"
         if not _exists_any(pattern, "--input", text):
             raise UsageError(f"--input {text}: no files match")
@@ -273,7 +273,7 @@ def _check_output(cfg: ConvertConfig, input_root: str | None) -> str:
     output beside the manifest is never listed as input.
     """
     out = absolute(cfg.output)
-    if _GLOB_CHARS.search(out):
+    if GLOB_CHARS.search(out):
         # Beam's file systems would read them as a pattern wherever the output is listed.
         raise UsageError(f"--output {cfg.output}: the path may not hold [, * or ?")
     if storage.kind(out) == "file":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from .. import storage
 from ..config import ConvertConfig
 from ..sources.manifest import read_manifest_rows
 from ..sources.rules import PATH_COLUMN, skip_reason
-from .preflight import manifest_format
+from .preflight import GLOB_CHARS, manifest_format
 
 _LOG = logging.getLogger(__name__)
 
@@ -40,8 +39,6 @@ SAMPLE_STATS = 256
 SAMPLE_SECONDS = 1.0
 SAMPLE_ENTRIES = 4 * SAMPLE_NAMES
 
-_GLOB_CHARS = re.compile(r"[*?\[]")
-
 
 @dataclass(frozen=True)
 class InputSample:
@@ -50,10 +47,6 @@ class InputSample:
     images: int
     mean_bytes: float
     capped: bool
-
-
-class _Cut(Exception):
-    """The look reached its time or entry limit."""
 
 
 def input_sample(cfg: ConvertConfig) -> InputSample | None:
@@ -65,7 +58,7 @@ def input_sample(cfg: ConvertConfig) -> InputSample | None:
             return _sample(_manifest_paths(storage.normalize(cfg.manifest)))
         if not cfg.input or storage.is_remote(cfg.input):
             return None
-        if _GLOB_CHARS.search(cfg.input):
+        if GLOB_CHARS.search(cfg.input):
             return _sample(_glob_paths(storage.absolute_pattern(cfg.input)))
         return _sample(_folder_paths(storage.normalize(cfg.input)))
     except Exception as e:  # noqa: BLE001 - only a speed setting depends on it: the rule for photos

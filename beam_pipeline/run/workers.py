@@ -15,18 +15,16 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
-    DirectOptions,
     GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
-    StandardOptions,
     WorkerOptions,
 )
 
 from .. import storage
 from ..config import LATEST, ConvertConfig
 from ..errors import UsageError
-from ..runner import LOCAL_RUNNERS, is_dataflow, make_options, runner_key
+from ..runner import is_dataflow, make_options
 from .common import note
 from .local import RUN_TEMPORARY_FOLDER
 from .preflight import ask_gcs, gcs_locations, run_locations
@@ -274,24 +272,9 @@ def _built_sdist(setup_file: str, folder: str) -> str:
 
 
 def make_local_aware_options(cfg: ConvertConfig, beam_args: Sequence[str]) -> tuple[PipelineOptions, Any]:
-    """make_options, told what a look at a local input found (its images' mean size, how many: the local
-    default's process count depends on them; run/sizing.py). Remote runners are not looked for."""
-    if runner_key(PipelineOptions(list(beam_args)).view_as(StandardOptions).runner) not in LOCAL_RUNNERS:
-        return make_options(beam_args)
-    if any(flag in " ".join(beam_args) for flag in ("direct_running_mode", "direct_num_workers")):
-        return make_options(beam_args)  # the user's choice: nothing to look at
-    sample = input_sample(cfg)
-    if sample is None:
-        return make_options(beam_args)
-    images = None if sample.capped else sample.images
-    options, runner = make_options(beam_args, sample.mean_bytes, images)
-    direct = options.view_as(DirectOptions)
-    _LOG.info(
-        "local run: %s process(es), %s mode (input: %s%d images, %.1f KB on average)",
-        direct.direct_num_workers, direct.direct_running_mode, "at least " if sample.capped else "",
-        sample.images, sample.mean_bytes / 1000,
-    )  # fmt: skip
-    return options, runner
+    """make_options, with a look at a local input (its images' mean size, how many: run/sizing.py) taken only
+    when the local default picks the process count (no remote runner, no process flags of the user's)."""
+    return make_options(beam_args, look=lambda: input_sample(cfg))
 
 
 def options_for(cfg: ConvertConfig, beam_args: Sequence[str], *, images: bool = True) -> tuple[PipelineOptions, Any]:

@@ -96,8 +96,9 @@ def read_then_convert(
 
     ``read_inline`` (local files): a batch is read and converted by one task on
     ``decode_pool``, with no hand-off to ``io_pool`` in between. On small images
-    that hand-off was most of the cost: one more thread contending for the GIL
-    made every read and check ~2x dearer in CPU (docs/benchmarks.md, "Tiles").
+    one more thread contending for the GIL made every read and check dearer (80k
+    tiles, one process: 59.6 → 47.4 s; docs/benchmarks.md, "Small images against
+    the tutorial loop").
     The task times both halves; once a batch's reads take longer than its
     conversions (a cold disk, a network filesystem mounted locally), the later
     batches are read ahead on ``io_pool`` again.
