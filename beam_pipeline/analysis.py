@@ -45,6 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from . import examples, storage
 from .examples import parse_example
+from .formats import registry
 from .metadata import is_multi_label
 from .storage import delete_tree, write_text
 from .vocab.dataset_info import DatasetInfo
@@ -264,13 +265,10 @@ class _ShardMoments(beam.DoFn):
         )
 
     def process(self, path: str) -> Iterator[Moments]:
-        from apache_beam.io.tfrecordio import _TFRecordUtil
-
         moments = EMPTY_MOMENTS
-        with FileSystems.open(path) as fh:  # gzip detected from the .gz name
-            while (record := _TFRecordUtil.read_record(fh)) is not None:
-                encoded = parse_example(record)[examples.ENCODED][0]
-                moments = merge_moments(moments, moments_of(self._decode(encoded).numpy()))
+        for record in registry.of_shard(path).records(path):  # its format by its name (gzip: .gz)
+            encoded = parse_example(record)[examples.ENCODED][0]
+            moments = merge_moments(moments, moments_of(self._decode(encoded).numpy()))
         yield moments
 
 

@@ -6,10 +6,11 @@ One JSON line per record, in shard order then record order::
      "mtime": 1700000000.25, "split": "train", "record": 0, "offset": 0, "length": 2345,
      "sha256": "…", "label": "cats", "label_id": 0}
 
-``offset`` is where the record's TFRecord frame starts in the shard's
-(uncompressed) stream and ``length`` the Example's byte length, so
-``read_record_at(shard, offset)`` reads one record without scanning the
-shard. ``sha256`` is the stored image's (the record's ``image/sha256``);
+``record`` is the record's position in its shard; ``offset`` is where the
+record's TFRecord frame starts in the shard's (uncompressed) stream and
+``length`` the Example's byte length, so a reader seeks to one record without
+scanning the shard (``formats``: each format reads a record by its entry).
+``sha256`` is the stored image's (the record's ``image/sha256``);
 ``size``/``mtime`` are the source file's as listed (GCS: the object's update
 time). Incremental runs (``--incremental-from``) read it to find files that
 did not change.
@@ -30,22 +31,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import BytesCoder
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.pvalue import AsSingleton
 from apache_beam.typehints.decorators import no_annotations
 
 from . import examples
 from . import resume as resume_files
 from .annotations.objects import digest as annotations_digest
+from .formats import registry
 from .images.phash import HEX, entry_hash
 from .metadata import REJECTS_JSONL
 from .sources.rules import class_values
@@ -66,8 +66,6 @@ INDEX_JSONL = "index.jsonl"
 INDEX_PARTS = "_index"
 # Published: one random-access index per uncompressed shard, IDX_DIR/<shard file>.idx.
 IDX_DIR = "idx"
-# A TFRecord frame: length (8 bytes), its CRC (4), data, data CRC (4).
-FRAME_OVERHEAD = 16
 
 
 def extras_digest(ref: Ref) -> str:
@@ -130,7 +128,7 @@ def idx_line(offset: int, length: int) -> bytes:
     The format NVIDIA DALI's ``readers.tfrecord`` and the ``tfrecord``
     package's readers take as ``index_path`` (their ``tfrecord2idx`` writes it).
     """
-    return f"{offset} {length + FRAME_OVERHEAD}\n".encode("ascii")
+    return f"{offset} {length + registry.TFRECORD.frame_overhead}\n".encode("ascii")
 
 
 def with_shard(line: str, shard_file: str) -> str:
@@ -155,19 +153,6 @@ def read_index(path: str) -> Iterator[dict[str, Any]]:
         for raw in fh:
             if raw.strip():
                 yield json.loads(raw.decode("utf-8"))
-
-
-def read_record_at(fh: IO[bytes], offset: int) -> bytes:
-    """The record whose frame starts at ``offset`` of an uncompressed TFRecord stream (CRCs not checked)."""
-    fh.seek(offset)
-    header = fh.read(12)
-    if len(header) != 12:
-        raise ValueError(f"no TFRecord frame at offset {offset}")
-    (length,) = struct.unpack("<Q", header[:8])
-    data = fh.read(length)
-    if len(data) != length:
-        raise ValueError(f"truncated TFRecord at offset {offset}")
-    return data
 
 
 def unchanged(entry: Mapping[str, Any], ref: Ref) -> bool:
@@ -291,7 +276,7 @@ def reject_key(entry: Mapping[str, Any], root: str) -> str:
 def previous_of(entry: Mapping[str, Any], output: str) -> Previous:
     return Previous(
         FileSystems.join(output, entry["shard"]),
-        int(entry["offset"]),
+        registry.of_shard(entry["shard"]).locate(entry),
         int(entry["length"]),
         str(entry["sha256"]),
         tuple(entry["label"]) if isinstance(entry.get("label"), list) else entry.get("label"),
@@ -337,15 +322,10 @@ def read_previous(prev: Previous, relpath: str) -> bytes:
     pass every later CRC check: a DamagedRecord says it must be converted again.
     """
     where = f"{prev.shard}@{prev.offset}"
-    with FileSystems.open(prev.shard, compression_type="uncompressed") as fh:
-        fh.seek(prev.offset)
-        try:
-            # Beam's reader checks the masked CRC32C of the length and of the data (google-crc32c, C speed).
-            data = _TFRecordUtil.read_record(fh)
-        except ValueError:  # its message holds the whole record in hex: not repeated
-            raise DamagedRecord(f"{where}: not a valid TFRecord frame (CRC mismatch or cut short)") from None
-    if data is None:
-        raise DamagedRecord(f"{where}: no record there (the shard ends)")
+    try:
+        data = registry.of_shard(prev.shard).read_one(prev.shard, prev.offset)
+    except ValueError as e:  # damaged, cut short or not there
+        raise DamagedRecord(str(e)) from None
     if len(data) != prev.length:
         raise DamagedRecord(f"{where}: {len(data)} bytes, the index says {prev.length}")
     check_record(data, prev.sha256, relpath, where)
@@ -414,7 +394,7 @@ class MatchPreviousFn(beam.DoFn):
 
 
 # What the join keeps of a previous index line: the keys ``unchanged`` and ``previous_of`` read.
-_JOINED_KEYS = ("path", "size", "mtime", "shard", "offset", "length", "sha256", "label", "label_id", "extras",
+_JOINED_KEYS = ("path", "size", "mtime", "shard", "record", "offset", "length", "sha256", "label", "label_id", "extras",
                 "converted", "phash", "confirm", "width", "height")  # fmt: skip
 
 

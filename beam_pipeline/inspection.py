@@ -12,23 +12,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
-import struct
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from . import examples, index, metadata, storage
 from .annotations import objects
 from .annotations.masks import PNG_SIGNATURE, SEGMENTATION_ENCODED
 from .errors import UsageError, last_line
 from .examples import parse_example
-from .index import FRAME_OVERHEAD
+from .formats import registry
 from .storage import open_lines, read_json_object
 from .vocab.dataset_info import DatasetInfo, IncrementalInfo, ShardEntry
 
@@ -222,10 +219,8 @@ def _shard_path(output: str, shard: ShardEntry) -> str:
 
 
 def iter_records(path: str) -> Iterator[bytes]:
-    """Every record of a shard, CRCs checked (ValueError on a bad one)."""
-    with FileSystems.open(path) as fh:  # compression from the name (.gz)
-        while (record := _TFRecordUtil.read_record(fh)) is not None:
-            yield record
+    """Every record of a shard in its format (by its name), checked (ValueError on a bad one)."""
+    return registry.of_shard(path).records(path)
 
 
 def _progress(done: int, total: int, stream: Any) -> None:
@@ -335,6 +330,7 @@ def _verify_shard(
     if not FileSystems.exists(path):
         raise VerifyError(f"{file}: missing")
     idx = _IdxLines(output, info.idx_files.format(file=file)) if info.idx_files else None
+    frame = registry.of_shard(file).frame_overhead  # None: the format's records have no byte offsets
     with idx or contextlib.nullcontext():
         count, offset = 0, 0
         try:
@@ -349,10 +345,10 @@ def _verify_shard(
                 if problem:
                     raise VerifyError(f"{where}: {problem}")
                 if lines is not None:
-                    lines.check(file, split, count - 1, offset, len(record), ex)
-                if idx is not None:
-                    idx.check(where, offset, len(record) + FRAME_OVERHEAD)
-                offset += len(record) + FRAME_OVERHEAD
+                    lines.check(file, split, count - 1, None if frame is None else offset, len(record), ex)
+                if idx is not None and frame is not None:
+                    idx.check(where, offset, len(record) + frame)
+                offset += len(record) + (frame or 0)
                 yield
         except ValueError as e:  # CRC or framing
             raise VerifyError(f"{file} record {count}: {str(e).splitlines()[0][:120]}") from None
@@ -494,7 +490,9 @@ class _IndexLines:
     def _at(self) -> str:
         return f"{index.INDEX_JSONL} line {self._line}"
 
-    def check(self, file: str, split: str, record: int, offset: int, length: int, ex: dict[str, list[Any]]) -> None:
+    def check(
+        self, file: str, split: str, record: int, offset: int | None, length: int, ex: dict[str, list[Any]]
+    ) -> None:
         where = f"{file} record {record}"
         entry = self._next
         if entry is None:
@@ -588,19 +586,5 @@ class _IdxLines:
 
 def _read_at(path: str, wanted: set[int]) -> Iterator[tuple[int, bytes]]:
     """(index, record) of the given indexes of one shard, in file order, one at a time (a caller that keeps
-    only what it needs of each holds one record, not all); the others are skipped by their length headers,
-    seeking past their bytes (on GCS a seek is a new ranged read, not a download; a gzip shard decompresses
-    past them)."""
-    last = max(wanted)
-    with FileSystems.open(path) as fh:
-        for index in range(last + 1):
-            header = fh.read(12)
-            if len(header) < 12:
-                break
-            (length,) = struct.unpack("<Q", header[:8])
-            if index in wanted:
-                record = fh.read(length)
-                fh.read(4)
-                yield index, record
-            else:
-                fh.seek(length + 4, os.SEEK_CUR)
+    only what it needs of each holds one record, not all): its format reads them (``formats``)."""
+    return registry.of_shard(path).read_at(path, wanted)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, examples
+from .formats import registry
 from .vocab.dataset_info import DatasetInfo, SplitInfo, Tally
 from .vocab.refs import RejectRow
 
@@ -61,17 +62,14 @@ def line_break_problem(name: str) -> str | None:
     return f"holds {char!r} ({LINE_BREAKS[char]}), a line break to str.splitlines() (labels.txt has one per line)"
 
 
-def shard_name(name: str, split: str, index: int, count: int, compression: str) -> str:
-    suffix = ".gz" if compression == "gzip" else ""
-    return f"{name}-{split}.tfrecord-{index:05d}-of-{count:05d}{suffix}"
+def shard_name(name: str, split: str, index: int, count: int, compression: str, fmt: str | None = None) -> str:
+    """A shard's file name in format ``fmt`` (default TFRecord): ``{name}-{split}.{format}-00000-of-00004``."""
+    return registry.get(fmt).shard_name(name, split, index, count, compression)
 
 
 def is_shard_file(basename: str) -> bool:
-    """A file name this tool writes as a shard (any dataset name, split, compression)."""
-    stem = basename[:-3] if basename.endswith(".gz") else basename
-    head, sep, tail = stem.rpartition(".tfrecord-")
-    parts = tail.split("-of-")
-    return bool(sep and head and len(parts) == 2 and all(p.isdigit() and len(p) == 5 for p in parts))
+    """A file name this tool writes as a shard (any dataset name, split, compression, format)."""
+    return registry.shard_parts(basename) is not None
 
 
 def is_idx_file(rel: str) -> bool:

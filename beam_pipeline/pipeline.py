@@ -26,6 +26,8 @@ from .annotations.table import CheckManifestObjects, GroupObjectRows
 from .annotations.voc import JoinVoc
 from .config import ConvertConfig, Layout
 from .dedupe import DropDuplicates
+from .formats import registry
+from .formats.tfrecord import compression_type
 from .leaks import DropLeaks
 from .near_duplicates import FindNearDuplicates
 from .planning import PlanShards, PlanSummary, ShardPlan, SplitPlanSummary
@@ -38,7 +40,7 @@ from .storage import read_json
 from .vocab.dataset_info import OK, DatasetInfo
 from .vocab.records import ShardResult
 from .writer import pieces
-from .writer.shard import DecodeFn, WriteShardFn, compression_type, count_records
+from .writer.shard import DecodeFn, WriteShardFn
 
 
 class CollectLabels(beam.PTransform):
@@ -492,7 +494,7 @@ def _describe_wtt_file(path: str, split: str) -> ShardResult:
     stem = path[:-3] if path.endswith(".gz") else path
     index = int(stem.rsplit("-of-", 1)[0].rsplit("-", 1)[1])
     size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-    return ShardResult(split=split, shard=index, tmp_path=path, records=count_records(path), bytes=size)
+    return ShardResult(split=split, shard=index, tmp_path=path, records=registry.of_shard(path).count(path), bytes=size)
 
 
 def build_plan_pipeline(

@@ -186,7 +186,7 @@ def dataset_info_json(info: DatasetInfo, homepage: str | None) -> dict[str, Any]
     template = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
     out: dict[str, Any] = {
         "description": f"{info.name}: converted by beam_pipeline",
-        "fileFormat": "tfrecord",
+        "fileFormat": info.format,  # formats: each format's name is TFDS's
         "name": info.name,
         "splits": [
             {

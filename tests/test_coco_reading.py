@@ -165,8 +165,8 @@ def _damage(out: Path, file_name: str, change: Callable[[dict[str, list[Any]]], 
     """Rewrites the shard holding ``file_name`` with that record's features changed (frames and CRCs valid,
     written by the project's own Example builder and framing); returns the shard's name."""
     from beam_pipeline.examples import build_example, parse_example
+    from beam_pipeline.formats.tfrecord import frame_record
     from beam_pipeline.inspection import iter_records
-    from beam_pipeline.writer.shard import frame_record
 
     for split in load_info(out)["splits"].values():
         for shard in split["shards"]:

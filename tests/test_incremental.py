@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipeline.index import read_record_at
+from beam_pipeline.formats.tfrecord import read_record_at
 from beam_pipeline.vocab.dataset_info import DatasetInfo
 
 from .conftest import CliResult, convert, load_info, read_records, run_cli

@@ -139,8 +139,9 @@ def test_an_early_stop_gives_back_what_results_finished_later_were_charged():
 def test_writer_instances_of_one_process_share_its_read_and_decode_pools(tmp_path):
     from beam_pipeline import hashing
     from beam_pipeline.examples import parse_example
+    from beam_pipeline.formats.registry import TFRECORD
     from beam_pipeline.vocab.refs import Ref
-    from beam_pipeline.writer.shard import IO_THREADS, WriteShardFn, count_records
+    from beam_pipeline.writer.shard import IO_THREADS, WriteShardFn
 
     from .imagegen import image_bytes, write
 
@@ -171,7 +172,7 @@ def test_writer_instances_of_one_process_share_its_read_and_decode_pools(tmp_pat
     assert not any(t.is_alive() for t in threads)
     for n in range(2):
         [result] = outputs[n]
-        assert result.records == 8 and count_records(result.tmp_path) == 8
+        assert result.records == 8 and TFRECORD.count(result.tmp_path) == 8
         from apache_beam.io.tfrecordio import _TFRecordUtil
 
         with open(result.tmp_path, "rb") as fh:

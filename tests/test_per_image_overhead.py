@@ -20,13 +20,14 @@ import pytest
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from beam_pipeline import examples, storage
+from beam_pipeline.formats.tfrecord import frame_record
 from beam_pipeline.images.options import ImageOptions, Rejected
 from beam_pipeline.vocab.reasons import TOO_LARGE
 from beam_pipeline.vocab.records import ShardResult
 from beam_pipeline.vocab.refs import Ref
 from beam_pipeline.writer.budget import Budget
 from beam_pipeline.writer.readahead import read_then_convert
-from beam_pipeline.writer.shard import WriteShardFn, frame_record
+from beam_pipeline.writer.shard import WriteShardFn
 from tests.imagegen import image_bytes
 
 pytestmark = pytest.mark.unit

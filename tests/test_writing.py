@@ -11,6 +11,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline import hashing
 from beam_pipeline.examples import parse_example
+from beam_pipeline.formats.registry import TFRECORD
 from beam_pipeline.planning import PlanShards
 from beam_pipeline.run.finalize import choose_results, final_layout, rename_idempotent
 from beam_pipeline.sources.rules import REJECTS
@@ -20,7 +21,7 @@ from beam_pipeline.writer import records
 from beam_pipeline.writer.budget import Budget
 from beam_pipeline.writer.readahead import read_then_convert
 from beam_pipeline.writer.records import convert_one
-from beam_pipeline.writer.shard import WriteShardFn, count_records
+from beam_pipeline.writer.shard import WriteShardFn
 
 from .conftest import local_pipeline
 from .imagegen import broken_bytes, image_bytes, write
@@ -143,7 +144,7 @@ def test_write_shard_fn_writes_sorted_records_and_routes_rejects(tmp_path):
         )
 
     [shard] = [f for f in (tmp_path / "out" / ".tmp").iterdir() if f.is_file()]
-    assert count_records(str(shard)) == 6
+    assert TFRECORD.count(str(shard)) == 6
     # the shard's index part (finalize makes index.jsonl of them): same stem, one line per record, in order
     [part] = list((tmp_path / "out" / ".tmp" / "_index").glob("*.jsonl"))
     [idx] = list((tmp_path / "out" / ".tmp" / "_index").glob("*.idx"))
@@ -246,7 +247,7 @@ def test_a_shard_written_twice_ends_as_one_final_shard(tmp_path):
     assert info.examples == 5
     shards = sorted(p.name for p in out.iterdir() if ".tfrecord-" in p.name)
     assert shards == ["ds-train.tfrecord-00000-of-00001"]
-    assert count_records(str(out / shards[0])) == 5
+    assert TFRECORD.count(str(out / shards[0])) == 5
     assert (out / "_SUCCESS").exists() and not (out / ".beam_pipeline-tmp-test").exists()
     # A retried finalize (same side inputs) finds the run published and leaves it as it is.
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}

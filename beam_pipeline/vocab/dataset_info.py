@@ -386,6 +386,12 @@ class DatasetInfo:
             extra={k: v for k, v in data.items() if k not in _ORDER},
         )
 
+    @property
+    def format(self) -> str:
+        """The shards' output format (``--format``, kept in the config block; older outputs are TFRecord)."""
+        value = self.config.get("format") if isinstance(self.config, Mapping) else None
+        return value if isinstance(value, str) and value else "tfrecord"
+
     def shard_files(self, split: str | None = None) -> list[str]:
         """The shard files (relative to the output) of ``split``, or of every split, in published order."""
         return [s.file for name, info in self.splits.items() if split in (None, name) for s in info.shards]

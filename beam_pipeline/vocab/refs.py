@@ -18,7 +18,7 @@ class Previous(NamedTuple):
     """Where a previous run stored an unchanged file's record, and what went into it."""
 
     shard: str  # full path of the previous shard
-    offset: int
+    offset: int  # where its format finds the record (formats: TFRecord's byte offset, else its position)
     length: int
     sha256: str
     label: str | tuple[str, ...] | None  # a multi-label run's: the names, sorted

@@ -8,8 +8,8 @@ hashlib release the GIL); local files are read by the decode thread itself,
 in batches, unless reads turn out slower than decodes (``read_then_convert``).
 Both pools are the process's, shared by every
 writer instance in it (a Dataflow SDK process runs one per bundle thread).
-It takes the results in order and streams TFRecords to
-a uniquely named temp file through Beam ``FileSystems``.  Finalize later gives
+It takes the results in order and streams records to a uniquely named
+temp file in the run's output format (``formats``: TFRecord by default).  Finalize later gives
 the temp file its final name.
 
 Memory is bounded per machine, not by thread counts: file bytes read ahead
@@ -35,7 +35,6 @@ import contextlib
 import functools
 import json
 import logging
-import struct
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -44,10 +43,10 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from .. import failpoints, index, resume, storage
 from ..annotations.join import CountingDoFn, record_counts
+from ..formats import registry
 from ..images.options import ImageOptions, Prepared, Rejected
 from ..sources.rules import REJECTS, class_values, label_names
 from ..storage import permanent_reason, read_bytes, storage_root
@@ -100,21 +99,6 @@ LOCAL_BATCH_BYTES = 250_000
 PROGRESS_EVERY = 64
 
 
-def frame_record(record: bytes) -> tuple[bytes, bytes]:
-    """The TFRecord frame around ``record``: (length + its masked CRC32C, the record's masked CRC32C).
-
-    The same bytes as Beam's ``_TFRecordUtil.write_record`` (and its C CRC32C), without joining them
-    to a copy of the record.
-    """
-    length = struct.pack("<Q", len(record))
-    masked = _TFRecordUtil._masked_crc32c
-    return length + struct.pack("<I", masked(length)), struct.pack("<I", masked(record))
-
-
-def compression_type(name: str) -> str:
-    return CompressionTypes.GZIP if name == "gzip" else CompressionTypes.UNCOMPRESSED
-
-
 # A shard with at least this many refs, every one of them denied, fails its bundle (see WriteShardFn).
 DENIED_SHARD_MIN = 8
 
@@ -133,8 +117,10 @@ class WriteShardFn(beam.DoFn):
         object_names: bool = False,
         multi_label: bool = False,
         refs_in_pieces: bool = False,
+        output_format: str = registry.DEFAULT,
     ) -> None:
         self._tmp_dir = tmp_dir
+        self._format = registry.get(output_format)
         # Flink and Spark: a shard's values are the paths of its refs' piece files, read here (pieces.py)
         self._refs_in_pieces = refs_in_pieces
         # A names-only annotation source's label list names object classes: its records have no image/class/label.
@@ -229,11 +215,12 @@ class WriteShardFn(beam.DoFn):
         """This attempt's files: a retried bundle writes new ones, and only the committed attempt's reach finalize."""
         stem = f"{split}-{shard:05d}-{uuid.uuid4().hex}"
         paths = {
-            "tmp_path": FileSystems.join(self._tmp_dir, f"{stem}.tfrecord"),
+            "tmp_path": FileSystems.join(self._tmp_dir, f"{stem}.{self._format.name}"),
             "index_path": FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.jsonl"),
             "rejects_path": resume.rejects_path(self._tmp_dir, stem),
         }
-        if self._compression == "none":  # offsets of a gzip shard are no file positions: no .idx
+        # offsets of a gzip shard are no file positions, and a format without byte offsets has none: no .idx
+        if self._compression == "none" and self._format.frame_overhead is not None:
             paths["idx_path"] = FileSystems.join(self._tmp_dir, index.INDEX_PARTS, f"{stem}.idx")
         return paths
 
@@ -254,7 +241,7 @@ class WriteShardFn(beam.DoFn):
 
 
 class ShardWrite:
-    """One attempt at writing one shard: its refs, in order, to a temp TFRecord file, index part, .idx, rejects.
+    """One attempt at writing one shard: its refs, in order, to a temp shard file, index part, .idx, rejects.
 
     ``write()`` feeds the refs through read → decode on the writer's pools
     (``read_then_convert``) and writes each result as it comes: a record with
@@ -279,7 +266,6 @@ class ShardWrite:
         self._label_ids = {label: i for i, label in enumerate(labels)}
         self._extra_types = extra_types
         self._reuse = reuse  # records of unchanged files are copied from the previous run
-        self.offset = 0  # in the uncompressed stream
         self.records = 0
         self.reused = 0
         self.kept = 0  # previous rejects kept without reading their files
@@ -331,9 +317,8 @@ class ShardWrite:
 
     def open_files(self) -> None:
         """This attempt's shard, index part and .idx (uncompressed shards only), closed when ``write`` ends."""
-        self._out = self._files.enter_context(
-            FileSystems.create(self.paths["tmp_path"], compression_type=compression_type(self._fn._compression))
-        )
+        fn = self._fn
+        self._out = self._files.enter_context(fn._format.create(self.paths["tmp_path"], fn._compression))
         self._index_out = self._create(self.paths["index_path"])
         self._idx_out = self._create(self.paths["idx_path"]) if "idx_path" in self.paths else None
 
@@ -386,18 +371,13 @@ class ShardWrite:
             converted, phash = prepared.converted_from, prepared.phash
             size = (prepared.info.width, prepared.info.height)
         failpoints.hit("writer.record")
-        head, tail = frame_record(record)
-        out = self._out
-        out.write(head)  # three writes, no joined copy of the record (the file object buffers the small ones)
-        out.write(record)
-        out.write(tail)
+        offset = self._out.write(record)
         label_id, _ = class_values(ref.label, self._label_ids)
-        line = index.part_line(ref, self.records, self.offset, len(record), sha, label_id, converted, phash, size)
+        line = index.part_line(ref, self.records, offset, len(record), sha, label_id, converted, phash, size)
         self.sizes[size_bucket(size)] += 1
         self._index_out.write(line.encode("utf-8"))
         if self._idx_out is not None:
-            self._idx_out.write(index.idx_line(self.offset, len(record)))
-        self.offset += len(record) + index.FRAME_OVERHEAD
+            self._idx_out.write(index.idx_line(offset, len(record)))
         self.records += 1
         self.label_counts.update(label_names(ref.label))  # a multi-label image counts under each of its labels
         for counter, n in record_counts(ref.annotations):
@@ -484,12 +464,3 @@ class DecodeFn(CountingDoFn):
             for counter, n in record_counts(ref.annotations):
                 self._counts.add(counter, n)
             yield ref.split, ref.label, result[0]
-
-
-def count_records(path: str) -> int:
-    """Records in a TFRecord file (any compression Beam detects from the name)."""
-    count = 0
-    with FileSystems.open(path) as fh:
-        while _TFRecordUtil.read_record(fh) is not None:
-            count += 1
-    return count

@@ -136,6 +136,7 @@ def instrument(stages: Stages) -> None:
     from apache_beam.io.tfrecordio import _TFRecordUtil
 
     from beam_pipeline import examples, index
+    from beam_pipeline.formats import tfrecord
     from beam_pipeline.writer import records, shard
 
     shard.read_bytes = stages.wrap(READ, shard.read_bytes)
@@ -143,7 +144,7 @@ def instrument(stages: Stages) -> None:
     records.build_record = stages.wrap(EXAMPLE, records.build_record)  # the features dict (exclusive)
     examples.build_example = stages.wrap(EXAMPLE, examples.build_example)
     for name in ("encode_record", "frame_record"):  # helpers of the faster writer, where present
-        for module in (examples, shard, records):
+        for module in (examples, shard, records, tfrecord):
             if hasattr(module, name):
                 stage = EXAMPLE if name == "encode_record" else FRAMING
                 setattr(module, name, stages.wrap(stage, getattr(module, name)))
