@@ -14,8 +14,8 @@ COPY requirements/constraints.txt requirements/constraints.txt
 COPY setup.py README.md ./
 COPY beam_pipeline beam_pipeline
 # The converter and the TFT analysis (the "transform" extra = [convert] + tensorflow-transform; the
-# base install alone is the reader side), at the tested versions.
-RUN pip install --no-cache-dir -c requirements/constraints.txt ".[transform]"
+# base install alone is the reader side), and ArrayRecord for --format array_record, at the tested versions.
+RUN pip install --no-cache-dir -c requirements/constraints.txt ".[transform,array_record]"
 
 ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/template/beam_pipeline/flex_main.py
 ENV FLEX_TEMPLATE_PYTHON_SETUP_FILE=/template/setup.py

@@ -4,6 +4,7 @@
     pip install '.[tfds]'            # + tensorflow-datasets, at versions that fit the installed TF and protobuf
     pip install '.[convert]'         # the converter: convert, plan, inspect (Apache Beam[gcp], Pillow, ...)
     pip install '.[transform]'       # the converter + the tensorflow-transform analysis (pins TensorFlow 2.21)
+    pip install '.[array_record]'    # + --format array_record, and the reader's Grain source (CPython 3.11+)
     pip install 'beam_pipeline[tfds] @ git+<repo-url>'   # the same from a repository, e.g. in a training env
 
 The base install asks for TensorFlow only as a range, so pip keeps a training
@@ -51,6 +52,14 @@ CONVERTER = [
     "matplotlib>=3.11.2,<4",  # inspect --report: the charts as inline SVG
 ]
 TRANSFORM = ["tensorflow>=2.21,<2.22", "tensorflow-transform>=1.21,<1.22"]
+# --format array_record: the ArrayRecord library writes and reads the shards, and with Pillow and numpy is all the
+# reader's random-access source needs (no TensorFlow). 0.8.6 is the release the tests pin; on CPython 3.10 the
+# newest wheel is 0.8.1, untested here, so the extra installs nothing there and --format array_record says so.
+ARRAY_RECORD = [
+    "array-record>=0.8.6; python_version >= '3.11'",
+    "pillow>=12.3",
+    "numpy>=2.4.6; python_version >= '3.11'",
+]
 # tfrecord: a reader of the output's .idx files (DALI's format), checked by the tests;
 # mkdocs: scripts/test.sh builds the docs site with --strict, so a broken link fails the tests
 TEST_TOOLS = [
@@ -63,6 +72,8 @@ TEST_TOOLS = [
     "mkdocs>=1.6,<2",
     # the pHash is computed here as imagehash's is (images/phash.py): a test and the recall benchmark compare
     "imagehash>=4.3.2,<5",
+    # Grain reads the ArrayRecord output in the tests, as a JAX training loop does (docs/grain.md)
+    "grain>=0.2.18; python_version >= '3.11'",
 ]
 
 setup(
@@ -80,9 +91,10 @@ setup(
         "convert": CONVERTER,
         "transform": CONVERTER + TRANSFORM,
         # everything in one environment (TF 2.21): TFT brings tensorflow-metadata 1.21 and protobuf 6
-        "all": CONVERTER + TRANSFORM + TFDS,
+        "all": CONVERTER + TRANSFORM + TFDS + ARRAY_RECORD,
+        "array_record": ARRAY_RECORD,
         "reader": [],  # an older name: the base install is the reader
-        "test": CONVERTER + TRANSFORM + TFDS + TEST_TOOLS,
+        "test": CONVERTER + TRANSFORM + TFDS + ARRAY_RECORD + TEST_TOOLS,
     },
     entry_points={"console_scripts": ["beam-pipeline=beam_pipeline.cli:console_main"]},
     license="Apache-2.0",

@@ -36,6 +36,8 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", 
 OS_FILES = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", ".ds_store"})
 
 COMPRESSIONS = ("none", "gzip")
+# --format: formats.registry.FORMATS's names (a test keeps the two lists equal; this module imports no Beam)
+OUTPUT_FORMATS = ("tfrecord", "array_record")
 SINKS = ("planned", "write_to_tfrecord")
 LABEL_SOURCES = ("folder", "none", "manifest", "regex")
 UNSUPPORTED_POLICIES = ("convert", "reject")  # --on-unsupported
@@ -98,6 +100,7 @@ class ConvertConfig:
     seed: int = 0
     target_shard_mb: float = 150.0
     compression: str = "none"
+    format: str = "tfrecord"  # the shards' output format (formats/): tfrecord or array_record
     sink: str = "planned"
     overwrite: bool = False
     dedupe: bool = False  # one record per distinct content (sha256), across splits
@@ -399,6 +402,27 @@ def parse_split_ratios(text: str, allow_any_name: bool = False) -> tuple[tuple[s
     return tuple(pairs)
 
 
+def _validate_format(cfg: ConvertConfig) -> None:
+    """--format: a known one, a compression it takes, a sink that writes it, its library installed."""
+    if cfg.format not in OUTPUT_FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(OUTPUT_FORMATS)}")
+    if cfg.format == "tfrecord":
+        return
+    from .formats import registry
+
+    fmt = registry.get(cfg.format)
+    if cfg.compression not in fmt.compressions:
+        raise UsageError(
+            f"--compression {cfg.compression}: --format {cfg.format} shards are not compressed as files "
+            f"(use --compression {' or '.join(fmt.compressions)})"
+        )
+    if cfg.sink != "planned":
+        raise UsageError(f"--sink {cfg.sink} writes TFRecord only: --format {cfg.format} needs the planned sink")
+    problem = fmt.missing()
+    if problem:
+        raise UsageError(problem)
+
+
 def _check_label_separator(cfg: ConvertConfig) -> None:
     """--label-separator: a non-empty separator, for labels a manifest's label column gives."""
     sep = cfg.label_separator or ""
@@ -433,6 +457,7 @@ def validate(cfg: ConvertConfig) -> None:
         raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)}")
     if cfg.sink not in SINKS:
         raise UsageError(f"--sink must be one of {', '.join(SINKS)}")
+    _validate_format(cfg)
     if cfg.labels_from is not None and cfg.labels_from not in LABEL_SOURCES:
         raise UsageError(f"--labels-from must be one of {', '.join(LABEL_SOURCES)}")
     if cfg.label_regex is not None:

@@ -30,6 +30,7 @@ POINTS: dict[str, str] = {
     "launcher.previous": "the launcher reading the previous output's dataset.json (--incremental-from)",
     "writer.record": "each record a shard writer writes",
     "writer.result": "a shard writer about to emit its shard's result",
+    "writer.upload": "a finished ArrayRecord shard about to be copied from the local disk to its store (gs://)",
     "rejects.write": "each rejects part file written",
     "near_duplicates.write": "each near_duplicates.jsonl part file written",
     "finalize.rename": "each temp shard renamed to its final name in staging",

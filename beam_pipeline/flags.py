@@ -28,6 +28,7 @@ from .config import (
     MAX_IMAGE_SIZE,
     MAX_NEAR_DUPLICATE_DISTANCE,
     NEAR_DUPLICATE_MODES,
+    OUTPUT_FORMATS,
     POST_STEPS,
     SINKS,
     SUPPORTED_LOCATIONS,
@@ -312,6 +313,13 @@ CONVERT = Command(
                     "--compression",
                     "shard compression; gzip shards are not loaded by TFDS nor reused by --incremental-from",
                     choices=COMPRESSIONS,
+                    show_default=True,
+                ),
+                Flag(
+                    "--format",
+                    "shard format: tfrecord (tf.data), or array_record (random access for Grain and TFDS data "
+                    "sources; the same Example records, needs the array_record extra)",
+                    choices=OUTPUT_FORMATS,
                     show_default=True,
                 ),
                 Flag(

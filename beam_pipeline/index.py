@@ -49,7 +49,7 @@ from .formats import registry
 from .images.phash import HEX, entry_hash
 from .metadata import REJECTS_JSONL
 from .sources.rules import class_values
-from .storage import open_lines
+from .storage import is_remote, open_lines
 from .vocab.dataset_info import DatasetInfo
 from .vocab.reasons import MISSING, NEAR_DUPLICATE_LEAK, UNREADABLE
 from .vocab.refs import (
@@ -210,13 +210,20 @@ def reuse_problem(previous: str, info: DatasetInfo, config: Mapping[str, Any]) -
     """Why no record of the previous output ``previous`` (its dataset.json ``info``) can be this run's, or None.
 
     It needs an ``index.jsonl`` (the planned sink writes one), uncompressed
-    shards (a record is read at its offset), and the image policy and
-    beam_pipeline code/Pillow versions of this run. Its label ids are kept either way.
+    shards (a record is read at its offset), ArrayRecord shards on a local
+    disk (the library reads local files), and the image policy and
+    beam_pipeline code/Pillow versions of this run. Its label ids are kept
+    either way. The previous output's format may be the other one: records
+    are the same Example bytes in either.
     """
     if not FileSystems.exists(FileSystems.join(previous, INDEX_JSONL)):
         return f"it has no {INDEX_JSONL} (written by --sink write_to_tfrecord or an older version)"
     if info.compression != "none":
         return f"its shards are {info.compression}-compressed"
+    if info.format not in registry.FORMATS:
+        return f"its shards are in format {info.format!r}, which this version does not read"
+    if info.format != "tfrecord" and is_remote(previous):  # a record is read from a local copy of its shard
+        return f"its shards are {info.format} on a store: reading one record there fetches its whole shard"
     old = info.config
     policy = [k for k in RECORD_POLICY_KEYS if old.get(k) != config.get(k)]
     if policy:
@@ -412,12 +419,12 @@ DROPPED_NAMED = 10  # dropped records dataset.json names (the first, by path): t
 
 def index_entry(entry: Any) -> bool:
     """A previous index.jsonl line this run can use: what ``unchanged`` and ``previous_of`` read, well typed."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("shard"), str)):
+        return False
+    where = registry.of_shard(entry["shard"]).position_key  # TFRecord: offset; ArrayRecord: record
     return (
-        isinstance(entry, dict)
-        and isinstance(entry.get("path"), str)
-        and isinstance(entry.get("shard"), str)
-        and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("offset", "length"))
-        and 0 <= entry["offset"] < 2**63
+        all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in (where, "length"))
+        and 0 <= entry[where] < 2**63
         and 0 <= entry["length"] < 2**63
         and isinstance(entry.get("sha256"), str)
     )

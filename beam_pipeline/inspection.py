@@ -50,9 +50,15 @@ def read_info(output: str) -> DatasetInfo:
     if not FileSystems.exists(path):
         raise UsageError(f"{output}: no dataset.json (not a beam_pipeline output, or an unfinished run)")
     try:
-        return DatasetInfo.from_json(read_json_object(path))
+        info = DatasetInfo.from_json(read_json_object(path))
     except ValueError as e:
         raise UsageError(f"{output}: dataset.json is damaged ({last_line(e)})") from None
+    if info.format not in registry.FORMATS:
+        raise UsageError(
+            f"{output}: its shards are in format {info.format!r}, which this version does not read "
+            f"(it reads {', '.join(registry.FORMATS)}): a newer beam_pipeline wrote it"
+        )
+    return info
 
 
 def _mb(n: float) -> str:
@@ -72,7 +78,10 @@ def summary(output: str, info: DatasetInfo, split: str | None = None) -> str:
     elif not complete and info.status == "nothing_converted":
         status += " (no image converted)"
     lines = [f"{info.name}  ({output})", f"status: {status}"]
-    lines.append(f"{info.examples:,} examples, {_mb(info.bytes)}, compression {info.compression}, seed {info.seed}")
+    lines.append(
+        f"{info.examples:,} examples, {_mb(info.bytes)}, {info.format}, compression {info.compression}, "
+        f"seed {info.seed}"
+    )
     lines.append("")
     lines.append(f"{'split':<12}{'examples':>10}{'shards':>8}{'total':>14}{'smallest':>13}{'largest':>13}")
     for name, s in info.splits.items():
@@ -302,7 +311,7 @@ def _no_stray_shards(output: str, info: DatasetInfo) -> None:
 
 def verified_what(info: DatasetInfo) -> str:
     """What verify checked of this dataset (index.jsonl and idx/ only where the dataset has them)."""
-    parts = ["CRCs", "Example parse", "image sha256", "decoded shapes", "counts"]
+    parts = [registry.get(info.format).checksums, "Example parse", "image sha256", "decoded shapes", "counts"]
     if info.categories is not None:
         parts += [f"{metadata.LABELS_TXT} and {objects.LABEL_MAP_PBTXT}", "object boxes, ids and masks"]
     parts += [index.INDEX_JSONL] if _has_index(info) else []

@@ -295,6 +295,7 @@ class WritePlannedShards(beam.PTransform):
                 object_names=layout.object_names,
                 multi_label=cfg.label_separator is not None,
                 refs_in_pieces=how != pieces.GROUP,
+                output_format=cfg.format,
             ),
             beam.pvalue.AsSingleton(self._labels),
             beam.pvalue.AsSingleton(self._extra_types),

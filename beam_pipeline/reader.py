@@ -36,6 +36,15 @@ from record to record, so ``batch_size`` batches with
 (and box padding) of your own over the unbatched dataset, then
 ``padded_batch``.
 
+An ArrayRecord output (``--format array_record``) is read by position, as
+JAX input pipelines read: ``source(output, split)`` is a random-access source
+(``len``, record *i*) that Grain takes as it is
+(``grain.MapDataset.source(reader.source(out, "train"))``), and
+``decode(record)`` turns a record into numpy arrays without TensorFlow (image,
+label; ``objects=True``/``masks=True`` the detection values above, with the
+same names and dtypes). ``load`` and ``records`` read TFRecord outputs and say
+so in one line on an ArrayRecord one. docs/grain.md has a whole training loop.
+
 Raw mode needs only TensorFlow, which is all the base install
 (``pip install beam_pipeline``) adds beside it: no Apache Beam, no
 tensorflow-transform import. Transformed mode needs the ``[transform]`` extra;
@@ -119,6 +128,11 @@ def records(
     if split not in info.splits:
         raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info.splits)})")
     split_info = info.splits[split]
+    if info.format != "tfrecord":
+        raise ValueError(
+            f"{output_dir} holds {info.format} shards, which tf.data does not read: use "
+            f"beam_pipeline.reader.source({output_dir!r}, {split!r}) (Grain; docs/grain.md)"
+        )
     files = [f"{output_dir.rstrip('/')}/{s.file}" for s in split_info.shards]
     compression = "GZIP" if info.compression == "gzip" else ""
     if not shuffle:
@@ -248,3 +262,105 @@ def load(
 
     ds = ds.batch(batch_size or 1).map(transform)
     return ds if batch_size else ds.unbatch()
+
+
+# ---- ArrayRecord outputs: a random-access source and a numpy decode (no TensorFlow) ----------------------------
+
+
+def _read_text(path: str) -> str:
+    if "://" in path:  # gs://: etils comes with array-record and Grain
+        from etils import epath
+
+        return epath.Path(path).read_text()
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def _split_files(output_dir: str, split: str, info: DatasetInfo) -> list[str]:
+    if split in (info.empty_splits or ()):
+        raise ValueError(f"split {split!r} of {output_dir} has no records: every listed file of it was rejected")
+    if split not in info.splits:
+        raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info.splits)})")
+    return [f"{output_dir.rstrip('/')}/{s.file}" for s in info.splits[split].shards]
+
+
+def source(output_dir: str, split: str) -> Any:
+    """The split of an ArrayRecord output as a random-access source of serialized records, in stored order:
+    ``len(src)``, ``src[i]`` (bytes), ``src.__getitems__([i, j])``; Grain takes it as it is.
+
+    It is array-record's own ``ArrayRecordDataSource`` (the one Grain's ``grain.sources.ArrayRecordDataSource``
+    is) over the split's shards, in order; it pickles for Grain's worker processes. Needs the
+    ``[array_record]`` extra, not TensorFlow.
+    """
+    info = DatasetInfo.from_json(json.loads(_read_text(f"{output_dir.rstrip('/')}/dataset.json")))
+    if info.format != "array_record":
+        raise ValueError(
+            f"{output_dir} holds {info.format} shards: source() reads ArrayRecord outputs "
+            "(convert with --format array_record); for TFRecord use reader.load"
+        )
+    files = _split_files(output_dir, split, info)
+    try:
+        from array_record.python.array_record_data_source import ArrayRecordDataSource
+    except ImportError as e:
+        raise MissingExtraError(
+            "reader.source needs the array-record package", "array_record", name="array_record"
+        ) from e
+    return ArrayRecordDataSource(files)
+
+
+def decode(record: bytes, *, objects: bool = False, masks: bool = False) -> dict[str, Any]:
+    """One serialized record as numpy arrays, without TensorFlow.
+
+    ``image``: uint8 H x W x 3 (the first frame, as ``tf.io.decode_image(channels=3)`` gives it); ``label``:
+    the int64 class id (-1 when the record has none); ``filename``: the record's ``image/filename``.
+    ``objects=True`` (a detection output) adds what ``load(objects=True)`` gives: ``boxes`` [N, 4] float32
+    (ymin, xmin, ymax, xmax, normalized), ``classes`` int64, ``is_crowd`` and ``difficult`` bool, ``area``
+    float32, ``source_id``, ``height``, ``width``; ``masks=True`` adds ``masks`` [N, H, W] uint8 (0/1).
+    """
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from .examples import ENCODED, FILENAME, LABEL, parse_example
+
+    ex = parse_example(record)
+
+    def first(key: str, default: Any) -> Any:
+        values = ex.get(key) or ()
+        return values[0] if values else default
+
+    with Image.open(io.BytesIO(first(ENCODED, b""))) as img:
+        image = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    height, width = image.shape[:2]
+    out: dict[str, Any] = {
+        "image": image,
+        "label": np.int64(first(LABEL, -1)),
+        "filename": first(FILENAME, b""),
+    }
+    if not (objects or masks):
+        return out
+
+    def floats(key: str) -> Any:
+        return np.asarray(ex.get(key) or (), dtype=np.float32)
+
+    def ints(key: str) -> Any:
+        return np.asarray(ex.get(key) or (), dtype=np.int64)
+
+    out.update(
+        source_id=first(obj_keys.SOURCE_ID, b""),
+        height=np.int32(height),
+        width=np.int32(width),
+        boxes=np.stack([floats(key) for key in BOX_KEYS], axis=-1).reshape(-1, 4),
+        classes=ints(obj_keys.CLASS_LABEL),
+        is_crowd=ints(obj_keys.IS_CROWD).astype(bool),
+        area=floats(obj_keys.AREA),
+        difficult=ints(obj_keys.DIFFICULT).astype(bool),
+    )
+    if masks:
+        planes = []
+        for png in ex.get(obj_keys.MASK) or ():
+            with Image.open(io.BytesIO(png)) as m:
+                planes.append(np.asarray(m.convert("L"), dtype=np.uint8))
+        out["masks"] = np.stack(planes) if planes else np.zeros((0, height, width), np.uint8)
+    return out

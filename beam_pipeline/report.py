@@ -148,7 +148,8 @@ def _overview(output: str, info: DatasetInfo) -> str:
     made = ", ".join(f"{k} {v}" for k, v in info.versions.items())
     return (
         f'<p id="overview" data-examples="{info.examples}" data-bytes="{info.bytes}" data-status="{_e(info.status)}">'
-        f"{info.examples:,} examples, {info.bytes / 1e6:,.1f} MB in {_e(output)}; status {_e(info.status)}"
+        f"{info.examples:,} examples, {info.bytes / 1e6:,.1f} MB of {_e(info.format)} shards in {_e(output)}; "
+        f"status {_e(info.status)}"
         f'</p><p class="note">made with {_e(made)}</p>'
     )
 

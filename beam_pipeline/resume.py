@@ -95,19 +95,22 @@ def shard_digest(
     image_options: Any,
     compression: str,
     reuse_from: str | None = None,
+    output_format: str = "tfrecord",
 ) -> str:
     """A digest of what decides a shard's bytes and rejects; ``refs`` in the order they are written.
 
     ``reuse_from``: the previous output whose records this writer copies
     (``--incremental-from``, when its records fit), else None; each ref's
-    ``previous`` (where that record is, or the reject kept) counts too.
+    ``previous`` (where that record is, or the reject kept) counts too. ``output_format``: the shard's
+    format (formats/); a TFRecord shard's digest leaves it out, so it is the digest earlier versions wrote.
     """
     versions = metadata.package_versions()
     policy = {k: v for k, v in dataclasses.asdict(image_options).items() if k not in _NOT_POLICY}
     h = hashlib.sha256()
     h.update(
         _text(
-            {
+            ({"output_format": output_format} if output_format != "tfrecord" else {})
+            | {
                 "format": MARKER_FORMAT,
                 "split": split,
                 "shard": shard,

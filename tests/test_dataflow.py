@@ -161,7 +161,7 @@ def test_the_dataflow_config_leaves_the_worker_requirements_to_the_launcher():
     tests/test_install.py). The prebuilt worker image has the extra too."""
     config = (REPO / "configs" / "dataflow.yaml").read_text()
     assert "requirements_file" not in config and "setup_file: ./setup.py" in config
-    assert '".[transform]"' in (REPO / "Dockerfile").read_text()
+    assert '".[transform,array_record]"' in (REPO / "Dockerfile").read_text()
 
 
 # ---- DataflowRunner before anything is staged: local paths, unreachable buckets, the sdist ------------------

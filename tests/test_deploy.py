@@ -44,7 +44,8 @@ EXAMPLES = {
     "split_ratios": "train=0.8,validation=0.1,test=0.1",
     "seed": "7",
     "target_shard_mb": "150",
-    "compression": "gzip",
+    "compression": "none",
+    "format": "array_record",
     "max_reject_fraction": "0.05",
     "reject_allowance": "10",
     "overwrite": "true",
@@ -81,7 +82,7 @@ def test_template_parameters_reach_convert():
     assert cfg.detach is True  # the template launcher submits and leaves; the job publishes itself
     assert "--runner=DataflowRunner" in beam_flags
     assert cfg.output == "gs://b/datasets/photos/2026-11-22"
-    assert cfg.overwrite is True and cfg.dedupe is False and cfg.compression == "gzip"
+    assert cfg.overwrite is True and cfg.dedupe is False and cfg.format == "array_record"
     assert cfg.split_ratios == (("train", 0.8), ("validation", 0.1), ("test", 0.1))
     assert "--project=p" in beam_flags and "--job_name=photos-2026-11-22" in beam_flags
     assert cfg.incremental_from == "latest" and cfg.output_template == "gs://b/datasets/photos/{date}"
@@ -141,7 +142,7 @@ def test_dockerfile_matches_the_pinned_versions():
     beam = re.search(r"^apache-beam==(\S+)$", constraints, re.M).group(1)
     assert re.search(rf"ARG BEAM_VERSION={re.escape(beam)}$", docker, re.M)
     assert "FROM apache/beam_python${PYTHON_VERSION}_sdk:${BEAM_VERSION}" in docker
-    assert re.search(r'pip install .*-c requirements/constraints.txt "\.\[transform\]"', docker)
+    assert re.search(r'pip install .*-c requirements/constraints.txt "\.\[transform,array_record\]"', docker)
     assert "COPY setup.py" in docker and "FLEX_TEMPLATE_PYTHON_PY_FILE=/template/beam_pipeline/flex_main.py" in docker
 
 

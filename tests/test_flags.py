@@ -53,6 +53,7 @@ EXAMPLES: dict[str, tuple[Any, dict[str, Any]]] = {
     "seed": (7, {}),
     "target_shard_mb": (20.5, {}),
     "compression": ("gzip", {}),
+    "format": ("array_record", {}),
     "sink": ("write_to_tfrecord", {}),
     "overwrite": (True, {}),
     "resume": (False, {}),

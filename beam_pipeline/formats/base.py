@@ -55,6 +55,8 @@ class OutputFormat(abc.ABC):
     frame_overhead: int | None = None
     #: The pip extra that installs the format's library ("" when the required packages do).
     extra: str = ""
+    #: What ``records`` checks of each record (said by ``inspect --verify``).
+    checksums: str = "CRCs"
 
     def shard_name(self, name: str, split: str, index: int, count: int, compression: str) -> str:
         suffix = ".gz" if compression == "gzip" else ""
@@ -76,9 +78,12 @@ class OutputFormat(abc.ABC):
     def read_at(self, path: str, wanted: set[int]) -> Iterator[tuple[int, bytes]]:
         """(position, record) of the given positions of one shard, in file order, one at a time."""
 
+    #: The ``index.jsonl`` key that says where ``read_one`` finds a record: its position by default.
+    position_key: str = "record"
+
     def locate(self, entry: Mapping[str, Any]) -> int:
-        """Where ``read_one`` finds the record of an ``index.jsonl`` entry: by default its position."""
-        return int(entry["record"])
+        """Where ``read_one`` finds the record of an ``index.jsonl`` entry (its ``position_key``)."""
+        return int(entry[self.position_key])
 
     @abc.abstractmethod
     def read_one(self, path: str, where: int) -> bytes:

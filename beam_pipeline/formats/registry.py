@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from .array_record import FORMAT as ARRAY_RECORD
 from .base import OutputFormat, RecordWriter
 from .tfrecord import FORMAT as TFRECORD
 
-FORMATS: dict[str, OutputFormat] = {f.name: f for f in (TFRECORD,)}
+FORMATS: dict[str, OutputFormat] = {f.name: f for f in (TFRECORD, ARRAY_RECORD)}
 DEFAULT = TFRECORD.name
 
 __all__ = ["DEFAULT", "FORMATS", "OutputFormat", "RecordWriter", "get", "of_shard", "shard_parts"]

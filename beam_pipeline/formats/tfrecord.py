@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -65,6 +65,7 @@ class TFRecord(OutputFormat):
     compressions = ("none", "gzip")
     record_overhead = FRAME_OVERHEAD
     frame_overhead = FRAME_OVERHEAD
+    position_key = "offset"  # a record's frame offset: read with one seek, no scan
 
     def create(self, path: str, compression: str) -> TFRecordWriter:
         return TFRecordWriter(path, compression)
@@ -92,10 +93,6 @@ class TFRecord(OutputFormat):
                     yield index, record
                 else:
                     fh.seek(length + 4, os.SEEK_CUR)
-
-    def locate(self, entry: Mapping[str, Any]) -> int:
-        """A record's frame offset (``offset``): read with one seek, no scan."""
-        return int(entry["offset"])
 
     def read_one(self, path: str, where: int) -> bytes:
         """Read at byte ``where`` of an uncompressed shard; Beam's reader checks both masked CRC32Cs (C speed)."""

@@ -184,7 +184,7 @@ def run_plan(cfg: ConvertConfig, beam_args: Sequence[str]) -> PlanSummary:
         plan: PlanSummary = read_json(plan_path)
     for split, s in plan["splits"].items():
         n = s["num_shards"]
-        s["files"] = [metadata.shard_name(cfg.name, split, i, n, cfg.compression) for i in range(n)]
+        s["files"] = [metadata.shard_name(cfg.name, split, i, n, cfg.compression, cfg.format) for i in range(n)]
     plan.update(output=cfg.output, name=cfg.name, target_shard_mb=cfg.target_shard_mb)
     return plan
 

@@ -49,7 +49,7 @@ REJECT_BUCKETS = 256
 
 
 def final_layout(
-    chosen: Mapping[tuple[str, int], ShardResult], name: str, compression: str
+    chosen: Mapping[tuple[str, int], ShardResult], name: str, compression: str, fmt: str = "tfrecord"
 ) -> dict[str, list[tuple[str, ShardResult]]]:
     """{split: [(final file name, result)]}, empty shards dropped, numbered from 0."""
     by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
@@ -58,7 +58,8 @@ def final_layout(
             by_split[split].append(result)
     return {
         split: [
-            (metadata.shard_name(name, split, i, len(results), compression), result) for i, result in enumerate(results)
+            (metadata.shard_name(name, split, i, len(results), compression, fmt), result)
+            for i, result in enumerate(results)
         ]
         for split, results in sorted(by_split.items())
     }
@@ -143,6 +144,7 @@ class FinalizeSettings:
     output: str
     name: str
     compression: str
+    format: str
     seed: int
     sink: str
     multi_label: bool  # --label-separator given
@@ -199,7 +201,7 @@ class FinalizeFn(beam.DoFn):
             yield done
             return
         chosen = choose_results(results)
-        layout = final_layout(chosen, self._settings.name, self._settings.compression)
+        layout = final_layout(chosen, self._settings.name, self._settings.compression, self._settings.format)
         labelled = self._layout.label_source != "none" if labelled is None else labelled
         categories = self._categories(labels)
         info = self._describe(

@@ -99,9 +99,10 @@ def _settle_gcs_credentials(cfg: ConvertConfig, options: PipelineOptions) -> Non
         use_anonymous_gcs_for_emulator()
 
 
-def worker_requirements(extra: str) -> list[str]:
-    """What a ``--setup_file`` worker installs beside Beam: setup.py's base requirement and ``extra``'s, each at the
-    version installed here (``pillow==12.3.0``), from this installed package's metadata, less Beam.
+def worker_requirements(extra: str, *more: str) -> list[str]:
+    """What a ``--setup_file`` worker installs beside Beam: setup.py's base requirement and ``extra``'s (and
+    ``more`` extras': ``array_record`` for ``--format array_record``), each at the version installed here
+    (``pillow==12.3.0``), from this installed package's metadata, less Beam.
 
     Without the pins a worker resolves setup.py's ranges when it starts and may get newer releases than the
     launcher that built and checked the job (a newer Beam release changed how every run with a reject coded its
@@ -119,12 +120,14 @@ def worker_requirements(extra: str) -> list[str]:
             "--setup_file: workers need the converter's requirements, read from the installed package; "
             "install it (pip install '.[convert]') or pass --requirements_file"
         ) from None
-    wanted = []
+    wanted, seen = [], set()
     for line in lines:
         requirement = Requirement(line)
-        if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+        marker = requirement.marker
+        if marker is not None and not any(marker.evaluate({"extra": e}) for e in (extra, *more)):
             continue  # another extra
-        if requirement.name != "apache-beam":
+        if requirement.name != "apache-beam" and requirement.name not in seen:
+            seen.add(requirement.name)
             requirement.marker = None
             wanted.append(_as_installed(requirement, importlib_metadata))
     return wanted
@@ -170,8 +173,16 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     extra = "transform" if cfg.transform and cfg.post_steps == "job" else "convert"
     path = os.path.join(folder, "requirements.txt")
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write("".join(f"{r}\n" for r in worker_requirements(extra)))
+        more = (registry_extra(cfg.format),) if registry_extra(cfg.format) else ()
+        fh.write("".join(f"{r}\n" for r in worker_requirements(extra, *more)))
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
+
+
+def registry_extra(fmt: str) -> str:
+    """The pip extra the output format's library comes in ("" for TFRecord: the converter has it)."""
+    from ..formats import registry
+
+    return registry.get(fmt).extra
 
 
 # Said once by a run whose workers install the package at start (no worker image).

@@ -169,6 +169,7 @@ class WriteShardFn(beam.DoFn):
             self._image_options,
             self._compression,
             self._previous.output if reuse and self._previous is not None else None,
+            output_format=self._format.name,
         )
         paths = self._attempt_paths(split, shard)
         finished = resume.find_finished(self._resume_from, split, shard, digest, own=self._tmp_dir)

@@ -1,0 +1,261 @@
+"""ArrayRecord: Riegeli chunks with an index in the footer, read at any position (JAX/Grain, TFDS data sources).
+
+Written for random access as TFDS and Grain write it: one record per chunk group (``group_size:1``), so
+reading record *i* decodes that record only. The chunks are stored uncompressed: the records are mostly
+JPEG/PNG bytes, which zstd (ArrayRecord's default) cannot shrink, and reading them back would pay for it.
+``--compression`` must be ``none`` for this format.
+
+The library writes and reads local files only (its own GCS path does not go through Beam's FileSystems,
+nor honour a storage emulator): a shard bound for ``gs://`` is written to a local temporary file, then copied
+to its place when it is complete (through Beam's ``FileSystems``), so the local disk a writer needs is the shards it
+has open, one per writer thread. A shard on a store is read from a local copy of it.
+
+Records have no byte offsets: ``index.jsonl``'s ``offset`` is null, ``record`` is the position, and there
+are no ``idx/`` files (DALI's index is TFRecord's).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .. import failpoints
+from .base import OutputFormat, RecordWriter
+
+# One record per chunk group (random access), stored as it is.
+WRITER_OPTIONS = "group_size:1,uncompressed"
+# A reader of one record, or a few: no read-ahead, no thread pool.
+RANDOM_ACCESS = "readahead_buffer_size:0,max_parallelism:0"
+# Records read per call while streaming a whole file.
+BATCH = 256
+# Local shards kept open per process for one-record reads (a night's reused records: each open reads the
+# shard's footer index, ~24 bytes per record).
+OPEN_READERS = 8
+
+
+def _module() -> Any:
+    from array_record.python import array_record_module
+
+    return array_record_module
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _local_temp(suffix: str) -> str:
+    fd, local = tempfile.mkstemp(prefix="beam_pipeline-", suffix=suffix)
+    os.close(fd)
+    return local
+
+
+class ArrayRecordFileWriter(RecordWriter):
+    """Records into a local ArrayRecord file; for a store's path, the file is copied there once complete."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._local = _local_temp(".array_record") if _is_remote(path) else path
+        try:
+            self._writer = _module().ArrayRecordWriter(self._local, WRITER_OPTIONS)
+        except Exception:
+            self._drop_local()
+            raise
+        self._closed = False
+
+    def write(self, record: bytes) -> None:
+        try:
+            self._writer.write(record)
+        except RuntimeError as e:  # the library's I/O errors (a full disk): said as what they are
+            raise OSError(f"writing ArrayRecord shard {self._path}: {e}") from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()  # raises on a failed write of the last chunks or the footer
+        except RuntimeError as e:
+            self._drop_local()
+            raise OSError(f"writing ArrayRecord shard {self._path}: {e}") from None
+        except BaseException:
+            self._drop_local()
+            raise
+        if self._local != self._path:
+            try:
+                failpoints.hit("writer.upload")
+                _copy(self._local, self._path)  # a GCS object appears only when its upload completes
+            finally:
+                self._drop_local()
+
+    def abort(self) -> None:
+        """The shard failed half-way: the file is closed and, when it was bound for a store, never copied."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self._drop_local()
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _drop_local(self) -> None:
+        if self._local != self._path:
+            with contextlib.suppress(OSError):
+                os.remove(self._local)
+
+
+def _copy(src: str, dst: str) -> None:
+    """Streams ``src`` to ``dst`` through Beam's FileSystems (a store's path on either side), 8 MB at a time."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with (
+        FileSystems.open(src, compression_type="uncompressed") as fh,
+        FileSystems.create(dst, compression_type="uncompressed") as out,
+    ):
+        while chunk := fh.read(8 << 20):
+            out.write(chunk)
+
+
+@contextlib.contextmanager
+def _reader(path: str, options: str = "") -> Iterator[Any]:
+    """An open ArrayRecordReader of ``path`` (a store's file through a local copy); ValueError if unreadable."""
+    local = path
+    if _is_remote(path):
+        local = _local_temp(".array_record")
+    try:
+        if local != path:
+            _copy(path, local)
+        elif not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        reader = _module().ArrayRecordReader(local, options)
+        if not reader.ok():  # the library does not raise on a file that is not ArrayRecord, or cut short
+            with contextlib.suppress(RuntimeError):  # closing a failed reader raises its error again
+                reader.close()
+            raise ValueError(f"{path}: not a readable ArrayRecord file (damaged, cut short or another format)")
+        try:
+            yield reader
+        finally:
+            reader.close()
+    finally:
+        if local != path:
+            with contextlib.suppress(OSError):
+                os.remove(local)
+
+
+def _checked(path: str, call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except RuntimeError as e:  # a chunk's hash mismatch, a position past the end
+        raise ValueError(f"{path}: {str(e).splitlines()[0][:200]}") from None
+
+
+class _OpenReaders:
+    """A few local shards' random-access readers, kept open (least recently used closed first), one lock each."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._open: collections.OrderedDict[tuple[str, int, int], tuple[Any, threading.Lock]] = (
+            collections.OrderedDict()
+        )
+
+    def read(self, path: str, where: int) -> bytes:
+        st = os.stat(path)  # FileNotFoundError for a gone shard; a rewritten one gets a new reader
+        key = (path, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                reader = _module().ArrayRecordReader(path, RANDOM_ACCESS)
+                if not reader.ok():
+                    with contextlib.suppress(RuntimeError):
+                        reader.close()
+                    raise ValueError(f"{path}: not a readable ArrayRecord file (damaged, cut short or another format)")
+                entry = self._open[key] = (reader, threading.Lock())
+                while len(self._open) > self._size:
+                    _, (old, old_lock) = self._open.popitem(last=False)
+                    with old_lock:
+                        old.close()
+            self._open.move_to_end(key)
+        reader, lock = entry
+        with lock:
+            if not reader.is_open():  # closed by an eviction since it was taken: read through a fresh one
+                return _read_one_uncached(path, where)
+            total = reader.num_records()
+            if not 0 <= where < total:
+                raise ValueError(f"{path}: no record {where} (the shard has {total})")
+            return _checked(path, reader.read, [where])[0]
+
+
+_READERS = _OpenReaders(OPEN_READERS)
+
+
+def _read_one_uncached(path: str, where: int) -> bytes:
+    with _reader(path, RANDOM_ACCESS) as reader:
+        if not 0 <= where < reader.num_records():
+            raise ValueError(f"{path}: no record {where} (the shard has {reader.num_records()})")
+        return _checked(path, reader.read, [where])[0]
+
+
+class ArrayRecord(OutputFormat):
+    name = "array_record"
+    compressions = ("none",)
+    # Per record with group_size:1, uncompressed: its chunk's header and the footer's index entry
+    # (measured: 152 bytes). The shard plan is the same for every format (planning.RECORD_OVERHEAD), so
+    # an ArrayRecord shard holds the same records as the TFRecord one, ~136 bytes more per record.
+    record_overhead = 152
+    frame_overhead = None
+    extra = "array_record"
+    checksums = "chunk hashes"
+
+    def missing(self) -> str | None:
+        if importlib.util.find_spec("array_record") is None:
+            version = ".".join(map(str, sys.version_info[:2]))
+            return (
+                f"--format array_record needs the array-record package, not installed in this Python {version} "
+                "(pip install 'beam_pipeline[array_record]')"
+            )
+        return None
+
+    def create(self, path: str, compression: str) -> ArrayRecordFileWriter:
+        if compression != "none":
+            raise ValueError(f"ArrayRecord shards are not {compression}-compressed (--compression none)")
+        return ArrayRecordFileWriter(path)
+
+    def records(self, path: str) -> Iterator[bytes]:
+        with _reader(path) as reader:
+            total = reader.num_records()
+            for start in range(0, total, BATCH):
+                yield from _checked(path, reader.read, start, min(start + BATCH, total))
+
+    def read_at(self, path: str, wanted: set[int]) -> Iterator[tuple[int, bytes]]:
+        if not wanted:
+            return
+        with _reader(path, RANDOM_ACCESS) as reader:
+            positions = sorted(i for i in wanted if 0 <= i < reader.num_records())
+            for start in range(0, len(positions), BATCH):
+                some = positions[start : start + BATCH]
+                yield from zip(some, _checked(path, reader.read, some), strict=True)
+
+    def read_one(self, path: str, where: int) -> bytes:
+        """A local shard's reader stays open for the next record (``_OpenReaders``); a store's shard is fetched."""
+        if _is_remote(path):
+            return _read_one_uncached(path, where)
+        return _READERS.read(path, where)
+
+    def count(self, path: str) -> int:
+        with _reader(path) as reader:
+            return int(reader.num_records())
+
+
+FORMAT = ArrayRecord()
