@@ -216,14 +216,14 @@ def reuse_problem(previous: str, info: DatasetInfo, config: Mapping[str, Any]) -
     either way. The previous output's format may be the other one: records
     are the same Example bytes in either.
     """
+    if info.format not in registry.FORMATS:
+        return f"its shards are in format {info.format!r}, which this version does not read"
+    if not registry.get(info.format).ranged_remote_reads and is_remote(previous):
+        return f"its shards are {info.format} on a store: reading one record there fetches its whole shard"
     if not FileSystems.exists(FileSystems.join(previous, INDEX_JSONL)):
         return f"it has no {INDEX_JSONL} (written by --sink write_to_tfrecord or an older version)"
     if info.compression != "none":
         return f"its shards are {info.compression}-compressed"
-    if info.format not in registry.FORMATS:
-        return f"its shards are in format {info.format!r}, which this version does not read"
-    if info.format != "tfrecord" and is_remote(previous):  # a record is read from a local copy of its shard
-        return f"its shards are {info.format} on a store: reading one record there fetches its whole shard"
     old = info.config
     policy = [k for k in RECORD_POLICY_KEYS if old.get(k) != config.get(k)]
     if policy:

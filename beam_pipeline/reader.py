@@ -331,7 +331,11 @@ def decode(record: bytes, *, objects: bool = False, masks: bool = False) -> dict
         return values[0] if values else default
 
     with Image.open(io.BytesIO(first(ENCODED, b""))) as img:
-        image = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        if img.mode in ("I", "I;16", "I;16B", "I;16L"):  # 16-bit grey: its high byte, as TensorFlow's decode keeps
+            grey = (np.asarray(img, dtype=np.uint32) >> 8).astype(np.uint8)
+            image = np.repeat(grey[:, :, None], 3, axis=2)
+        else:
+            image = np.asarray(img.convert("RGB"), dtype=np.uint8)
     height, width = image.shape[:2]
     out: dict[str, Any] = {
         "image": image,

@@ -64,6 +64,36 @@ def test_without_the_library_the_format_is_refused_in_one_line_naming_the_python
         validate(ConvertConfig(input="/in", output="/out", name="ds", format="array_record"))
 
 
+KINDS = ("jpeg", "jpeg_gray", "jpeg_progressive", "png", "png_gray", "png_la", "png_rgba", "png_palette",
+         "png_palette_transparent", "png_16bit", "gif", "gif_animated", "bmp", "bmp_rgba", "bmp_gray", "webp",
+         "webp_rgba", "bmp_palette")  # fmt: skip
+
+
+@pytest.mark.unit
+def test_decode_gives_tensorflows_pixels_for_every_stored_kind(tf):
+    """reader.decode (Pillow, numpy) against tf.io.decode_image(channels=3) on the bytes a record stores of each kind
+    (prepare_image: a palette BMP becomes a PNG); JPEGs against TensorFlow's accurate DCT, the one Pillow's libjpeg
+    uses. An RGBA WebP, kept as it is, TensorFlow refuses with channels=3; decode drops its alpha."""
+    from beam_pipeline.examples import build_example
+    from beam_pipeline.images.convert import prepare_image
+
+    for kind in KINDS:
+        data = prepare_image(image_bytes(kind, 20, 28, seed=7)).data
+        got = reader.decode(build_example({"image/encoded": data, "image/class/label": 4}))
+        if kind == "webp_rgba":
+            assert got["image"].shape == (20, 28, 3)
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                tf.io.decode_image(data, channels=3)
+            continue
+        if kind.startswith("jpeg"):
+            want = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE").numpy()
+        else:
+            want = tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
+        assert got["image"].dtype == want.dtype and got["image"].shape == want.shape, kind
+        assert (got["image"] == want).all(), kind
+        assert got["label"] == 4
+
+
 @pytest.mark.unit
 def test_a_shard_bound_for_a_store_is_copied_only_once_complete(tmp_path, monkeypatch):
     """Written locally, copied at close; a failed write or copy leaves no local file and copies nothing."""
@@ -91,6 +121,22 @@ def test_a_shard_bound_for_a_store_is_copied_only_once_complete(tmp_path, monkey
     with pytest.raises(OSError, match="No space left on device"), fmt.create("gs://b/out/y", "none") as out:
         out.write(b"two")
     assert len(copies) == 1 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.unit
+def test_records_are_not_reused_one_at_a_time_from_array_record_on_a_store_nor_from_an_unknown_format():
+    from beam_pipeline.index import reuse_problem
+    from beam_pipeline.vocab.dataset_info import DatasetInfo
+
+    def info(fmt: str) -> DatasetInfo:
+        return DatasetInfo.from_json({"name": "ds", "examples": 1, "config": {"format": fmt}})
+
+    assert reuse_problem("gs://b/prev", info("array_record"), {}) == (
+        "its shards are array_record on a store: reading one record there fetches its whole shard"
+    )
+    assert reuse_problem("/prev", info("parquet"), {}) == (
+        "its shards are in format 'parquet', which this version does not read"
+    )
 
 
 @pytest.mark.unit
@@ -172,6 +218,22 @@ def test_the_records_are_the_tfrecord_runs_and_grain_tfds_and_the_reader_read_ev
     assert result.returncode == 0, result.stderr
     assert "verified 30 records: chunk hashes, Example parse" in result.stdout
     assert "array_record" in (arr / "report.html").read_text()
+
+
+@pytest.mark.e2e
+def test_the_grain_training_loop_in_the_docs_runs_as_written(tmp_path, monkeypatch):
+    """docs/grain.md's loop, the block as it is there, on a converted folder: two epochs of whole batches."""
+    import re
+
+    src = make_input(tmp_path / "in", 80)
+    convert("--input", str(src), "--output", str(tmp_path / "photos-ar"), "--format", "array_record",
+            "--split-ratios", "train=1", "--max-reject-fraction", "0.2")  # fmt: skip
+    page = (Path(__file__).parent.parent / "docs" / "grain.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "grain.MapDataset" in b]
+    monkeypatch.chdir(tmp_path)
+    printed = []
+    exec(compile(block, "docs/grain.md", "exec"), {"print": printed.append, "__name__": "docs"})  # noqa: S102
+    assert printed == ["5 steps of 32 images"]  # 80 records, 2 epochs: 160 in batches of 32
 
 
 @pytest.mark.e2e

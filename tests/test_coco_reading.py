@@ -428,3 +428,38 @@ def test_tfds_and_reader_load_a_voc_dataset_with_names_only_ids(tmp_path):
     assert list(loaded["000001.jpg"]["difficult"].numpy()) == [True, False]
     verify = run_cli("inspect", str(out), "--verify")
     assert verify.returncode == 0, verify.stderr
+
+
+def test_an_array_record_detection_output_decodes_to_what_load_objects_gives(detection, tmp_path):
+    """--format array_record with the TFT analysis and TFDS metadata: reader.decode(objects=True, masks=True),
+    numpy without TensorFlow, gives load(objects=True, masks=True)'s values for every record (JPEG pixels: as
+    TensorFlow's accurate DCT decodes them, which Pillow's libjpeg uses; its default fast one differs a little)."""
+    import tensorflow as tf
+
+    from beam_pipeline import reader
+    from beam_pipeline.examples import parse_example
+
+    out, doc = detection
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    arr = tmp_path / "arr"
+    convert("--input", str(out.parent / "images"), "--coco", str(path), "--output", str(arr), "--max-reject-fraction",
+            "1", "--format", "array_record", transform=True, tfds=True)  # fmt: skip
+    assert load_info(arr)["transform"] == load_info(out)["transform"]  # the statistics read the same records
+    want = {
+        ex["source_id"].numpy(): ex for ex in reader.load(str(out), "train", shuffle=False, objects=True, masks=True)
+    }
+    source = reader.source(str(arr), "train")
+    assert len(source) == len(want) == 4
+    for i in range(len(source)):
+        got = reader.decode(source[i], objects=True, masks=True)
+        ex = want[got["source_id"]]
+        for key in ("boxes", "classes", "is_crowd", "area", "difficult", "masks", "height", "width"):
+            value = ex[key].numpy()
+            assert got[key].dtype == value.dtype and got[key].shape == value.shape and (got[key] == value).all(), key
+        encoded = parse_example(source[i])["image/encoded"][0]
+        if encoded[:2] == b"\xff\xd8":
+            image = tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE").numpy()
+        else:
+            image = ex["image"].numpy()
+        assert got["image"].dtype == image.dtype and (got["image"] == image).all()

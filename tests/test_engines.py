@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from beam_pipeline import metadata
 from tests import imagegen
 from tests.conftest import REPO, convert, load_info, run_cli
 from tests.test_coco import make_coco
@@ -116,8 +117,8 @@ def make_folder(root: Path, per_class: int, start: int = 0) -> None:
 
 def assert_same_dataset(local: Path, engine: Path) -> None:
     """Shards, index.jsonl, rejects.jsonl, labels.txt byte for byte; dataset.json's description of the data."""
-    files = sorted(p.name for p in local.iterdir() if ".tfrecord" in p.name)
-    assert files and files == sorted(p.name for p in engine.iterdir() if ".tfrecord" in p.name)
+    files = sorted(p.name for p in local.iterdir() if metadata.is_shard_file(p.name))  # either format's
+    assert files and files == sorted(p.name for p in engine.iterdir() if metadata.is_shard_file(p.name))
     for name in [*files, "index.jsonl", "rejects.jsonl", "labels.txt"]:
         assert (local / name).read_bytes() == (engine / name).read_bytes(), name
     a, b = load_info(local), load_info(engine)
@@ -125,13 +126,13 @@ def assert_same_dataset(local: Path, engine: Path) -> None:
     assert (engine / "_SUCCESS").exists()
 
 
-def classification_matches(engine: str, options: list[str], shared: Path) -> Path:
-    """A folder of 42 images and 2 bad files converted locally and on the engine: the same dataset. Returns the
-    input folder (outputs: shared/local/ds, shared/ENGINE/ds)."""
+def classification_matches(engine: str, options: list[str], shared: Path, *more: str) -> Path:
+    """A folder of 42 images and 2 bad files converted locally and on the engine (with ``more`` flags on both
+    sides): the same dataset. Returns the input folder (outputs: shared/local/ds, shared/ENGINE/ds)."""
     src = shared / "photos"
     make_folder(src, per_class=14)
-    convert("--input", str(src), "--output", str(shared / "local" / "ds"), *SPLITS)
-    convert("--input", str(src), "--output", str(shared / engine / "ds"), *SPLITS, *options)
+    convert("--input", str(src), "--output", str(shared / "local" / "ds"), *SPLITS, *more)
+    convert("--input", str(src), "--output", str(shared / engine / "ds"), *SPLITS, *more, *options)
     assert_same_dataset(shared / "local" / "ds", shared / engine / "ds")
     assert load_info(shared / engine / "ds")["rejects"]["total"] == 2
     return src
@@ -140,7 +141,8 @@ def classification_matches(engine: str, options: list[str], shared: Path) -> Pat
 def test_classification_and_an_incremental_night_match_the_local_runner(flink: list[str], shared: Path) -> None:
     src = classification_matches("flink", flink, shared)
 
-    # The next night: new images, one gone; each run reuses its own previous dataset.
+    # The next night: new images, one gone; each run reuses its own previous dataset's records, into ArrayRecord
+    # shards (the Grain format: the same records, written and read on the cluster's workers).
     make_folder(src, per_class=4, start=100)
     (src / "c" / "0001.jpg").unlink()
     for side, extra in (("local", []), ("flink", flink)):
@@ -153,9 +155,12 @@ def test_classification_and_an_incremental_night_match_the_local_runner(flink: l
             *SPLITS,
             "--incremental-from",
             previous,
+            "--format",
+            "array_record",
             *extra,
         )
     assert_same_dataset(shared / "local2" / "ds", shared / "flink2" / "ds")
+    assert load_info(shared / "flink2" / "ds")["incremental"]["reused"] == 3 * 14 - 1
     assert load_info(shared / "flink2" / "ds")["examples"] == 3 * 18 - 1
 
 

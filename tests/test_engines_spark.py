@@ -24,8 +24,9 @@ def spark() -> Iterator[list[str]]:
     yield from running_cluster("spark", "SparkRunner", {"master", "worker", "jobserver", "workerpool"})
 
 
-def test_classification_matches_the_local_runner(spark: list[str], shared: Path) -> None:
-    classification_matches("spark", spark, shared)
+def test_classification_in_array_record_matches_the_local_runner(spark: list[str], shared: Path) -> None:
+    # ArrayRecord here; Flink converts to TFRecord, and its incremental night to ArrayRecord
+    classification_matches("spark", spark, shared, "--format", "array_record")
 
 
 def _spark_app_running() -> bool:

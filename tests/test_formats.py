@@ -29,6 +29,11 @@ def test_shard_names_say_their_format_and_are_found_again():
     assert registry.of_shard("gs://b/out/my.set-val.tfrecord-00000-of-00001") is tf
     for not_ours in ("pets-train.tfrecord-0-of-4", "pets-train.tfrecord", ".tfrecord-00000-of-00001", "a.txt"):
         assert registry.shard_parts(not_ours) is None and not metadata.is_shard_file(not_ours)
+    ar = registry.get("array_record")
+    assert ar.shard_name("pets", "val", 2, 3, "none") == "pets-val.array_record-00002-of-00003"
+    assert registry.of_shard("/out/pets-val.array_record-00002-of-00003") is ar
+    assert metadata.is_shard_file("pets-val.array_record-00002-of-00003")  # publish, retention and clean see it
+    assert metadata.is_idx_file("idx/pets-train.tfrecord-00000-of-00001.idx")
     with pytest.raises(KeyError):
         registry.get("parquet")
 

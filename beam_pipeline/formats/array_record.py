@@ -217,6 +217,7 @@ class ArrayRecord(OutputFormat):
     frame_overhead = None
     extra = "array_record"
     checksums = "chunk hashes"
+    ranged_remote_reads = False  # a store's shard is read from a local copy of it
 
     def missing(self) -> str | None:
         if importlib.util.find_spec("array_record") is None:

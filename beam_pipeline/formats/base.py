@@ -57,6 +57,9 @@ class OutputFormat(abc.ABC):
     extra: str = ""
     #: What ``records`` checks of each record (said by ``inspect --verify``).
     checksums: str = "CRCs"
+    #: Whether ``read_one`` on a store (gs://) reads about one record's bytes, not the whole shard: an
+    #: incremental run reuses a previous output's records one at a time only where it does.
+    ranged_remote_reads: bool = True
 
     def shard_name(self, name: str, split: str, index: int, count: int, compression: str) -> str:
         suffix = ".gz" if compression == "gzip" else ""

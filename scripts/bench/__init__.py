@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engines": ("engines", "the same data locally and on the local Flink/Spark cluster"),
     "million": ("million", "80k, 320k and 1 M small tiles, local and on the local Flink cluster: wall, RSS"),
     "tiles": ("tiles", "the tutorial loop against convert (check off, defaults; 1 and 2 processes) on small tiles"),
+    "formats": ("formats", "TFRecord against ArrayRecord: conversion time, raw and decoded read rates (one process)"),
     "measure": ("common", "wall time, CPU and peak RSS of any command's process tree (one JSON line)"),
 }
 DEFAULT = "contenders"
