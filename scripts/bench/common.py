@@ -456,6 +456,15 @@ def gcs_client(project: str = "bench") -> Any:
 # --- output --------------------------------------------------------------------------------------
 
 
+def emit_json(line: Mapping[str, Any], out_json: Path | None = None) -> None:
+    """One result as a JSON line on stdout (flushed: a long run shows its progress), appended to ``out_json`` too."""
+    text = json.dumps(line)
+    print(text, flush=True)
+    if out_json is not None:
+        with out_json.open("a") as fh:
+            fh.write(text + "\n")
+
+
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], right: int = 1) -> str:
     """A markdown table; columns from ``right`` on are right-aligned (numbers)."""
     align = ["---" if i < right else "---:" for i in range(len(header))]

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bench.common import interleaved, list_images, make_samples, markdown_table, measure_beam
+from bench.common import emit_json, interleaved, list_images, make_samples, markdown_table, measure_beam
 
 FORMATS = ("tfrecord", "array_record")
 
@@ -116,15 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     images = len(list_images(src))
     work = args.work or args.data / "work"
     outs = {fmt: work / fmt for fmt in FORMATS}
-    lines: list[dict[str, Any]] = []
 
     def emit(line: dict[str, Any]) -> None:
-        lines.append(line)
-        text = json.dumps(line)
-        print(text, flush=True)
-        if args.out_json:
-            with args.out_json.open("a") as fh:
-                fh.write(text + "\n")
+        emit_json(line, args.out_json)
 
     common = ("--input", str(src), "--name", "bench", "--no-transform", "--overwrite", "--split-ratios", "train=1")
 

@@ -53,6 +53,7 @@ from bench.common import (
     TreeSampler,
     beam_pipeline,
     cluster_sessions,
+    emit_json,
     idle_rss,
     load,
     make_tiles,
@@ -213,11 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.keep_output:  # the disk is limited: a 1 M run writes ~2.5 GB
                     shutil.rmtree(out, ignore_errors=True)
             rows.append(row)
-            line = json.dumps(row)
-            print(line, flush=True)
-            if args.out_json:
-                with args.out_json.open("a") as f:
-                    f.write(line + "\n")
+            emit_json(row, args.out_json)
 
     def cell(value: object, fmt: str = "{:,.1f}") -> str:
         return "-" if value is None else fmt.format(value)
