@@ -218,7 +218,11 @@ def reuse_problem(previous: str, info: DatasetInfo, config: Mapping[str, Any]) -
     """
     if info.format not in registry.FORMATS:
         return f"its shards are in format {info.format!r}, which this version does not read"
-    if not registry.get(info.format).ranged_remote_reads and is_remote(previous):
+    fmt = registry.get(info.format)
+    if fmt.missing():  # a TFRecord night after an ArrayRecord one, where the library is not installed
+        install = f"pip install 'beam_pipeline[{fmt.extra}]'"
+        return f"its shards are {info.format}, whose library is not installed here ({install})"
+    if not fmt.ranged_remote_reads and is_remote(previous):
         return f"its shards are {info.format} on a store: reading one record there fetches its whole shard"
     if not FileSystems.exists(FileSystems.join(previous, INDEX_JSONL)):
         return f"it has no {INDEX_JSONL} (written by --sink write_to_tfrecord or an older version)"
@@ -328,9 +332,10 @@ def read_previous(prev: Previous, relpath: str) -> bytes:
     A copied record gets a fresh frame, so a damaged one copied unchecked would
     pass every later CRC check: a DamagedRecord says it must be converted again.
     """
-    where = f"{prev.shard}@{prev.offset}"
+    fmt = registry.of_shard(prev.shard)
+    where = f"{prev.shard}@{prev.offset}" if fmt.position_key == "offset" else f"{prev.shard} record {prev.offset}"
     try:
-        data = registry.of_shard(prev.shard).read_one(prev.shard, prev.offset)
+        data = fmt.read_one(prev.shard, prev.offset)
     except ValueError as e:  # damaged, cut short or not there
         raise DamagedRecord(str(e)) from None
     if len(data) != prev.length:
@@ -421,7 +426,10 @@ def index_entry(entry: Any) -> bool:
     """A previous index.jsonl line this run can use: what ``unchanged`` and ``previous_of`` read, well typed."""
     if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("shard"), str)):
         return False
-    where = registry.of_shard(entry["shard"]).position_key  # TFRecord: offset; ArrayRecord: record
+    found = registry.shard_parts(entry["shard"].rsplit("/", 1)[-1])
+    if found is None:  # not a shard name this version writes
+        return False
+    where = found[0].position_key  # TFRecord: offset; ArrayRecord: record
     return (
         all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in (where, "length"))
         and 0 <= entry[where] < 2**63

@@ -339,11 +339,12 @@ def _verify_shard(
     if not FileSystems.exists(path):
         raise VerifyError(f"{file}: missing")
     idx = _IdxLines(output, info.idx_files.format(file=file)) if info.idx_files else None
-    frame = registry.of_shard(file).frame_overhead  # None: the format's records have no byte offsets
+    fmt = registry.get(info.format)  # read_info refused a format this version does not read
+    frame = fmt.frame_overhead  # None: the format's records have no byte offsets
     with idx or contextlib.nullcontext():
         count, offset = 0, 0
         try:
-            for count, record in enumerate(iter_records(path), start=1):  # noqa: B007
+            for count, record in enumerate(fmt.records(path), start=1):  # noqa: B007
                 where = f"{file} record {count - 1}"
                 ex = _check_record(record, where, tf)
                 if categories is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,85 @@ def test_records_are_not_reused_one_at_a_time_from_array_record_on_a_store_nor_f
 
 
 @pytest.mark.unit
+def test_a_night_after_an_array_record_night_without_the_library_converts_afresh_and_says_why(monkeypatch):
+    from beam_pipeline.index import reuse_problem
+    from beam_pipeline.vocab.dataset_info import DatasetInfo
+
+    monkeypatch.setattr(array_record_format.importlib.util, "find_spec", lambda name: None)
+    info = DatasetInfo.from_json({"name": "ds", "examples": 1, "config": {"format": "array_record"}})
+    assert reuse_problem("/prev", info, {}) == (
+        "its shards are array_record, whose library is not installed here (pip install 'beam_pipeline[array_record]')"
+    )
+
+
+@pytest.mark.unit
+def test_without_the_library_reading_or_writing_a_shard_names_the_install(monkeypatch, tmp_path):
+    import array_record.python
+
+    from beam_pipeline.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "array_record.python.array_record_module", None)  # import fails
+    monkeypatch.delattr(array_record.python, "array_record_module", raising=False)
+    with pytest.raises(MissingExtraError, match=r"need the array-record package: pip install .*\[array_record\]"):
+        registry.get("array_record").create(str(tmp_path / "a.array_record-00000-of-00001"), "none")
+
+
+@pytest.mark.unit
+def test_open_readers_evict_and_share_safely_across_threads(tmp_path, monkeypatch):
+    """Three shards through a cache of two, eight threads reading random records: every read is the right record,
+    and no reader is left open beyond the cache."""
+    import random
+    import threading
+
+    fmt = registry.get("array_record")
+    shards = {}
+    for s in range(3):
+        path = str(tmp_path / f"d-train.array_record-0000{s}-of-00003")
+        with fmt.create(path, "none") as out:
+            for i in range(50):
+                out.write(f"{s}:{i}".encode() * 20)
+        shards[path] = s
+    cache = array_record_format._OpenReaders(2)
+    monkeypatch.setattr(array_record_format, "_READERS", cache)
+    errors = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            path = rng.choice(list(shards))
+            i = rng.randrange(50)
+            try:
+                assert fmt.read_one(path, i) == f"{shards[path]}:{i}".encode() * 20
+            except Exception as e:  # noqa: BLE001 - collected for the assertion below
+                errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert len(cache._open) <= 2
+    with pytest.raises(ValueError, match="no record 50 "):
+        fmt.read_one(next(iter(shards)), 50)
+
+
+@pytest.mark.unit
+def test_local_copies_of_a_process_that_died_are_removed_by_the_next(tmp_path):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)
+    left = tmp_path / f"beam_pipeline-ar-{dead}-x.array_record"
+    mine = tmp_path / f"beam_pipeline-ar-{os.getpid()}-y.array_record"
+    other = tmp_path / "beam_pipeline-ar-notapid.array_record"
+    for f in (left, mine, other):
+        f.write_bytes(b"x")
+    assert array_record_format.sweep_dead_copies(str(tmp_path)) == [left.name]
+    assert not left.exists() and mine.exists() and other.exists()
+
+
+@pytest.mark.unit
 def test_a_damaged_or_cut_short_shard_is_a_value_error(tmp_path):
     fmt = registry.get("array_record")
     path = tmp_path / "a.array_record-00000-of-00001"
@@ -150,6 +231,12 @@ def test_a_damaged_or_cut_short_shard_is_a_value_error(tmp_path):
     path.write_bytes(data[:3500] + bytes([data[3500] ^ 0xFF]) + data[3501:])
     with pytest.raises(ValueError, match="hash mismatch|not a readable ArrayRecord file"):
         list(fmt.records(str(path)))
+    at = data.index(bytes([7]) * 3000) + 100  # inside record 7: the error comes at its record, after 0-6
+    path.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :])
+    read = []
+    with pytest.raises(ValueError, match=r"record 7: .*hash mismatch"):
+        read.extend(fmt.records(str(path)))
+    assert read == [bytes([i]) * 3000 for i in range(7)]
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="not a readable ArrayRecord file"):
         fmt.count(str(path))

@@ -34,6 +34,9 @@ def test_shard_names_say_their_format_and_are_found_again():
     assert registry.of_shard("/out/pets-val.array_record-00002-of-00003") is ar
     assert metadata.is_shard_file("pets-val.array_record-00002-of-00003")  # publish, retention and clean see it
     assert metadata.is_idx_file("idx/pets-train.tfrecord-00000-of-00001.idx")
+    assert registry.of_shard("/out/.beam_pipeline-tmp-x/train-00003-0f3a.array_record") is ar  # a writer's temp file
+    with pytest.raises(ValueError, match="not a shard name this version writes"):
+        registry.of_shard("/out/notes.txt")
     with pytest.raises(KeyError):
         registry.get("parquet")
 

@@ -148,6 +148,9 @@ def test_setup_file_workers_get_the_converter_they_install_without_extras():
     # --format array_record: its library too (its other requirements are the converter's already)
     with_array_record = _worker_requirements({"transform": False, "format": "array_record"}, ["--setup_file=s.py"])
     assert set(with_array_record) - set(converter_only) == {f"array-record=={metadata.version('array-record')}"}
+    # a night may read a previous output in either format
+    night = _worker_requirements({"transform": False, "incremental_from": "gs://b/prev"}, ["--setup_file=s.py"])
+    assert set(night) == set(with_array_record)
     # TFT runs in the launcher: the workers only convert
     assert _worker_requirements({"transform": True, "post_steps": "launcher"}, ["--setup_file=s.py"]) == converter_only
     # a prebuilt image has everything; a given requirements file wins; no setup file, no package on the workers

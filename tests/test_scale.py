@@ -172,9 +172,12 @@ def test_the_ref_coder_gives_back_every_field_in_half_the_fallbacks_bytes(ref):
 def test_a_previous_index_line_with_an_offset_past_any_shard_is_not_reused():
     from beam_pipeline.index import index_entry
 
-    line = {"path": "a.jpg", "shard": "s", "offset": 0, "length": 10, "sha256": "ab"}
+    line = {"path": "a.jpg", "shard": "ds-train.tfrecord-00000-of-00001", "offset": 0, "length": 10, "sha256": "ab"}
     assert index_entry(line)
     assert not index_entry({**line, "offset": 2**63}) and not index_entry({**line, "length": 2**64})
+    assert not index_entry({**line, "shard": "s"})  # not a shard name: its format is unknown
+    ar = {**line, "shard": "ds-train.array_record-00000-of-00001", "offset": None, "record": 3}
+    assert index_entry(ar) and not index_entry({**ar, "record": -1})  # ArrayRecord: found by its position
 
 
 def test_a_nights_unchanged_tile_carries_its_previous_record_in_half_the_primitives_bytes():

@@ -41,8 +41,13 @@ OPEN_READERS = 8
 
 
 def _module() -> Any:
-    from array_record.python import array_record_module
+    """The library; MissingExtraError (one line: what to install) where it is not installed."""
+    try:
+        from array_record.python import array_record_module
+    except ImportError as e:
+        from ..errors import MissingExtraError
 
+        raise MissingExtraError("ArrayRecord shards need the array-record package", "array_record") from e
     return array_record_module
 
 
@@ -50,10 +55,56 @@ def _is_remote(path: str) -> bool:
     return "://" in path
 
 
+# Local copies of store shards: named with the process's id, so a later process removes those of a process
+# that died before removing its own (killed, preempted, out of memory).
+_TEMP_PREFIX = "beam_pipeline-ar-"
+_swept: set[str] = set()
+_sweep_lock = threading.Lock()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_dead_copies(folder: str | None = None) -> list[str]:
+    """Removes the local shard copies that processes no longer running left in ``folder`` (the temp folder)."""
+    folder = folder or tempfile.gettempdir()
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            pid = name[len(_TEMP_PREFIX) :].split("-", 1)[0] if name.startswith(_TEMP_PREFIX) else ""
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(folder, name))
+                    removed.append(name)
+    return removed
+
+
 def _local_temp(suffix: str) -> str:
-    fd, local = tempfile.mkstemp(prefix="beam_pipeline-", suffix=suffix)
+    folder = tempfile.gettempdir()
+    with _sweep_lock:
+        if folder not in _swept:  # once per process and folder
+            _swept.add(folder)
+            sweep_dead_copies(folder)
+    fd, local = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", suffix=suffix, dir=folder)
     os.close(fd)
     return local
+
+
+def _readable(path: str) -> None:
+    """Raises the file's own OSError (gone, permission denied) before the library, which says only "not ok"."""
+    with open(path, "rb"):
+        pass
+
+
+def _not_readable(path: str) -> ValueError:
+    return ValueError(f"{path}: not a readable ArrayRecord file (damaged, cut short or another format)")
 
 
 class ArrayRecordFileWriter(RecordWriter):
@@ -64,7 +115,10 @@ class ArrayRecordFileWriter(RecordWriter):
         self._local = _local_temp(".array_record") if _is_remote(path) else path
         try:
             self._writer = _module().ArrayRecordWriter(self._local, WRITER_OPTIONS)
-        except Exception:
+        except RuntimeError as e:  # the library's: a folder that is not there, a file it may not create
+            self._drop_local()
+            raise OSError(f"writing ArrayRecord shard {self._path}: {str(e).splitlines()[0][:200]}") from None
+        except BaseException:
             self._drop_local()
             raise
         self._closed = False
@@ -136,13 +190,13 @@ def _reader(path: str, options: str = "") -> Iterator[Any]:
     try:
         if local != path:
             _copy(path, local)
-        elif not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file")
+        else:
+            _readable(path)
         reader = _module().ArrayRecordReader(local, options)
         if not reader.ok():  # the library does not raise on a file that is not ArrayRecord, or cut short
             with contextlib.suppress(RuntimeError):  # closing a failed reader raises its error again
                 reader.close()
-            raise ValueError(f"{path}: not a readable ArrayRecord file (damaged, cut short or another format)")
+            raise _not_readable(path)
         try:
             yield reader
         finally:
@@ -161,32 +215,26 @@ def _checked(path: str, call: Any, *args: Any) -> Any:
 
 
 class _OpenReaders:
-    """A few local shards' random-access readers, kept open (least recently used closed first), one lock each."""
+    """A few local shards' random-access readers, kept open (least recently used closed first), one lock each.
+
+    A reader is opened outside the cache's lock (opening reads the shard's footer index), so the read
+    threads of other shards do not wait for it; the first of two threads opening the same shard wins.
+    """
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._open: collections.OrderedDict[tuple[str, int, int], tuple[Any, threading.Lock]] = (
-            collections.OrderedDict()
-        )
+        self._open: collections.OrderedDict[tuple[Any, ...], tuple[Any, threading.Lock]] = collections.OrderedDict()
 
     def read(self, path: str, where: int) -> bytes:
         st = os.stat(path)  # FileNotFoundError for a gone shard; a rewritten one gets a new reader
-        key = (path, st.st_mtime_ns, st.st_size)
+        key = (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         with self._lock:
             entry = self._open.get(key)
-            if entry is None:
-                reader = _module().ArrayRecordReader(path, RANDOM_ACCESS)
-                if not reader.ok():
-                    with contextlib.suppress(RuntimeError):
-                        reader.close()
-                    raise ValueError(f"{path}: not a readable ArrayRecord file (damaged, cut short or another format)")
-                entry = self._open[key] = (reader, threading.Lock())
-                while len(self._open) > self._size:
-                    _, (old, old_lock) = self._open.popitem(last=False)
-                    with old_lock:
-                        old.close()
-            self._open.move_to_end(key)
+            if entry is not None:
+                self._open.move_to_end(key)
+        if entry is None:
+            entry = self._add(key, self._opened(path))
         reader, lock = entry
         with lock:
             if not reader.is_open():  # closed by an eviction since it was taken: read through a fresh one
@@ -195,6 +243,33 @@ class _OpenReaders:
             if not 0 <= where < total:
                 raise ValueError(f"{path}: no record {where} (the shard has {total})")
             return _checked(path, reader.read, [where])[0]
+
+    @staticmethod
+    def _opened(path: str) -> Any:
+        _readable(path)
+        reader = _module().ArrayRecordReader(path, RANDOM_ACCESS)
+        if not reader.ok():
+            with contextlib.suppress(RuntimeError):
+                reader.close()
+            raise _not_readable(path)
+        return reader
+
+    def _add(self, key: tuple[Any, ...], reader: Any) -> tuple[Any, threading.Lock]:
+        evicted = []
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                entry = self._open[key] = (reader, threading.Lock())
+                reader = None
+                while len(self._open) > self._size:
+                    evicted.append(self._open.popitem(last=False)[1])
+            self._open.move_to_end(key)
+        if reader is not None:  # another thread opened this shard first
+            reader.close()
+        for old, old_lock in evicted:
+            with old_lock:  # after any read in progress
+                old.close()
+        return entry
 
 
 _READERS = _OpenReaders(OPEN_READERS)
@@ -235,10 +310,18 @@ class ArrayRecord(OutputFormat):
         return ArrayRecordFileWriter(path)
 
     def records(self, path: str) -> Iterator[bytes]:
+        """In batches; a batch that fails is read again one record at a time, so the error comes at its record."""
         with _reader(path) as reader:
             total = reader.num_records()
             for start in range(0, total, BATCH):
-                yield from _checked(path, reader.read, start, min(start + BATCH, total))
+                end = min(start + BATCH, total)
+                try:
+                    batch = reader.read(start, end)
+                except RuntimeError:
+                    for i in range(start, end):
+                        yield _checked(f"{path} record {i}", reader.read, [i])[0]
+                else:
+                    yield from batch
 
     def read_at(self, path: str, wanted: set[int]) -> Iterator[tuple[int, bytes]]:
         if not wanted:

@@ -29,6 +29,13 @@ def shard_parts(basename: str) -> tuple[OutputFormat, str] | None:
 
 
 def of_shard(path: str) -> OutputFormat:
-    """The format of a shard file by its name (a path or a base name); the default for a name not ours."""
-    found = shard_parts(path.rsplit("/", 1)[-1])
-    return found[0] if found else TFRECORD
+    """The format of a shard file by its name (a path or a base name): a final shard name, or a writer's temp file
+    (``train-00003-<uuid>.array_record``); ValueError for another name."""
+    name = path.rsplit("/", 1)[-1]
+    found = shard_parts(name)
+    if found is not None:
+        return found[0]
+    for fmt in FORMATS.values():
+        if name.endswith(f".{fmt.name}"):
+            return fmt
+    raise ValueError(f"{path}: not a shard name this version writes ({', '.join(FORMATS)})")

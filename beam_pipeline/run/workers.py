@@ -173,7 +173,9 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     extra = "transform" if cfg.transform and cfg.post_steps == "job" else "convert"
     path = os.path.join(folder, "requirements.txt")
     with open(path, "w", encoding="utf-8") as fh:
-        more = (registry_extra(cfg.format),) if registry_extra(cfg.format) else ()
+        # the output's format, and for a night any format the previous output may be in (its records are read)
+        formats = registry_names() if cfg.incremental_from else (cfg.format,)
+        more = tuple(dict.fromkeys(e for e in map(registry_extra, formats) if e))
         fh.write("".join(f"{r}\n" for r in worker_requirements(extra, *more)))
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
 
@@ -183,6 +185,12 @@ def registry_extra(fmt: str) -> str:
     from ..formats import registry
 
     return registry.get(fmt).extra
+
+
+def registry_names() -> tuple[str, ...]:
+    from ..formats import registry
+
+    return tuple(registry.FORMATS)
 
 
 # Said once by a run whose workers install the package at start (no worker image).
