@@ -123,17 +123,13 @@ def records(
     import tensorflow as tf
 
     info = read_info(output_dir) if info is None else _typed(info)
-    if split in (info.empty_splits or ()):
-        raise ValueError(f"split {split!r} of {output_dir} has no records: every listed file of it was rejected")
-    if split not in info.splits:
-        raise ValueError(f"no split {split!r} in {output_dir} (have: {', '.join(info.splits)})")
-    split_info = info.splits[split]
+    files = _split_files(output_dir, split, info)
     if info.format != "tfrecord":
         raise ValueError(
             f"{output_dir} holds {info.format} shards, which tf.data does not read: use "
             f"beam_pipeline.reader.source({output_dir!r}, {split!r}) (Grain; docs/grain.md)"
         )
-    files = [f"{output_dir.rstrip('/')}/{s.file}" for s in split_info.shards]
+    split_info = info.splits[split]
     compression = "GZIP" if info.compression == "gzip" else ""
     if not shuffle:
         return tf.data.TFRecordDataset(files, compression_type=compression)

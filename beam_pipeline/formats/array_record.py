@@ -170,15 +170,29 @@ class ArrayRecordFileWriter(RecordWriter):
 
 
 def _copy(src: str, dst: str) -> None:
-    """Streams ``src`` to ``dst`` through Beam's FileSystems (a store's path on either side), 8 MB at a time."""
-    from apache_beam.io.filesystems import FileSystems
+    """``storage.copy_file``: through Beam's FileSystems, a store's path on either side."""
+    from .. import storage
 
-    with (
-        FileSystems.open(src, compression_type="uncompressed") as fh,
-        FileSystems.create(dst, compression_type="uncompressed") as out,
-    ):
-        while chunk := fh.read(8 << 20):
-            out.write(chunk)
+    storage.copy_file(src, dst)
+
+
+def _open_checked(local: str, options: str, shown: str) -> Any:
+    """An open ArrayRecordReader of the local file ``local`` (``shown``: the path said in errors). The file's own
+    OSError (gone, permission denied) comes first; the library says only "not ok" and does not raise."""
+    _readable(local)
+    reader = _module().ArrayRecordReader(local, options)
+    if not reader.ok():
+        with contextlib.suppress(RuntimeError):  # closing a failed reader raises its error again
+            reader.close()
+        raise _not_readable(shown)
+    return reader
+
+
+def _one(path: str, reader: Any, where: int) -> bytes:
+    total = reader.num_records()
+    if not 0 <= where < total:
+        raise ValueError(f"{path}: no record {where} (the shard has {total})")
+    return _checked(path, reader.read, [where])[0]
 
 
 @contextlib.contextmanager
@@ -190,13 +204,7 @@ def _reader(path: str, options: str = "") -> Iterator[Any]:
     try:
         if local != path:
             _copy(path, local)
-        else:
-            _readable(path)
-        reader = _module().ArrayRecordReader(local, options)
-        if not reader.ok():  # the library does not raise on a file that is not ArrayRecord, or cut short
-            with contextlib.suppress(RuntimeError):  # closing a failed reader raises its error again
-                reader.close()
-            raise _not_readable(path)
+        reader = _open_checked(local, options, path)
         try:
             yield reader
         finally:
@@ -234,25 +242,12 @@ class _OpenReaders:
             if entry is not None:
                 self._open.move_to_end(key)
         if entry is None:
-            entry = self._add(key, self._opened(path))
+            entry = self._add(key, _open_checked(path, RANDOM_ACCESS, path))
         reader, lock = entry
         with lock:
             if not reader.is_open():  # closed by an eviction since it was taken: read through a fresh one
                 return _read_one_uncached(path, where)
-            total = reader.num_records()
-            if not 0 <= where < total:
-                raise ValueError(f"{path}: no record {where} (the shard has {total})")
-            return _checked(path, reader.read, [where])[0]
-
-    @staticmethod
-    def _opened(path: str) -> Any:
-        _readable(path)
-        reader = _module().ArrayRecordReader(path, RANDOM_ACCESS)
-        if not reader.ok():
-            with contextlib.suppress(RuntimeError):
-                reader.close()
-            raise _not_readable(path)
-        return reader
+            return _one(path, reader, where)
 
     def _add(self, key: tuple[Any, ...], reader: Any) -> tuple[Any, threading.Lock]:
         evicted = []
@@ -277,9 +272,7 @@ _READERS = _OpenReaders(OPEN_READERS)
 
 def _read_one_uncached(path: str, where: int) -> bytes:
     with _reader(path, RANDOM_ACCESS) as reader:
-        if not 0 <= where < reader.num_records():
-            raise ValueError(f"{path}: no record {where} (the shard has {reader.num_records()})")
-        return _checked(path, reader.read, [where])[0]
+        return _one(path, reader, where)
 
 
 class ArrayRecord(OutputFormat):

@@ -173,24 +173,17 @@ def with_worker_requirements(cfg: ConvertConfig, beam_args: Sequence[str], folde
     extra = "transform" if cfg.transform and cfg.post_steps == "job" else "convert"
     path = os.path.join(folder, "requirements.txt")
     with open(path, "w", encoding="utf-8") as fh:
-        # the output's format, and for a night any format the previous output may be in (its records are read)
-        formats = registry_names() if cfg.incremental_from else (cfg.format,)
-        more = tuple(dict.fromkeys(e for e in map(registry_extra, formats) if e))
-        fh.write("".join(f"{r}\n" for r in worker_requirements(extra, *more)))
+        fh.write("".join(f"{r}\n" for r in worker_requirements(extra, *format_extras(cfg))))
     return [*beam_args, f"--requirements_file={path}", "--requirements_cache=skip"]
 
 
-def registry_extra(fmt: str) -> str:
-    """The pip extra the output format's library comes in ("" for TFRecord: the converter has it)."""
+def format_extras(cfg: ConvertConfig) -> tuple[str, ...]:
+    """The pip extras of the output format's library, and for a night of every format the previous output may be
+    in (its records are read); TFRecord has none (the converter has it)."""
     from ..formats import registry
 
-    return registry.get(fmt).extra
-
-
-def registry_names() -> tuple[str, ...]:
-    from ..formats import registry
-
-    return tuple(registry.FORMATS)
+    names = registry.FORMATS if cfg.incremental_from else (cfg.format,)
+    return tuple(dict.fromkeys(registry.get(name).extra for name in names if registry.get(name).extra))
 
 
 # Said once by a run whose workers install the package at start (no worker image).
